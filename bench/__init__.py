@@ -1,0 +1,1 @@
+"""Benchmarks: they print JSON and a short table, and assert nothing about time."""

@@ -1,0 +1,277 @@
+"""The command line: plan the experiment, validate everything, run it, report.
+
+    python run_parallel.py experiment.name=NAME [key=value ...]     (Hydra main -> run_experiment)
+    python run_parallel.py resume_from=outputs/NAME/<time>          (re-run unfinished jobs)
+    python -m pita status outputs/NAME/<time>                       (jobs by state, live or not)
+
+Exit codes: 0 all jobs completed; 1 some job failed or was skipped; 2 bad configuration or input
+(nothing ran); 130 interrupted (state saved; resume with resume_from=).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf
+
+from pita.core.errors import ConfigError, ResumeError
+from pita.core.names import suggest
+
+log = logging.getLogger("pita")
+
+CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
+RESUME_KEYS = ("resume_from", "resume_force")
+# Keys that change how a run executes but not what it computes: free to change on resume.
+EXECUTION_KEYS = ("executor.", "system.devices", "system.cpu_devices", "system.gpu_summary_interval_s",
+                  "system.output_dir")
+
+
+# ---------------------------------------------------------------- overrides
+def _schema():
+    from pita.config.schema import PitaConfig
+
+    return OmegaConf.structured(PitaConfig)
+
+
+def _check_key(key: str) -> str | None:
+    node = _schema()
+    walked = []
+    for part in key.split("."):
+        if not isinstance(node, DictConfig):
+            return None  # below a leaf of type Any: nothing more to check
+        if part not in node:
+            where = ".".join(walked) or "top level"
+            return (f"unknown key {'.'.join(walked + [part])!r}{suggest(part, list(node.keys()))}; "
+                    f"keys at {where}: {', '.join(node.keys())}")
+        walked.append(part)
+        node = node._get_node(part)
+    return None
+
+
+def check_overrides(overrides: list[str]) -> None:
+    """Raise ConfigError (every problem at once) for overrides that name unknown keys or bad values."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    from pita.config import schema  # noqa: F401  (registers the schema)
+
+    problems = []
+    plain = [o for o in overrides if not o.startswith("-")]
+    try:
+        parsed = OverridesParser.create().parse_overrides(plain)
+    except Exception as e:
+        raise ConfigError(f"cannot parse the overrides {plain}: {str(e).splitlines()[0]}")
+    sweep = any(o.is_sweep_override() for o in parsed)
+    for o in parsed:
+        key = o.key_or_group
+        if key.startswith("hydra") or o.is_delete():
+            continue
+        msg = _check_key(key)
+        if msg:
+            problems.append(msg)
+    if problems:
+        raise ConfigError(problems)
+    if sweep:
+        return  # multirun values are checked per job by Hydra
+    try:
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
+            compose(config_name="config", overrides=plain)
+    except Exception as e:
+        cause = e
+        while cause.__cause__ is not None:
+            cause = cause.__cause__
+        first = str(cause).strip().splitlines()[0] if str(cause).strip() else type(cause).__name__
+        raise ConfigError(f"{' '.join(plain)}: {first}") from None
+
+
+def check_cli_overrides(argv: list[str] | None = None) -> None:
+    """Run before Hydra: bad overrides exit with code 2 and say what to type instead."""
+    argv = sys.argv[1:] if argv is None else argv
+    if any(a in ("-h", "--help", "--hydra-help", "--info", "-i") or a.startswith("--cfg") or a == "-c" for a in argv):
+        return
+    try:
+        check_overrides(argv)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+
+
+# ---------------------------------------------------------------- resume
+def _flatten(d, prefix=""):
+    out = {}
+    if isinstance(d, dict):
+        for k, v in d.items():
+            out.update(_flatten(v, f"{prefix}{k}."))
+    else:
+        out[prefix[:-1]] = d
+    return out
+
+
+def _apply_overrides(base: DictConfig, overrides: list[str]) -> DictConfig:
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    cfg = OmegaConf.merge(_schema(), base)
+    for o in OverridesParser.create().parse_overrides(overrides):
+        if o.key_or_group.startswith("hydra") or o.key_or_group in RESUME_KEYS:
+            continue
+        OmegaConf.update(cfg, o.key_or_group, o.value(), merge=True)
+    return cfg
+
+
+def _task_overrides(cfg_overrides: list[str] | None) -> list[str]:
+    if cfg_overrides is not None:
+        return list(cfg_overrides)
+    try:
+        from hydra.core.hydra_config import HydraConfig
+
+        return list(HydraConfig.get().overrides.task)
+    except Exception:  # not under Hydra (tests build configs directly)
+        return []
+
+
+def _resume_config(cfg: DictConfig, overrides: list[str]):
+    from pita.core.paths import RunPaths
+    from pita.core.state import StateStore
+
+    run = RunPaths.open_existing(cfg.resume_from)
+    StateStore(run.state).read()  # refuses a corrupt state.json
+    try:
+        saved = OmegaConf.load(run.config)
+    except Exception as e:
+        raise ResumeError(f"{run.config} cannot be read ({e}); the run cannot be resumed") from e
+    new = _apply_overrides(saved, overrides)
+    new.resume_from = str(run.root)
+    new.resume_force = bool(cfg.resume_force)
+    a, b = _flatten(OmegaConf.to_container(saved)), _flatten(OmegaConf.to_container(new))
+    changed = sorted(k for k in set(a) | set(b) if k not in RESUME_KEYS and a.get(k) != b.get(k))
+    return run, saved, new, changed
+
+
+# ---------------------------------------------------------------- run
+def run_experiment(cfg: DictConfig, overrides: list[str] | None = None) -> int:
+    """Plan, validate, run; return the exit code. ConfigError -> message and 2."""
+    try:
+        return _run(cfg, _task_overrides(overrides))
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        log.debug("configuration error", exc_info=True)
+        return 2
+
+
+def _run(cfg: DictConfig, overrides: list[str]) -> int:
+    from pita.config.validate import validate_config
+    from pita.core.backends import make_backend
+    from pita.core.executor import Executor, ExecutorSettings
+    from pita.core.gpu_manager import GPUManager
+    from pita.core.graph import JobGraph
+    from pita.core.logs import setup_logging
+    from pita.core.paths import RunPaths, atomic_write
+    from pita.core.state import StateStore
+    from pita.plans import build_plan
+
+    resume = cfg.get("resume_from")
+    if resume:
+        run, saved, cfg, changed = _resume_config(cfg, overrides)
+    validate_config(cfg)
+    sy, ex = cfg.system, cfg.executor
+    cpu_n = min(os.cpu_count() or 1, 2) if sy.cpu_devices == "auto" else int(sy.cpu_devices)
+    devices = sy.devices if isinstance(sy.devices, str) else list(sy.devices)
+    gpus = GPUManager.detect(devices, cpu_devices=cpu_n)
+    totals = [d.total_bytes for d in gpus.devices]
+    graph = JobGraph(build_plan(cfg)).validate(totals, ex.memory_margin)
+
+    if resume:
+        saved_jobs = StateStore(run.state).read()["jobs"]
+        old_fp = {k: v.get("fingerprint") for k, v in saved_jobs.items()}
+        new_fp = graph.fingerprints()
+        differs = sorted(j for j in set(old_fp) | set(new_fp) if old_fp.get(j) != new_fp.get(j))
+        graph_keys = [k for k in changed if not k.startswith(EXECUTION_KEYS)]
+        if differs and not cfg.resume_force:
+            raise ResumeError(
+                f"the overrides change the job graph of {run.root} ({len(differs)} job(s) differ, e.g. "
+                f"{', '.join(differs[:3])}); keys that differ from the saved config: "
+                f"{', '.join(graph_keys or changed) or '(none)'}. Drop those overrides, or pass resume_force=true "
+                f"to re-run the changed jobs and everything after them")
+        if differs:
+            stale = set(differs)
+            for j in differs:
+                if j in graph.by_id:
+                    stale.update(graph.descendants(j))
+            for j in stale:
+                if j in graph.by_id:
+                    run.job(j).clear_for_rerun()
+    else:
+        run = RunPaths.create(sy.output_dir, cfg.experiment.name)
+    try:
+        atomic_write(run.config, OmegaConf.to_yaml(cfg, resolve=True) if not resume else OmegaConf.to_yaml(cfg))
+    except OSError as e:
+        raise ConfigError(f"cannot write to the run folder {run.root} ({e.strerror}); free space or choose "
+                          f"system.output_dir") from e
+    setup_logging(run.run_log)
+    log.info("run folder: %s", run.root)
+    if resume:
+        log.info("resuming %s%s", run.root, f" with changed keys: {', '.join(changed)}" if changed else "")
+    settings = ExecutorSettings(
+        oom_retries=ex.oom_retries, crash_retries=ex.crash_retries, job_timeout_s=ex.job_timeout_s,
+        kill_grace_s=ex.kill_grace_s, poll_interval_s=ex.poll_interval_s, memory_margin=ex.memory_margin,
+        max_jobs_per_device=ex.max_jobs_per_device if ex.max_jobs_per_device is not None else (1 if gpus.is_cpu else None),
+        max_cpu_jobs=ex.max_cpu_jobs or (os.cpu_count() or 1), starvation_passes=ex.starvation_passes,
+        gpu_summary_interval_s=sy.gpu_summary_interval_s, progress=ex.progress,
+        progress_interval_s=ex.progress_interval_s,
+        threads_per_job=max(1, (os.cpu_count() or 1) // len(gpus.devices)) if gpus.is_cpu else None)
+    backend = make_backend(ex.backend, kill_grace_s=ex.kill_grace_s) if ex.backend == "local" else make_backend(ex.backend)
+    config_dict = OmegaConf.to_container(cfg, resolve=True)
+    summary = Executor(graph, gpus, backend, run, settings, config_dict).run()
+    _print_summary(summary, run)
+    return summary.exit_code
+
+
+def _print_summary(summary, run) -> None:
+    c = summary.counts
+    print(f"\n{c['COMPLETED']} completed, {c['FAILED']} failed, {c['SKIPPED']} skipped, "
+          f"{c['PENDING'] + c['RUNNING']} not run, in {summary.wall_s:.1f}s")
+    for f in summary.failures:
+        print(f"  FAILED {f['job']} on {f['device']}: {f['error']}\n         log: {f['log']}")
+    if summary.interrupted:
+        print(f"interrupted; resume with: python run_parallel.py resume_from={run.root}")
+    print(f"run folder: {run.root}  (log: {run.run_log})")
+
+
+# ---------------------------------------------------------------- pita status
+def status_main(run_dir: str) -> int:
+    from collections import Counter
+
+    from pita.core.paths import RunPaths
+    from pita.core.state import StateStore
+
+    try:
+        run = RunPaths.open_existing(run_dir)
+        data = StateStore(run.state).read()
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    jobs = data["jobs"]
+    counts = Counter(j.get("state", "PENDING") for j in jobs.values())
+    print(f"{run.root}: {len(jobs)} jobs; " + ", ".join(f"{k.lower()} {v}" for k, v in sorted(counts.items())))
+    for jid, j in sorted(jobs.items()):
+        if j.get("state") in ("RUNNING", "FAILED"):
+            devs = ",".join(d.get("label", "?") for d in j.get("devices", [])) or "host"
+            extra = f": {j.get('error')}  log: {j.get('log')}" if j.get("state") == "FAILED" else ""
+            print(f"  {j['state']:<8} {jid} on {devs}, attempt {j.get('attempt', '?')}{extra}")
+    return 0
+
+
+def console_main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="pita", description="Inspect pita runs (run them with run_parallel.py).")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    st = sub.add_parser("status", help="jobs by state, devices, failures and their logs")
+    st.add_argument("run_dir")
+    args = ap.parse_args(argv)
+    if args.cmd == "status":
+        return status_main(args.run_dir)
+    return 2

@@ -1,0 +1,1 @@
+"""Typed configuration (Hydra structured configs) and its validation."""

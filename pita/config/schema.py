@@ -1,0 +1,85 @@
+"""The configuration schema: every key, its type, default and meaning, in one place.
+
+Registered in Hydra's ConfigStore as ``pita_schema``; ``conf/config.yaml`` builds on it, so an
+override of a key that does not exist here, or of the wrong type, is refused before anything runs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, List, Optional
+
+from hydra.core.config_store import ConfigStore
+
+from pita.plans.synthetic import ALGOS
+
+
+@dataclass
+class ExperimentConfig:
+    name: str = "default"  # run folder: <system.output_dir>/<name>/<YYYY-MM-DD_HH-MM-SS>
+    workload: str = "synthetic"  # what to plan: synthetic (stand-in jobs shaped like the real grid)
+
+
+@dataclass
+class SystemConfig:
+    devices: Any = "auto"  # auto | cpu | list of visible device indices, e.g. [0,1]
+    cpu_devices: Any = "auto"  # CPU mode: logical devices (auto = min(cores, 2))
+    gpu_summary_interval_s: float = 60.0  # device memory summary to run.log while the run is active
+    output_dir: str = "outputs"
+    cache_dir: str = ".cache/pita"  # models built or converted locally
+    seed: int = 0
+    attn_impl: str = "sdpa"  # sdpa | eager | flash_attention_2 (used by model-loading jobs)
+
+
+@dataclass
+class RayConfig:
+    address: Optional[str] = None  # auto | host:port | null (start a local instance)
+
+
+@dataclass
+class ExecutorConfig:
+    backend: str = "local"  # local (a spawned process per job) | inline (in-process, serial)
+    oom_retries: int = 2  # CUDA OOM: retry with the job's batch size halved, at most this often
+    crash_retries: int = 0  # worker died (signal, exit without report): re-run this often
+    job_timeout_s: Optional[float] = None  # kill and fail a job running longer (null = no limit)
+    kill_grace_s: float = 10.0  # TERM, then KILL after this many seconds
+    poll_interval_s: float = 0.1
+    memory_margin: float = 0.05  # fraction of each device never reserved
+    max_jobs_per_device: Optional[int] = None  # null = as many as memory allows (CPU mode: 1)
+    max_cpu_jobs: Optional[int] = None  # jobs that hold no device (merges) at once; null = cores
+    starvation_passes: Optional[int] = 50  # see pita/core/scheduler.py; null disables the guard
+    progress: str = "auto"  # auto | rich | plain | off
+    progress_interval_s: float = 30.0  # plain progress lines when not on a terminal
+    ray: RayConfig = field(default_factory=RayConfig)
+
+
+@dataclass
+class SyntheticConfig:
+    """The synthetic workload (pita/plans/synthetic.py): the real grid's shape, sleeping jobs."""
+
+    algos: List[str] = field(default_factory=lambda: list(ALGOS))
+    families: List[str] = field(default_factory=lambda: ["tiny"])
+    datasets: List[str] = field(default_factory=lambda: ["arith", "sentiment"])
+    rounds: int = 2
+    gen_shards: int = 2
+    eval_shards: int = 2
+    job_seconds: float = 0.2
+    memory_gb: float = 0.5
+    fail: List[str] = field(default_factory=list)  # job ids that raise (to see failure handling)
+
+
+@dataclass
+class PitaConfig:
+    experiment: ExperimentConfig = field(default_factory=ExperimentConfig)
+    system: SystemConfig = field(default_factory=SystemConfig)
+    executor: ExecutorConfig = field(default_factory=ExecutorConfig)
+    synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
+    resume_from: Optional[str] = None  # an earlier run folder: re-run only its unfinished jobs
+    resume_force: bool = False  # resume even if overrides change the job graph
+
+
+def register() -> None:
+    ConfigStore.instance().store(name="pita_schema", node=PitaConfig)
+
+
+register()

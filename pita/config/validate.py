@@ -1,0 +1,70 @@
+"""Checks on a composed config that types alone cannot express; all problems reported at once."""
+
+from __future__ import annotations
+
+from omegaconf import DictConfig, ListConfig
+
+from pita.core.backends import BACKEND_NAMES
+from pita.core.errors import ConfigError
+from pita.core.names import unknown_name
+from pita.core.paths import RunPaths
+from pita.plans import WORKLOADS
+
+PROGRESS = ("auto", "rich", "plain", "off")
+
+
+def validate_config(cfg: DictConfig) -> None:
+    p: list[str] = []
+    ex, sy = cfg.executor, cfg.system
+
+    def need(cond: bool, key: str, value, rule: str) -> None:
+        if not cond:
+            p.append(f"{key}={value!r}: {rule}")
+
+    try:
+        RunPaths.check_name(cfg.experiment.name)
+    except ConfigError as e:
+        p.extend(e.problems)
+    if cfg.experiment.workload not in WORKLOADS:
+        p.append(unknown_name("experiment.workload", cfg.experiment.workload, WORKLOADS))
+    if ex.backend not in BACKEND_NAMES:
+        p.append(unknown_name("executor.backend", ex.backend, BACKEND_NAMES))
+    need(ex.oom_retries >= 0, "executor.oom_retries", ex.oom_retries, "must be >= 0")
+    need(ex.crash_retries >= 0, "executor.crash_retries", ex.crash_retries, "must be >= 0")
+    need(ex.job_timeout_s is None or ex.job_timeout_s > 0, "executor.job_timeout_s", ex.job_timeout_s,
+         "must be > 0 seconds, or null for no limit")
+    need(ex.kill_grace_s >= 0, "executor.kill_grace_s", ex.kill_grace_s, "must be >= 0")
+    need(ex.poll_interval_s > 0, "executor.poll_interval_s", ex.poll_interval_s, "must be > 0")
+    need(0 <= ex.memory_margin < 1, "executor.memory_margin", ex.memory_margin, "must be a fraction in [0, 1)")
+    need(ex.max_jobs_per_device is None or ex.max_jobs_per_device >= 1, "executor.max_jobs_per_device",
+         ex.max_jobs_per_device, "must be >= 1, or null for no cap")
+    need(ex.max_cpu_jobs is None or ex.max_cpu_jobs >= 1, "executor.max_cpu_jobs", ex.max_cpu_jobs,
+         "must be >= 1, or null for the number of cores")
+    need(ex.starvation_passes is None or ex.starvation_passes >= 0, "executor.starvation_passes",
+         ex.starvation_passes, "must be >= 0, or null to disable")
+    if ex.progress not in PROGRESS:
+        p.append(unknown_name("executor.progress", ex.progress, PROGRESS))
+    need(ex.progress_interval_s > 0, "executor.progress_interval_s", ex.progress_interval_s, "must be > 0")
+    need(sy.gpu_summary_interval_s > 0, "system.gpu_summary_interval_s", sy.gpu_summary_interval_s, "must be > 0")
+
+    dev = sy.devices
+    if isinstance(dev, (list, ListConfig)):
+        bad = [d for d in dev if not isinstance(d, int) or isinstance(d, bool) or d < 0]
+        need(not bad and len(dev) > 0, "system.devices", list(dev),
+             "must be auto, cpu, or a non-empty list of device indices >= 0, e.g. [0,1]")
+    else:
+        need(dev in ("auto", "cpu"), "system.devices", dev, "must be auto, cpu, or a list of device indices, e.g. [0,1]")
+    cd = sy.cpu_devices
+    need(cd == "auto" or (isinstance(cd, int) and not isinstance(cd, bool) and cd >= 1), "system.cpu_devices", cd,
+         "must be auto or an integer >= 1")
+
+    s = cfg.synthetic
+    for key in ("rounds", "gen_shards", "eval_shards"):
+        v = s[key]
+        need(isinstance(v, int) and v >= 1, f"synthetic.{key}", v, "must be an integer >= 1")
+    need(s.job_seconds >= 0, "synthetic.job_seconds", s.job_seconds, "must be >= 0")
+    need(s.memory_gb >= 0, "synthetic.memory_gb", s.memory_gb, "must be >= 0 (GB per job)")
+    for key in ("algos", "families", "datasets"):
+        need(len(s[key]) > 0, f"synthetic.{key}", list(s[key]), "must list at least one name")
+    if p:
+        raise ConfigError(p)

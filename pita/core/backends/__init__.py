@@ -1,0 +1,28 @@
+"""Backends run job attempts; they share one interface (:class:`pita.core.backends.base.Backend`).
+
+    local   one spawned process per job attempt (default)
+    inline  in this process, one at a time (debugging, fast tests)
+"""
+
+from __future__ import annotations
+
+from pita.core.backends.base import Backend, Finished, Launch
+from pita.core.names import unknown_name
+from pita.core.errors import ConfigError
+
+BACKEND_NAMES = ("local", "inline")
+
+
+def make_backend(name: str, **kwargs) -> Backend:
+    if name == "local":
+        from pita.core.backends.local import LocalBackend
+
+        return LocalBackend(**kwargs)
+    if name == "inline":
+        from pita.core.backends.inline import InlineBackend
+
+        return InlineBackend()
+    raise ConfigError(unknown_name("executor.backend", name, BACKEND_NAMES))
+
+
+__all__ = ["Backend", "Finished", "Launch", "make_backend", "BACKEND_NAMES"]

@@ -1,0 +1,75 @@
+"""The backend interface: start an attempt, poll for finished attempts, kill one, shut down."""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass, field
+
+from pita.core.paths import JobPaths
+
+
+@dataclass
+class Launch:
+    """One attempt of one job, fully described (the worker reads this as launch.json)."""
+
+    job: dict
+    target: str  # "module:function" of the job kind
+    attempt: int
+    run_dir: str
+    config: dict
+    devices: list[dict]  # Device.describe() + label, for each assigned device
+    env: dict[str, str]  # CUDA_VISIBLE_DEVICES and friends
+    paths: JobPaths
+    tag: str  # "[job-id gpu0]" prefix for run.log
+
+    @property
+    def job_id(self) -> str:
+        return self.job["id"]
+
+    def to_json(self, parent_pid: int | None = None) -> dict:
+        return {"job": self.job, "target": self.target, "attempt": self.attempt, "run_dir": self.run_dir,
+                "config": self.config, "devices": self.devices, "parent_pid": parent_pid}
+
+
+@dataclass
+class Finished:
+    """How an attempt ended.
+
+    status: ok | error (the job raised) | oom | died (signal or exit without a report) |
+            timeout | cancelled
+    """
+
+    job_id: str
+    attempt: int
+    status: str
+    exit_code: int | None = None
+    error: str = ""
+    traceback: str = ""
+    extra: dict = field(default_factory=dict)  # duration_s, peak memory, ...
+
+
+class Backend(abc.ABC):
+    name = "?"
+
+    @abc.abstractmethod
+    def start(self, launch: Launch) -> None:
+        """Begin the attempt; must not block for its duration (inline is the exception)."""
+
+    @abc.abstractmethod
+    def poll(self, timeout: float = 0.0) -> list[Finished]:
+        """Attempts that ended since the last call (waits up to ``timeout`` seconds for one)."""
+
+    @abc.abstractmethod
+    def kill(self, job_id: str, status: str = "cancelled", reason: str = "") -> None:
+        """End an attempt now; it is reported by ``poll`` with ``status``."""
+
+    @abc.abstractmethod
+    def shutdown(self, grace_s: float = 10.0) -> None:
+        """Terminate everything still running (TERM, then KILL after ``grace_s``); wait for it."""
+
+    def pids(self, job_id: str) -> set[int]:
+        """Process ids of a running attempt (for per-process GPU memory); empty if unknown."""
+        return set()
+
+    def running(self) -> list[str]:
+        return []

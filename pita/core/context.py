@@ -1,0 +1,32 @@
+"""What a job function receives: its params, config, folders, devices and its dependencies' results."""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from pita.core.job import Job
+from pita.core.paths import JobPaths, RunPaths
+
+
+@dataclass
+class JobContext:
+    job: Job
+    attempt: int
+    paths: JobPaths
+    run: RunPaths
+    cfg: Any  # omegaconf.DictConfig rebuilt from the plain dict sent by the parent
+    devices: list[dict]
+    log: logging.Logger
+
+    @property
+    def params(self) -> dict:
+        return self.job.params
+
+    def dep_result(self, job_id: str) -> dict:
+        """``result.json`` of a dependency (it is COMPLETED, so the file exists)."""
+        if job_id not in self.job.deps:
+            raise KeyError(f"{job_id!r} is not a dependency of {self.job.id!r}")
+        return json.loads(self.run.job(job_id).result.read_text())

@@ -1,0 +1,351 @@
+"""The executor: runs a validated job graph on the devices, through a backend, to the end.
+
+One loop, in the main process:
+    schedule ready jobs that fit (Scheduler) -> start attempts (Backend) -> poll for ended
+    attempts -> apply the failure rules -> copy job logs into run.log -> save state -> repeat
+
+Failure rules:
+    job raised            FAILED (traceback in its job.log); descendants SKIPPED; others go on
+    CUDA out of memory    retried with params[batch_param] halved, at most oom_retries times
+    worker died           (signal, os._exit, segfault) retried crash_retries times, then FAILED
+    timeout               attempt killed (TERM, then KILL), FAILED
+    Ctrl-C / SIGTERM      stop scheduling, end every worker's process group, save, exit 130
+A job counts as COMPLETED only once its ``.done`` marker exists, so a resumed run redoes exactly
+the jobs whose marker is missing.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import os
+import signal
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+
+from pita.core.backends.base import Backend, Finished, Launch
+from pita.core.gpu_manager import GPUManager
+from pita.core.graph import JobGraph
+from pita.core.job import JobState, kind_target
+from pita.core.logs import LogPump
+from pita.core.paths import RunPaths
+from pita.core.progress import Progress
+from pita.core.scheduler import Scheduler
+from pita.core.state import StateStore
+
+log = logging.getLogger("pita.executor")
+joblog = logging.getLogger("pita.executor.jobs")  # per-job start/done lines: run.log only
+
+EXIT_INTERRUPTED = 130
+
+
+@dataclass
+class ExecutorSettings:
+    oom_retries: int = 2
+    crash_retries: int = 0
+    job_timeout_s: float | None = None
+    kill_grace_s: float = 10.0
+    poll_interval_s: float = 0.1
+    memory_margin: float = 0.05
+    max_jobs_per_device: int | None = None
+    max_cpu_jobs: int | None = None
+    starvation_passes: int | None = 50
+    gpu_summary_interval_s: float = 60.0
+    memory_refresh_s: float = 2.0
+    progress: str = "auto"
+    progress_interval_s: float = 30.0
+    threads_per_job: int | None = None
+
+
+@dataclass
+class RunSummary:
+    counts: dict[str, int]
+    failures: list[dict] = field(default_factory=list)
+    interrupted: bool = False
+    wall_s: float = 0.0
+
+    @property
+    def exit_code(self) -> int:
+        if self.interrupted:
+            return EXIT_INTERRUPTED
+        return 1 if self.counts.get("FAILED", 0) or self.counts.get("SKIPPED", 0) else 0
+
+
+class Executor:
+    def __init__(self, graph: JobGraph, gpus: GPUManager, backend: Backend, run: RunPaths,
+                 settings: ExecutorSettings, config: dict | None = None):
+        self.graph, self.gpus, self.backend, self.run_paths = graph, gpus, backend, run
+        self.s = settings
+        self.config = config or {}
+        self.state = StateStore(run.state)
+        self.sched = Scheduler(graph, [d.total_bytes for d in gpus.devices], settings.memory_margin,
+                               settings.max_jobs_per_device, settings.max_cpu_jobs, settings.starvation_passes)
+        self.params = {j.id: copy.deepcopy(j.params) for j in graph.jobs}
+        self.attempts: dict[str, int] = {}
+        self.oom_count: Counter = Counter()
+        self.crash_count: Counter = Counter()
+        self.started_at: dict[str, float] = {}
+        self.pending_state: dict[str, dict] = {}
+        self._stop: int | None = None
+        self.pump = LogPump(run.run_log)
+        self.progress = Progress(settings.progress, settings.progress_interval_s)
+
+    # ------------------------------------------------------------------ state helpers
+    def _note(self, job_id: str, **fields) -> None:
+        self.pending_state.setdefault(job_id, {}).update(fields)
+
+    def _flush(self) -> None:
+        if self.pending_state:
+            changes, self.pending_state = self.pending_state, {}
+            self.state.update_jobs(changes)
+
+    def _append_attempt(self, job_id: str, record: dict) -> None:
+        def apply(data):
+            data["jobs"].setdefault(job_id, {}).setdefault("attempts", []).append(record)
+        self._flush()
+        self.state.update(apply)
+
+    # ------------------------------------------------------------------ setup
+    def _init_state(self) -> None:
+        """Register every job; keep COMPLETED those whose marker exists (resume), reset the rest."""
+        saved = self.state.read()
+        devices = [dict(d.describe(), label=d.label) for d in self.gpus.devices]
+        resumed = 0
+
+        def apply(data):
+            nonlocal resumed
+            data.setdefault("created", time.time())
+            data["devices"] = devices
+            data.setdefault("runs", []).append({"started": time.time(), "pid": os.getpid(),
+                                                "backend": self.backend.name})
+            for j in self.graph.jobs:
+                entry = data["jobs"].setdefault(j.id, {})
+                entry.update(kind=j.kind, group=j.group, deps=j.deps, log=str(self.run_paths.job(j.id).log),
+                             fingerprint=j.fingerprint())
+                if self.run_paths.job(j.id).is_done():
+                    entry["state"] = JobState.COMPLETED.value
+                    resumed += 1
+                else:
+                    entry.update(state=JobState.PENDING.value, error=None, reason=None)
+
+        self.state.update(apply)
+        for j in self.graph.jobs:
+            jp = self.run_paths.job(j.id)
+            if jp.is_done():
+                self.sched.mark_completed(j.id)
+            else:
+                jp.clear_for_rerun()
+            prior = saved["jobs"].get(j.id, {}).get("attempts", [])
+            self.attempts[j.id] = max((a.get("n", 0) for a in prior), default=0)
+        if resumed:
+            log.info("resume: %d of %d jobs already completed; running the other %d",
+                     resumed, len(self.graph), len(self.graph) - resumed)
+
+    # ------------------------------------------------------------------ main loop
+    def run(self) -> RunSummary:
+        t0 = time.time()
+        self._init_state()
+        log.info("%d jobs on %d device(s) [%s] with the %s backend", len(self.graph), len(self.gpus.devices),
+                 self.gpus.source, self.backend.name)
+        for line in self.gpus.summary():
+            log.info("%s", line)
+        old = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+
+        def on_signal(signum, frame):
+            if self._stop is not None:  # a second Ctrl-C: stop waiting for the grace period
+                self.s.kill_grace_s = 0.0
+            self._stop = signum
+
+        for s in old:
+            signal.signal(s, on_signal)
+        self.progress.start()
+        last_summary = last_refresh = time.time()
+        last_wait_note = 0.0
+        try:
+            while not self.sched.done():
+                if self._stop is not None:
+                    return self._interrupt(t0)
+                now = time.time()
+                if now - last_refresh >= self.s.memory_refresh_s:
+                    self._observe_memory()
+                    last_refresh = now
+                started = self.sched.schedule()
+                for job_id, ordinals in started:
+                    self._launch(job_id, ordinals)
+                if not started and not self.backend.running() and self.sched.ready() and now - last_wait_note > 60:
+                    last_wait_note = now
+                    self._explain_wait()
+                for f in self.backend.poll(timeout=self.s.poll_interval_s):
+                    self._handle(f)
+                self._check_timeouts()
+                self.pump.pump()
+                self._flush()
+                if now - last_summary >= self.s.gpu_summary_interval_s:
+                    last_summary = now
+                    for line in self._device_lines():
+                        log.info("%s", line)
+                self.progress.update(self._group_counts(), self._device_lines())
+            self.progress.update(self._group_counts(), self._device_lines(), force=True)
+            return self._finish(t0, interrupted=False)
+        finally:
+            self.progress.stop()
+            for s, h in old.items():
+                signal.signal(s, h)
+            self.pump.close()
+
+    # ------------------------------------------------------------------ launching
+    def _launch(self, job_id: str, ordinals: list[int]) -> None:
+        job = self.graph[job_id]
+        self.attempts[job_id] += 1
+        n = self.attempts[job_id]
+        devs = [self.gpus.devices[o] for o in ordinals]
+        labels = ",".join(d.label for d in devs) or "host"
+        jp = self.run_paths.job(job_id)
+        jp.dir.mkdir(parents=True, exist_ok=True)
+        job_dict = dict(job.to_dict(), params=self.params[job_id])
+        launch = Launch(job=job_dict, target=kind_target(job.kind), attempt=n, run_dir=str(self.run_paths.root),
+                        config=self.config, devices=[dict(d.describe(), label=d.label) for d in devs],
+                        env=self.gpus.env_for(ordinals, self.s.threads_per_job), paths=jp, tag=f"{job_id} {labels}")
+        self.pump.add(job_id, jp.log, launch.tag)
+        self.started_at[job_id] = time.time()
+        where = ", ".join(f"{d.label} ({d.uuid})" for d in devs) or "host"
+        joblog.info("start %s on %s, attempt %d%s", job_id, where, n,
+                 f", reserving {job.resources.memory_gb:.2f} GB per device" if devs else "")
+        self._note(job_id, state=JobState.RUNNING.value, started=self.started_at[job_id], attempt=n,
+                   devices=[dict(d.describe(), label=d.label) for d in devs])
+        try:
+            self.backend.start(launch)
+        except Exception as e:  # the backend could not start it: a failure of this job, not of the run
+            log.exception("could not start %s", job_id)
+            self._handle(Finished(job_id, n, "died", None, f"backend could not start the worker: {e}"))
+
+    def _check_timeouts(self) -> None:
+        now = time.time()
+        for job_id in self.backend.running():
+            job = self.graph[job_id]
+            limit = job.retry.timeout_s if job.retry.timeout_s is not None else self.s.job_timeout_s
+            if limit and now - self.started_at.get(job_id, now) > limit:
+                log.warning("%s ran past its timeout of %.1fs; killing it", job_id, limit)
+                self.backend.kill(job_id, status="timeout", reason=f"timed out after {limit:g}s")
+
+    # ------------------------------------------------------------------ outcomes
+    def _handle(self, f: Finished) -> None:
+        job = self.graph[f.job_id]
+        jp = self.run_paths.job(f.job_id)
+        self.pump.remove(f.job_id)
+        now = time.time()
+        ordinals = self.sched.placement.get(f.job_id, [])
+        devs = [self.gpus.devices[o] for o in ordinals]
+        where = ",".join(d.label for d in devs) or "host"
+        record = {"n": f.attempt, "status": f.status, "start": self.started_at.get(f.job_id), "end": now,
+                  "devices": [d.describe() for d in devs], "exit_code": f.exit_code, "error": f.error or None,
+                  job.retry.batch_param: self.params[f.job_id].get(job.retry.batch_param), **f.extra}
+        self._append_attempt(f.job_id, record)
+        peak = f.extra.get("peak_gpu_bytes") or f.extra.get("peak_rss_bytes")
+        peak_txt = f", peak {'GPU' if f.extra.get('peak_gpu_bytes') else 'RSS'} {peak / 1e9:.2f} GB" if peak else ""
+        if f.status == "ok" and jp.is_done():
+            self.sched.mark_completed(f.job_id)
+            joblog.info("done %s on %s in %.1fs%s", f.job_id, where, f.extra.get("duration_s", 0.0), peak_txt)
+            self._note(f.job_id, state=JobState.COMPLETED.value, finished=now, error=None,
+                       duration_s=f.extra.get("duration_s"))
+            return
+        if f.status == "ok":  # reported success but the marker is missing: treat as a crash
+            f = Finished(f.job_id, f.attempt, "died", f.exit_code, "worker reported success but wrote no .done marker")
+        if f.status == "cancelled" and self._stop is not None:
+            self.sched.requeue(f.job_id)
+            self._note(f.job_id, state=JobState.PENDING.value, reason="interrupted")
+            return
+        if f.status == "oom":
+            limit = job.retry.oom_retries if job.retry.oom_retries is not None else self.s.oom_retries
+            bs = self.params[f.job_id].get(job.retry.batch_param)
+            self.oom_count[f.job_id] += 1
+            if isinstance(bs, int) and bs > 1 and self.oom_count[f.job_id] <= limit:
+                self.params[f.job_id][job.retry.batch_param] = bs // 2
+                log.warning("%s ran out of memory on %s (attempt %d); retrying with %s=%d (OOM retry %d of %d)",
+                            f.job_id, where, f.attempt, job.retry.batch_param, bs // 2, self.oom_count[f.job_id], limit)
+                self.sched.requeue(f.job_id)
+                self._note(f.job_id, state=JobState.PENDING.value, reason="OOM retry")
+                return
+            why = (f"no {job.retry.batch_param} to halve" if not isinstance(bs, int)
+                   else f"{job.retry.batch_param}={bs} cannot be halved" if bs <= 1
+                   else f"{limit} OOM retries used (executor.oom_retries)")
+            f = Finished(f.job_id, f.attempt, "oom", f.exit_code, f"{f.error} [{why}]", f.traceback, f.extra)
+        if f.status == "died":
+            limit = job.retry.crash_retries if job.retry.crash_retries is not None else self.s.crash_retries
+            self.crash_count[f.job_id] += 1
+            if self.crash_count[f.job_id] <= limit:
+                log.warning("%s: %s on %s (attempt %d); retrying (%d of %d)", f.job_id, f.error, where,
+                            f.attempt, self.crash_count[f.job_id], limit)
+                self.sched.requeue(f.job_id)
+                self._note(f.job_id, state=JobState.PENDING.value, reason="crash retry")
+                return
+        reason = f.error or f.status
+        skipped = self.sched.mark_failed(f.job_id, reason)
+        log.error("FAILED %s on %s (attempt %d): %s -- log: %s", f.job_id, where, f.attempt, reason, jp.log)
+        self._note(f.job_id, state=JobState.FAILED.value, finished=now, error=reason)
+        for s in skipped:
+            self._note(s, state=JobState.SKIPPED.value, reason=f"dependency {f.job_id} failed")
+        if skipped:
+            log.warning("skipped %d job(s) that depend on %s", len(skipped), f.job_id)
+
+    def _interrupt(self, t0: float) -> RunSummary:
+        name = signal.Signals(self._stop).name
+        running = self.backend.running()
+        log.warning("%s received: stopping; ending %d running job(s) (grace %.0fs)", name, len(running),
+                    self.s.kill_grace_s)
+        for f in self.backend.shutdown(self.s.kill_grace_s) or []:
+            self.pump.remove(f.job_id)
+            if f.status == "ok" and self.run_paths.job(f.job_id).is_done():
+                self.sched.mark_completed(f.job_id)
+                self._note(f.job_id, state=JobState.COMPLETED.value, finished=time.time())
+            else:
+                self.sched.requeue(f.job_id)
+                self._note(f.job_id, state=JobState.PENDING.value, reason="interrupted")
+        return self._finish(t0, interrupted=True)
+
+    def _finish(self, t0: float, interrupted: bool) -> RunSummary:
+        counts = self.sched.counts()
+        summary = RunSummary(counts, interrupted=interrupted, wall_s=time.time() - t0)
+        data = self.state.read()
+        for jid, st in self.sched.state.items():
+            if st == JobState.FAILED:
+                entry = data["jobs"].get(jid, {})
+                devs = ",".join(d.get("label", "") for d in entry.get("devices", [])) or "host"
+                summary.failures.append({"job": jid, "device": devs, "error": self.sched.reason.get(jid, ""),
+                                         "log": str(self.run_paths.job(jid).log)})
+        self._flush()
+        self.state.update(lambda d: d.update(finished=time.time(), counts=counts, interrupted=interrupted))
+        log.info("%s after %.1fs: %d completed, %d failed, %d skipped, %d not run",
+                 "interrupted" if interrupted else "finished", summary.wall_s, counts["COMPLETED"],
+                 counts["FAILED"], counts["SKIPPED"], counts["PENDING"] + counts["RUNNING"])
+        for fl in summary.failures:
+            log.error("failed: %s on %s: %s (log: %s)", fl["job"], fl["device"], fl["error"], fl["log"])
+        return summary
+
+    # ------------------------------------------------------------------ monitoring
+    def _observe_memory(self) -> None:
+        if self.gpus.source != "nvml":
+            return
+        self.gpus.refresh()
+        for d in self.gpus.devices:
+            usage = {}
+            for jid in self.sched.devices[d.ordinal].reserved:
+                usage[jid] = self.gpus.process_usage(d.ordinal, self.backend.pids(jid))
+            self.sched.observe(d.ordinal, d.used_bytes, usage)
+
+    def _device_lines(self) -> list[str]:
+        return self.gpus.summary({o: self.sched.jobs_on(o) for o in range(len(self.gpus.devices))})
+
+    def _group_counts(self) -> dict[str, Counter]:
+        out: dict[str, Counter] = {}
+        for j in self.graph.jobs:
+            out.setdefault(j.group or "jobs", Counter())[self.sched.state[j.id].value] += 1
+        return out
+
+    def _explain_wait(self) -> None:
+        job = self.graph[self.sched.ready()[0]]
+        best = max((self.sched.devices[o].available() for o in range(len(self.gpus.devices))), default=0)
+        log.warning("%s waits for memory: needs %.2f GB on %d device(s), the most available is %.2f GB "
+                    "(other processes hold device memory?)", job.id, job.resources.memory_gb, job.resources.devices,
+                    best / 1e9)

@@ -1,0 +1,260 @@
+"""GPUManager: the device inventory (NVML first, torch.cuda next, CPU last) and memory queries.
+
+    mgr = GPUManager.detect("auto")          # from the hardware, honouring CUDA_VISIBLE_DEVICES
+    mgr = GPUManager.from_inventory(8, 80e9) # hand-built, for tests and the scheduler benchmark
+    mgr.summary({0: 2})                      # ['GPU 0 (NVIDIA H100 80GB HBM3): 45.23 GB used, 80.00 GB total, 2 jobs']
+
+Device ``ordinal`` is the position in this inventory (what the scheduler uses); ``index`` is the
+physical index as nvidia-smi shows it; ``uuid`` is stable across both. Child processes get
+``CUDA_VISIBLE_DEVICES`` with physical indices and ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` so that CUDA
+numbers devices the way NVML and nvidia-smi do.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass, field
+from typing import Iterable, Sequence
+
+from pita.core import memory
+from pita.core.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Device:
+    ordinal: int
+    index: int
+    uuid: str
+    name: str
+    total_bytes: int
+    used_bytes: int = 0
+    kind: str = "cuda"  # "cuda" or "cpu"
+    processes: list[tuple[int, int]] = field(default_factory=list)  # (pid, bytes) where NVML reports it
+
+    @property
+    def free_bytes(self) -> int:
+        return max(0, self.total_bytes - self.used_bytes)
+
+    @property
+    def label(self) -> str:
+        return f"gpu{self.index}" if self.kind == "cuda" else f"cpu{self.index}"
+
+    def describe(self) -> dict:
+        return {"ordinal": self.ordinal, "index": self.index, "uuid": self.uuid, "name": self.name,
+                "kind": self.kind, "total_bytes": self.total_bytes}
+
+
+def _nvml():
+    """Import pynvml and initialise NVML; None when there is no driver or library."""
+    try:
+        import pynvml
+    except ImportError:
+        return None
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError:
+        return None
+    return pynvml
+
+
+def _text(x) -> str:
+    return x.decode() if isinstance(x, bytes) else str(x)
+
+
+def parse_visible_devices(value: str | None, physical: Sequence[tuple[int, str]]) -> list[int] | None:
+    """Map ``CUDA_VISIBLE_DEVICES`` to physical indices.
+
+    ``physical`` is [(index, uuid), ...] of every device the driver sees. Returns None when the
+    variable is unset (all devices visible). Entries are indices or UUID prefixes (``GPU-1a2b``);
+    like CUDA, the list ends at the first entry that names no device (with a warning).
+    """
+    if value is None:
+        return None
+    out: list[int] = []
+    for raw in [v.strip() for v in value.split(",")]:
+        hit = None
+        if raw.lstrip("-").isdigit():
+            i = int(raw)
+            hit = next((idx for idx, _ in physical if idx == i), None)
+        elif raw:
+            hit = next((idx for idx, uuid in physical if uuid.startswith(raw) or uuid == "GPU-" + raw), None)
+        if hit is None:
+            if raw not in ("", "-1"):
+                log.warning("CUDA_VISIBLE_DEVICES=%r: entry %r names no device; devices after it are hidden", value, raw)
+            break
+        if hit in out:
+            log.warning("CUDA_VISIBLE_DEVICES=%r lists device %s twice; using it once", value, raw)
+            continue
+        out.append(hit)
+    return out
+
+
+class GPUManager:
+    """The devices this run may use, their memory, and the estimates that size jobs for them."""
+
+    def __init__(self, devices: list[Device], source: str):
+        self.devices = devices
+        self.source = source  # "nvml", "torch", "cpu" or "manual"
+
+    # ------------------------------------------------------------------ construction
+    @classmethod
+    def from_inventory(cls, devices: int | Iterable[float] | Iterable[tuple[str, float]],
+                       total_bytes: float | None = None, kind: str = "cuda") -> "GPUManager":
+        """A hand-built inventory: ``from_inventory(8, 80e9)`` or ``from_inventory([("A100", 40e9), ...])``."""
+        if isinstance(devices, int):
+            specs = [(f"Simulated GPU {i}", total_bytes or 80e9) for i in range(devices)]
+        else:
+            specs = [(d if isinstance(d, tuple) else (f"Simulated GPU {i}", d)) for i, d in enumerate(devices)]
+        devs = [Device(ordinal=i, index=i, uuid=f"SIM-{i}", name=n, total_bytes=int(t), kind=kind)
+                for i, (n, t) in enumerate(specs)]
+        return cls(devs, source="manual")
+
+    @classmethod
+    def cpu_inventory(cls, n: int = 1) -> "GPUManager":
+        """CPU-only mode: ``n`` logical devices sharing the host's available memory."""
+        import psutil
+
+        avail = psutil.virtual_memory().available
+        name = f"CPU ({os.cpu_count()} cores)"
+        devs = [Device(ordinal=i, index=i, uuid=f"CPU-{i}", name=name, total_bytes=int(avail // n), kind="cpu")
+                for i in range(n)]
+        return cls(devs, source="cpu")
+
+    @classmethod
+    def detect(cls, selection="auto", cpu_devices: int = 1, env: dict | None = None) -> "GPUManager":
+        """Detect devices. ``selection``: "auto", "cpu", or a list of visible ordinals."""
+        env = os.environ if env is None else env
+        if isinstance(selection, str) and selection not in ("auto", "cpu"):
+            raise ConfigError(f"system.devices={selection!r} is not valid; use auto, cpu, or a list of device indices like [0,1]")
+        if selection == "cpu":
+            return cls.cpu_inventory(cpu_devices)
+        mgr = cls._detect_nvml(env) or cls._detect_torch()
+        if mgr is None or not mgr.devices:
+            if selection != "auto":
+                raise ConfigError(f"system.devices={list(selection)} asks for GPUs but none is visible; use system.devices=cpu or auto")
+            return cls.cpu_inventory(cpu_devices)
+        if selection != "auto":
+            mgr = mgr.restrict(list(selection))
+        return mgr
+
+    @classmethod
+    def _detect_nvml(cls, env) -> "GPUManager | None":
+        nv = _nvml()
+        if nv is None:
+            return None
+        try:
+            physical = []
+            for i in range(nv.nvmlDeviceGetCount()):
+                h = nv.nvmlDeviceGetHandleByIndex(i)
+                physical.append((i, _text(nv.nvmlDeviceGetUUID(h)), _text(nv.nvmlDeviceGetName(h)), h))
+            visible = parse_visible_devices(env.get("CUDA_VISIBLE_DEVICES"), [(i, u) for i, u, _, _ in physical])
+            chosen = physical if visible is None else [next(p for p in physical if p[0] == v) for v in visible]
+            devs = []
+            for ordinal, (i, uuid, name, h) in enumerate(chosen):
+                mem = nv.nvmlDeviceGetMemoryInfo(h)
+                devs.append(Device(ordinal, i, uuid, name, int(mem.total), int(mem.used)))
+            mgr = cls(devs, source="nvml")
+            mgr._nvml_handles = {d.ordinal: h for d, (_, _, _, h) in zip(devs, chosen)}
+            mgr.refresh()
+            return mgr
+        except nv.NVMLError as e:
+            log.warning("NVML is present but failed (%s); trying torch.cuda", e)
+            return None
+
+    @classmethod
+    def _detect_torch(cls) -> "GPUManager | None":
+        try:
+            import torch
+        except ImportError:
+            return None
+        if not torch.cuda.is_available():
+            return None
+        devs = []
+        for i in range(torch.cuda.device_count()):
+            p = torch.cuda.get_device_properties(i)
+            free, total = torch.cuda.mem_get_info(i)
+            uuid = str(getattr(p, "uuid", f"cuda-{i}"))
+            devs.append(Device(i, i, uuid if uuid.startswith("GPU-") else f"GPU-{uuid}", p.name, int(total), int(total - free)))
+        return cls(devs, source="torch")
+
+    def restrict(self, ordinals: list[int]) -> "GPUManager":
+        n = len(self.devices)
+        bad = [o for o in ordinals if not isinstance(o, int) or isinstance(o, bool) or not 0 <= o < n]
+        if bad:
+            raise ConfigError(f"system.devices={ordinals}: {bad} out of range; visible devices are 0..{n - 1} "
+                              f"({', '.join(d.name for d in self.devices)})")
+        if len(set(ordinals)) != len(ordinals):
+            raise ConfigError(f"system.devices={ordinals} lists a device twice; list each index once")
+        devs = []
+        handles = getattr(self, "_nvml_handles", {})
+        new_handles = {}
+        for new, o in enumerate(ordinals):
+            d = self.devices[o]
+            devs.append(Device(new, d.index, d.uuid, d.name, d.total_bytes, d.used_bytes, d.kind, list(d.processes)))
+            if o in handles:
+                new_handles[new] = handles[o]
+        mgr = GPUManager(devs, self.source)
+        mgr._nvml_handles = new_handles
+        return mgr
+
+    # ------------------------------------------------------------------ queries
+    @property
+    def is_cpu(self) -> bool:
+        return all(d.kind == "cpu" for d in self.devices)
+
+    def refresh(self) -> None:
+        """Re-read used memory and per-process usage (NVML); a no-op for other sources."""
+        handles = getattr(self, "_nvml_handles", None)
+        if not handles:
+            return
+        import pynvml as nv
+
+        for d in self.devices:
+            h = handles[d.ordinal]
+            try:
+                mem = nv.nvmlDeviceGetMemoryInfo(h)
+                d.used_bytes, d.total_bytes = int(mem.used), int(mem.total)
+                procs = nv.nvmlDeviceGetComputeRunningProcesses(h)
+                d.processes = [(int(p.pid), int(p.usedGpuMemory or 0)) for p in procs]
+            except nv.NVMLError as e:  # per-process usage is not available everywhere (containers, MIG)
+                log.debug("NVML query failed on %s: %s", d.label, e)
+
+    def process_usage(self, ordinal: int, pids: set[int]) -> int:
+        """Bytes used on a device by the given processes (0 where NVML does not tell)."""
+        return sum(b for pid, b in self.devices[ordinal].processes if pid in pids)
+
+    def summary(self, jobs_per_device: dict[int, int] | None = None) -> list[str]:
+        jobs_per_device = jobs_per_device or {}
+        lines = []
+        for d in self.devices:
+            kind = "GPU" if d.kind == "cuda" else "CPU"
+            n = jobs_per_device.get(d.ordinal, 0)
+            lines.append(f"{kind} {d.index} ({d.name}): {d.used_bytes / memory.GB:.2f} GB used, "
+                         f"{d.total_bytes / memory.GB:.2f} GB total, {n} job{'s' if n != 1 else ''}")
+        return lines
+
+    def capacities(self) -> list[float]:
+        return [float(d.total_bytes) for d in self.devices]
+
+    def distribute(self, n_items: int) -> list[int]:
+        """Split ``n_items`` across the devices proportionally to their memory."""
+        return memory.split_proportionally(n_items, self.capacities())
+
+    def largest_batch(self, estimate, ordinal: int = 0, margin: float = 0.1) -> int:
+        """The largest batch whose estimate fits the device's free memory with a safety margin."""
+        return memory.largest_batch(estimate, self.devices[ordinal].free_bytes, margin)
+
+    def env_for(self, ordinals: Sequence[int], threads: int | None = None) -> dict[str, str]:
+        """Environment for a child that may use exactly these devices (set before torch starts)."""
+        devs = [self.devices[o] for o in ordinals]
+        env = {"CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
+        if devs and all(d.kind == "cuda" for d in devs):
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(str(d.index) for d in devs)
+        else:
+            env["CUDA_VISIBLE_DEVICES"] = ""  # CPU jobs never touch a GPU
+        if threads:
+            env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(threads)
+        return env

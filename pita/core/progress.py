@@ -1,0 +1,66 @@
+"""Live progress: a rich display on a terminal, plain periodic lines otherwise."""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from collections import Counter
+
+log = logging.getLogger("pita.progress")
+
+
+class Progress:
+    def __init__(self, mode: str = "auto", interval_s: float = 30.0):
+        tty = sys.stderr.isatty()
+        self.rich = mode == "rich" or (mode == "auto" and tty)
+        self.enabled = mode != "off"
+        self.interval_s = interval_s
+        self._last = 0.0
+        self._live = None
+
+    def start(self) -> None:
+        if self.enabled and self.rich:
+            from rich.console import Console
+            from rich.live import Live
+
+            self._live = Live(console=Console(stderr=True), refresh_per_second=4, transient=False)
+            self._live.start()
+
+    def update(self, groups: dict[str, Counter], devices: list[str], force: bool = False) -> None:
+        if not self.enabled:
+            return
+        if self._live is not None:
+            self._live.update(self._table(groups, devices))
+            return
+        now = time.time()
+        if force or now - self._last >= self.interval_s:
+            self._last = now
+            total = sum(groups.values(), Counter())
+            n = sum(total.values())
+            log.info("progress: %d/%d done, %d running, %d failed, %d skipped, %d pending | %s",
+                     total["COMPLETED"], n, total["RUNNING"], total["FAILED"], total["SKIPPED"],
+                     total["PENDING"], "; ".join(devices))
+
+    def _table(self, groups: dict[str, Counter], devices: list[str]):
+        from rich.console import Group
+        from rich.progress_bar import ProgressBar
+        from rich.table import Table
+
+        t = Table(show_header=True, header_style="bold", box=None)
+        for col in ("group", "", "done", "running", "failed", "skipped", "pending"):
+            t.add_column(col)
+        total = sum(groups.values(), Counter())
+        for name, c in [("overall", total)] + sorted(groups.items()):
+            n = sum(c.values())
+            t.add_row(name, ProgressBar(total=max(n, 1), completed=c["COMPLETED"] + c["FAILED"] + c["SKIPPED"], width=30),
+                      f"{c['COMPLETED']}/{n}", str(c["RUNNING"]), str(c["FAILED"]), str(c["SKIPPED"]), str(c["PENDING"]))
+        d = Table(show_header=False, box=None)
+        for line in devices:
+            d.add_row(line)
+        return Group(t, d)
+
+    def stop(self) -> None:
+        if self._live is not None:
+            self._live.stop()
+            self._live = None

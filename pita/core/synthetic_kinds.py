@@ -1,0 +1,100 @@
+"""Synthetic job kinds: the demo's stand-in work and the failure cases the tests exercise.
+
+    synthetic.work   sleep params.seconds, write an artifact; params.fail=True raises instead
+    synthetic.merge  combine the results of its dependencies (deterministic order)
+    synthetic.raise  raise an exception
+    synthetic.exit   os._exit(params.code) without reporting (a worker that dies)
+    synthetic.kill   SIGKILL itself (a worker killed from outside)
+    synthetic.oom    raise a CUDA-style out-of-memory error while params.batch_size > params.fits
+    synthetic.hang   sleep for ever (timeouts, Ctrl-C)
+    synthetic.env    report CUDA_VISIBLE_DEVICES and what torch sees (test_parallel_setup.py)
+    synthetic.share  sum a slice of numbers (a small parallel work distribution)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import time
+
+from pita.core.errors import JobError
+from pita.core.job import job_kind
+
+
+def _digest(obj) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()[:16]
+
+
+@job_kind("synthetic.work")
+def work(ctx):
+    p = ctx.params
+    ctx.log.info("working for %.2fs (stage %s)", p.get("seconds", 0.0), p.get("stage", "-"))
+    time.sleep(float(p.get("seconds", 0.0)))
+    if p.get("fail"):
+        raise JobError(f"{ctx.job.id} was configured to fail (synthetic.fail)")
+    deps = {d: ctx.dep_result(d).get("digest") for d in sorted(ctx.job.deps)}
+    digest = _digest({"id": ctx.job.id, "params": {k: v for k, v in p.items() if k != "batch_size"}, "deps": deps})
+    ctx.paths.artifacts.mkdir(parents=True, exist_ok=True)
+    (ctx.paths.artifacts / "output.txt").write_text(digest + "\n")
+    return {"digest": digest, "stage": p.get("stage")}
+
+
+@job_kind("synthetic.merge")
+def merge(ctx):
+    time.sleep(float(ctx.params.get("seconds", 0.0)))
+    parts = {d: ctx.dep_result(d).get("digest") for d in sorted(ctx.job.deps)}
+    return {"digest": _digest({"id": ctx.job.id, "parts": parts}), "parts": len(parts)}
+
+
+@job_kind("synthetic.raise")
+def fail(ctx):
+    raise ValueError(ctx.params.get("message", "synthetic failure"))
+
+
+@job_kind("synthetic.exit")
+def hard_exit(ctx):
+    print("exiting without a report", flush=True)
+    os._exit(int(ctx.params.get("code", 7)))
+
+
+@job_kind("synthetic.kill")
+def kill_self(ctx):
+    print("killing myself with SIGKILL", flush=True)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+@job_kind("synthetic.oom")
+def oom(ctx):
+    bs, fits = int(ctx.params["batch_size"]), int(ctx.params.get("fits", 1))
+    if bs > fits:
+        raise RuntimeError(f"CUDA out of memory. Tried to allocate {bs * 2} GiB (batch_size={bs})")
+    return {"batch_size": bs}
+
+
+@job_kind("synthetic.hang")
+def hang(ctx):
+    print("hanging", flush=True)
+    while True:
+        time.sleep(1)
+
+
+@job_kind("synthetic.env")
+def report_env(ctx):
+    import torch
+
+    out = {"pid": os.getpid(), "CUDA_VISIBLE_DEVICES": os.environ.get("CUDA_VISIBLE_DEVICES"),
+           "device_count": torch.cuda.device_count(), "devices": ctx.devices}
+    if torch.cuda.is_available():
+        out["names"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+        x = torch.ones(1024, 1024, device="cuda")
+        out["allocated_bytes"] = int(torch.cuda.memory_allocated())
+        del x
+    return out
+
+
+@job_kind("synthetic.share")
+def share(ctx):
+    lo, hi = int(ctx.params["start"]), int(ctx.params["stop"])
+    return {"start": lo, "stop": hi, "sum": sum(range(lo, hi)), "pid": os.getpid()}

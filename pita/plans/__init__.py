@@ -1,0 +1,18 @@
+"""Plans: turn a configuration into the whole job graph before anything runs."""
+
+from __future__ import annotations
+
+from pita.core.job import Job
+
+WORKLOADS = ("synthetic",)
+
+
+def build_plan(cfg) -> list[Job]:
+    """All jobs of the experiment described by ``cfg`` (validated by the caller)."""
+    if cfg.experiment.workload == "synthetic":
+        from pita.plans.synthetic import demo_grid
+
+        s = cfg.synthetic
+        return demo_grid(list(s.algos), list(s.families), list(s.datasets), s.rounds, s.gen_shards,
+                         s.eval_shards, s.job_seconds, s.memory_gb, fail=list(s.fail))
+    raise AssertionError(f"unvalidated workload {cfg.experiment.workload!r}")
