@@ -1,0 +1,62 @@
+"""Shared helpers for the integration tests: run a graph of synthetic jobs for real."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from pita.core.backends import make_backend
+from pita.core.executor import Executor, ExecutorSettings
+from pita.core.gpu_manager import GPUManager
+from pita.core.graph import JobGraph
+from pita.core.logs import setup_logging
+from pita.core.paths import RunPaths
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def run_graph(jobs, tmp_path, backend="local", devices=2, **settings):
+    gpus = GPUManager.from_inventory(devices, 8e9, kind="cpu")
+    run = RunPaths.create(tmp_path, "t")
+    setup_logging(run.run_log, console=False)
+    s = ExecutorSettings(progress="off", poll_interval_s=0.02, kill_grace_s=2, **settings)
+    summary = Executor(JobGraph(jobs).validate([d.total_bytes for d in gpus.devices]), gpus,
+                       make_backend(backend), run, s).run()
+    state = json.loads(run.state.read_text())
+    return summary, state, run
+
+
+def cli(args, cwd, timeout=120, **kw):
+    """Run run_parallel.py in a subprocess (from the repo root, outputs under ``cwd``)."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    return subprocess.run([sys.executable, str(ROOT / "run_parallel.py"), f"system.output_dir={cwd}",
+                           "executor.progress=plain", *args], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=timeout, **kw)
+
+
+def workers_of(run_root) -> list:
+    """Live worker processes that belong to a run folder."""
+    import psutil
+
+    out = []
+    for p in psutil.process_iter(["cmdline"]):
+        try:
+            cmd = " ".join(p.info["cmdline"] or [])
+        except psutil.Error:
+            continue
+        if "pita.core.worker" in cmd and str(run_root) in cmd:
+            out.append(p)
+    return out
+
+
+def wait_for(cond, timeout=30.0, step=0.05):
+    end = time.time() + timeout
+    while time.time() < end:
+        if cond():
+            return True
+        time.sleep(step)
+    return False

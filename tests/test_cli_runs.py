@@ -1,0 +1,154 @@
+"""Whole runs through run_parallel.py: exit codes, Ctrl-C, SIGKILL then resume, resume checks."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from helpers import ROOT, cli, wait_for, workers_of
+
+pytestmark = pytest.mark.integration
+
+SMALL = ["synthetic.algos=[PITA,DPO]", "synthetic.datasets=[arith]", "synthetic.rounds=2"]
+
+
+def only_run(base: Path, name: str) -> Path:
+    [run] = list((base / name).iterdir())
+    return run
+
+
+def final_state(run: Path) -> dict:
+    """Job -> (state, result digest): what an uninterrupted and a resumed run must agree on."""
+    jobs = json.loads((run / "state.json").read_text())["jobs"]
+    out = {}
+    for jid, e in jobs.items():
+        res = run / "jobs" / jid / "result.json"
+        out[jid] = (e["state"], json.loads(res.read_text()).get("digest") if res.exists() else None)
+    return out
+
+
+def test_demo_style_run_completes(tmp_path):
+    r = cli(["experiment.name=ok", "synthetic.job_seconds=0", *SMALL], tmp_path)
+    assert r.returncode == 0, r.stderr
+    run = only_run(tmp_path, "ok")
+    assert all(s == "COMPLETED" for s, _ in final_state(run).values())
+    assert (run / "config.yaml").exists() and "run folder:" in r.stdout
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["foo=1"], "unknown key 'foo'"),
+    (["synthetic.algoss=[PITA]"], "did you mean 'algos'"),
+    (["executor.oom_retries=abc"], "executor.oom_retries"),
+    (["executor.backend=nope"], "executor.backend='nope' is not known"),
+    (["system.devices=[7]"], "system.devices"),
+    (["experiment.name=a/b"], "experiment.name"),
+    (["executor.memory_margin=-1", "synthetic.rounds=0"], "2 problems"),
+    (["resume_from=/nonexistent/run"], "does not exist"),
+])
+def test_bad_input_exits_2_and_names_the_key(tmp_path, args, needle):
+    r = cli(args, tmp_path)
+    assert r.returncode == 2, (r.returncode, r.stderr)
+    assert needle in r.stderr
+    assert not any(tmp_path.rglob("state.json"))  # nothing started
+
+
+def test_resume_from_a_file_or_a_corrupt_state(tmp_path):
+    f = tmp_path / "file.txt"
+    f.write_text("x")
+    r = cli([f"resume_from={f}"], tmp_path)
+    assert r.returncode == 2 and "is a file" in r.stderr
+    r = cli(["experiment.name=c", "synthetic.job_seconds=0", *SMALL], tmp_path)
+    run = only_run(tmp_path, "c")
+    (run / "state.json").write_text("{not json")
+    r = cli([f"resume_from={run}"], tmp_path)
+    assert r.returncode == 2 and "corrupt" in r.stderr
+
+
+def test_failure_exit_code_and_summary(tmp_path):
+    r = cli(["experiment.name=f", "synthetic.job_seconds=0", *SMALL, "synthetic.fail=[PITA.tiny.arith.r0.train]"],
+            tmp_path)
+    assert r.returncode == 1
+    assert "FAILED PITA.tiny.arith.r0.train" in r.stdout and "job.log" in r.stdout
+    st = final_state(only_run(tmp_path, "f"))
+    assert st["PITA.tiny.arith.r1.train"][0] == "SKIPPED" and st["DPO.tiny.arith.r1.train"][0] == "COMPLETED"
+
+
+def _start(tmp_path, name, extra=()):
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    return subprocess.Popen([sys.executable, str(ROOT / "run_parallel.py"), f"system.output_dir={tmp_path}",
+                             "executor.progress=plain", f"experiment.name={name}", *extra], cwd=ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def test_sigint_stops_everything_and_saves_state(tmp_path):
+    p = _start(tmp_path, "int", ["synthetic.job_seconds=30", *SMALL, "executor.kill_grace_s=2"])
+    assert wait_for(lambda: (tmp_path / "int").exists() and any((tmp_path / "int").iterdir()), 30)
+    run = only_run(tmp_path, "int")
+    assert wait_for(lambda: len(workers_of(run)) >= 2, 30), "workers never started"
+    p.send_signal(signal.SIGINT)
+    out, err = p.communicate(timeout=30)
+    assert p.returncode == 130, err
+    assert wait_for(lambda: workers_of(run) == [], 5), "worker processes survived Ctrl-C"
+    state = json.loads((run / "state.json").read_text())
+    assert state["interrupted"] is True
+    assert not [j for j, e in state["jobs"].items() if e["state"] == "RUNNING"]
+    assert "resume_from=" in out
+
+
+def test_sigkill_then_resume_reaches_the_same_final_state(tmp_path):
+    args = ["synthetic.job_seconds=0.3", *SMALL]
+    ref = cli(["experiment.name=ref", *args], tmp_path / "a")
+    assert ref.returncode == 0, ref.stderr
+    expected = final_state(only_run(tmp_path / "a", "ref"))
+
+    p = _start(tmp_path / "b", "k", args)
+    base = tmp_path / "b" / "k"
+    assert wait_for(lambda: base.exists() and any(base.iterdir()), 30)
+    run = only_run(tmp_path / "b", "k")
+    assert wait_for(lambda: sum(1 for _ in run.glob("jobs/*/.done")) >= 4, 60)
+    p.send_signal(signal.SIGKILL)
+    p.wait(timeout=10)
+    assert wait_for(lambda: workers_of(run) == [], 5), "orphan workers outlived the orchestrator"
+    done_before = sum(1 for _ in run.glob("jobs/*/.done"))
+    assert 0 < done_before < len(expected)
+
+    r = cli([f"resume_from={run}"], tmp_path / "b")
+    assert r.returncode == 0, r.stderr
+    assert final_state(run) == expected
+    assert f"resume: {done_before} of {len(expected)} jobs already completed" in (run / "run.log").read_text()
+
+
+def test_resume_refuses_graph_changes_unless_forced(tmp_path):
+    r = cli(["experiment.name=g", "synthetic.job_seconds=0", *SMALL], tmp_path)
+    run = only_run(tmp_path, "g")
+    r = cli([f"resume_from={run}", "synthetic.rounds=3"], tmp_path)
+    assert r.returncode == 2 and "synthetic.rounds" in r.stderr and "resume_force=true" in r.stderr
+    r = cli([f"resume_from={run}", "executor.oom_retries=5"], tmp_path)  # execution-only: allowed
+    assert r.returncode == 0, r.stderr
+    r = cli([f"resume_from={run}", "synthetic.rounds=3", "resume_force=true"], tmp_path)
+    assert r.returncode == 0, r.stderr
+    st = final_state(run)
+    assert st["PITA.tiny.arith.r2.train"][0] == "COMPLETED"
+
+
+def test_test_parallel_setup_passes_here(tmp_path):
+    r = subprocess.run([sys.executable, str(ROOT / "test_parallel_setup.py")], cwd=ROOT, capture_output=True,
+                       text=True, timeout=120, env=dict(os.environ, PYTHONPATH=str(ROOT), COLUMNS="200"))
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "every worker saw only its own device" in r.stdout
+
+
+def test_setup_check_flags_duplicate_assignments():
+    from pita.setup_check import check_assignments
+
+    bad = check_assignments(["0", "0", "1", "1"], ["0", "1", "2", "3"], True, [1, 1, 1, 1])
+    assert any("duplicate" in p for p in bad)
+    assert check_assignments(["0", "1", "2", "3"], ["0", "1", "2", "3"], True, [1, 1, 1, 1]) == []
+    assert check_assignments(["0", "1"], ["0", "1"], True, [1, 2])  # a worker saw two devices

@@ -1,0 +1,119 @@
+"""The executor with real spawned workers: each failure rule, logs, state, OOM retry, timeouts."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from helpers import run_graph, workers_of
+from pita.core.job import Job, Resources, RetryPolicy
+
+pytestmark = pytest.mark.integration
+
+
+def J(id, kind="synthetic.work", deps=(), **params):
+    return Job(id=id, kind=kind, deps=list(deps), params=params, resources=Resources(1, 0.5))
+
+
+def test_exception_fails_job_skips_dependents_and_others_continue(tmp_path):
+    jobs = [J("a", seconds=0), J("bad", "synthetic.raise", ["a"], message="boom 42"),
+            J("after_bad", deps=["bad"]), J("after_after", deps=["after_bad"]),
+            J("independent", deps=["a"], seconds=0.2)]
+    summary, state, run = run_graph(jobs, tmp_path)
+    st = {k: v["state"] for k, v in state["jobs"].items()}
+    assert st == {"a": "COMPLETED", "bad": "FAILED", "after_bad": "SKIPPED", "after_after": "SKIPPED",
+                  "independent": "COMPLETED"}
+    assert summary.exit_code == 1
+    assert "ValueError: boom 42" in state["jobs"]["bad"]["error"]
+    assert state["jobs"]["after_after"]["reason"] == "dependency bad failed"
+    log = run.job("bad").log.read_text()
+    assert "Traceback" in log and "boom 42" in log
+    [f] = summary.failures
+    assert f["job"] == "bad" and f["log"] == str(run.job("bad").log) and f["device"].startswith("cpu")
+    assert not run.job("bad").is_done() and run.job("independent").is_done()
+
+
+def test_run_log_has_prefixed_job_lines_and_state_records_devices(tmp_path):
+    summary, state, run = run_graph([J("x", seconds=0), J("y", deps=["x"], seconds=0)], tmp_path)
+    text = run.run_log.read_text()
+    assert "[x cpu" in text and "working for" in text
+    assert any(line.startswith("[y cpu") for line in text.splitlines())
+    entry = state["jobs"]["y"]
+    assert entry["devices"][0]["uuid"].startswith("SIM-") and entry["attempts"][0]["status"] == "ok"
+    assert entry["attempts"][0]["peak_rss_bytes"] > 0
+    assert run.job("y").read_result()["digest"]
+
+
+def test_oom_is_retried_with_halved_batch(tmp_path):
+    jobs = [Job("o", "synthetic.oom", params={"batch_size": 8, "fits": 2}, resources=Resources(1, 0.5))]
+    summary, state, run = run_graph(jobs, tmp_path, oom_retries=2)
+    e = state["jobs"]["o"]
+    assert e["state"] == "COMPLETED"
+    assert [a["batch_size"] for a in e["attempts"]] == [8, 4, 2]
+    assert [a["status"] for a in e["attempts"]] == ["oom", "oom", "ok"]
+    assert run.job("o").read_result() == {"batch_size": 2}
+    assert "retrying with batch_size=4" in run.run_log.read_text()
+
+
+def test_oom_gives_up_after_the_limit(tmp_path):
+    jobs = [Job("o", "synthetic.oom", params={"batch_size": 8, "fits": 1}, resources=Resources(1, 0.5),
+                retry=RetryPolicy(oom_retries=1))]
+    summary, state, _ = run_graph(jobs, tmp_path, oom_retries=5)
+    e = state["jobs"]["o"]
+    assert e["state"] == "FAILED" and len(e["attempts"]) == 2
+    assert "OOM retries used" in e["error"] and "CUDA out of memory" in e["error"]
+
+
+@pytest.mark.parametrize("kind,params,expect", [
+    ("synthetic.exit", {"code": 7}, "exited with code 7"),
+    ("synthetic.kill", {}, "SIGKILL"),
+])
+def test_dead_worker_is_detected_quickly(tmp_path, kind, params, expect):
+    t0 = time.time()
+    summary, state, _ = run_graph([Job("d", kind, params=params), J("next", deps=["d"])], tmp_path)
+    assert time.time() - t0 < 15
+    assert state["jobs"]["d"]["state"] == "FAILED" and expect in state["jobs"]["d"]["error"]
+    assert state["jobs"]["next"]["state"] == "SKIPPED"
+
+
+def test_crash_retry_reruns_a_dead_worker(tmp_path):
+    summary, state, _ = run_graph([Job("d", "synthetic.exit", params={"code": 9})], tmp_path, crash_retries=2)
+    assert state["jobs"]["d"]["state"] == "FAILED" and len(state["jobs"]["d"]["attempts"]) == 3
+
+
+def test_timeout_kills_the_job_and_leaves_no_process(tmp_path):
+    t0 = time.time()
+    summary, state, run = run_graph([Job("h", "synthetic.hang"), J("ok", seconds=0)], tmp_path, job_timeout_s=1.0)
+    assert time.time() - t0 < 15
+    assert state["jobs"]["h"]["state"] == "FAILED" and "timed out after 1s" in state["jobs"]["h"]["error"]
+    assert state["jobs"]["ok"]["state"] == "COMPLETED"
+    assert workers_of(run.root) == []
+
+
+def test_gang_job_gets_two_devices_with_both_visible(tmp_path):
+    jobs = [Job("g", "synthetic.work", params={"seconds": 0}, resources=Resources(2, 0.5))]
+    summary, state, run = run_graph(jobs, tmp_path, devices=3)
+    assert len(state["jobs"]["g"]["devices"]) == 2
+
+
+def test_inline_backend_runs_the_same_graph(tmp_path):
+    jobs = [J("a", seconds=0), J("b", deps=["a"], seconds=0), J("bad", "synthetic.raise", ["a"]),
+            Job("o", "synthetic.oom", params={"batch_size": 4, "fits": 1})]
+    summary, state, run = run_graph(jobs, tmp_path, backend="inline")
+    st = {k: v["state"] for k, v in state["jobs"].items()}
+    assert st == {"a": "COMPLETED", "b": "COMPLETED", "bad": "FAILED", "o": "COMPLETED"}
+    assert "Traceback" in run.job("bad").log.read_text()
+    assert [a["batch_size"] for a in state["jobs"]["o"]["attempts"]] == [4, 2, 1]
+
+
+def test_workers_see_only_their_device(tmp_path):
+    from pita.core.gpu_manager import GPUManager
+
+    env = GPUManager.from_inventory(4, 80e9).env_for([2, 3], threads=2)
+    assert env["CUDA_VISIBLE_DEVICES"] == "2,3" and env["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
+    jobs = [Job(f"e{i}", "synthetic.env", resources=Resources(1, 0.0)) for i in range(2)]
+    summary, state, run = run_graph(jobs, tmp_path, max_jobs_per_device=1)
+    seen = [run.job(f"e{i}").read_result() for i in range(2)]
+    assert all(s["CUDA_VISIBLE_DEVICES"] == "" and s["device_count"] == 0 for s in seen)
+    assert sorted(state["jobs"][f"e{i}"]["devices"][0]["ordinal"] for i in range(2)) == [0, 1]
