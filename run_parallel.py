@@ -1,6 +1,7 @@
 """Run an experiment on every device of this machine: ``python run_parallel.py experiment.name=NAME``.
 
 Hydra main (conf/config.yaml; keys documented in pita/config/schema.py) -> pita.cli.run_experiment.
+With ``-m`` (multirun) each sweep point is its own run; the exit code is the worst of them.
 """
 
 import sys
@@ -10,12 +11,15 @@ from omegaconf import DictConfig
 
 from pita.cli import check_cli_overrides, run_experiment
 
+_exit_codes: list[int] = []
+
 
 @hydra.main(config_path="conf", config_name="config", version_base=None)
 def main(cfg: DictConfig) -> None:
-    sys.exit(run_experiment(cfg))
+    _exit_codes.append(run_experiment(cfg))
 
 
 if __name__ == "__main__":
     check_cli_overrides()  # a bad override exits 2 with the fix, before Hydra's generic error
     main()
+    sys.exit(max(_exit_codes, default=0))

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
+from pita.config import schema as _schema_registration  # noqa: F401  (Hydra needs pita_schema)
 from pita.core.errors import ConfigError, ResumeError
 from pita.core.names import suggest
 

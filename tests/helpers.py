@@ -33,8 +33,8 @@ def run_graph(jobs, tmp_path, backend="local", devices=2, **settings):
 def cli(args, cwd, timeout=120, **kw):
     """Run run_parallel.py in a subprocess (from the repo root, outputs under ``cwd``)."""
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    return subprocess.run([sys.executable, str(ROOT / "run_parallel.py"), f"system.output_dir={cwd}",
-                           "executor.progress=plain", *args], cwd=ROOT, env=env, capture_output=True, text=True,
+    return subprocess.run([sys.executable, str(ROOT / "run_parallel.py"), *args, f"system.output_dir={cwd}",
+                           "executor.progress=plain"], cwd=ROOT, env=env, capture_output=True, text=True,
                           timeout=timeout, **kw)
 
 

@@ -152,3 +152,18 @@ def test_setup_check_flags_duplicate_assignments():
     assert any("duplicate" in p for p in bad)
     assert check_assignments(["0", "1", "2", "3"], ["0", "1", "2", "3"], True, [1, 1, 1, 1]) == []
     assert check_assignments(["0", "1"], ["0", "1"], True, [1, 2])  # a worker saw two devices
+
+
+def test_multirun_runs_every_sweep_point(tmp_path):
+    r = cli(["-m", "experiment.name=mr", "synthetic.rounds=1,2", "synthetic.job_seconds=0",
+             "synthetic.algos=[PITA]", "synthetic.datasets=[arith]"], tmp_path)
+    assert r.returncode == 0, r.stderr
+    runs = sorted((tmp_path / "mr").iterdir())
+    assert len(runs) == 2
+    assert sorted(len(final_state(run)) for run in runs) == [10, 17]  # base eval 3 + 7 per round
+
+
+def test_hydra_cfg_flag_prints_the_config(tmp_path):
+    r = cli(["--cfg", "job"], tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "oom_retries: 2" in r.stdout
