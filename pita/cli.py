@@ -77,15 +77,24 @@ def check_overrides(overrides: list[str]) -> None:
         raise ConfigError(problems)
     if sweep:
         return  # multirun values are checked per job by Hydra
-    try:
-        with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
+    def first_line(e: Exception) -> str:
+        while e.__cause__ is not None:
+            e = e.__cause__
+        text = str(e).strip()
+        return text.splitlines()[0] if text else type(e).__name__
+
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
+        try:
             compose(config_name="config", overrides=plain)
-    except Exception as e:
-        cause = e
-        while cause.__cause__ is not None:
-            cause = cause.__cause__
-        first = str(cause).strip().splitlines()[0] if str(cause).strip() else type(cause).__name__
-        raise ConfigError(f"{' '.join(plain)}: {first}") from None
+            return
+        except Exception as e:
+            whole = first_line(e)
+        for o in plain:  # name each override that fails on its own
+            try:
+                compose(config_name="config", overrides=[o])
+            except Exception as e:
+                problems.append(f"{o}: {first_line(e)}")
+    raise ConfigError(problems or [f"{' '.join(plain)}: {whole}"])
 
 
 def check_cli_overrides(argv: list[str] | None = None) -> None:

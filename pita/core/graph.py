@@ -71,37 +71,81 @@ class JobGraph:
                             f"job {j.id!r} needs {r.memory_gb:.2f} GB on each of {r.devices} device(s) but the "
                             f"largest usable is {fits[r.devices - 1] / 1e9:.2f} GB (after executor.memory_margin="
                             f"{memory_margin}); lower its batch size or use bigger devices")
-        cycle = self.find_cycle()
-        if cycle:
+        for cycle in self.find_cycles():
             problems.append("dependency cycle: " + " -> ".join(cycle))
         if problems:
             raise PlanError(problems)
         return self
 
-    def find_cycle(self) -> list[str] | None:
-        """One cycle as [a, b, ..., a], or None (iterative DFS; unknown deps are ignored)."""
-        WHITE, GREY, BLACK = 0, 1, 2
-        color = {j: WHITE for j in self.by_id}
-        for start in self.by_id:
-            if color[start] != WHITE:
+    def find_cycles(self) -> list[list[str]]:
+        """One cycle [a, b, ..., a] per strongly connected component of two or more jobs.
+
+        Self-dependencies are reported on their own by validate(); unknown deps are ignored.
+        Iterative Tarjan, so deep graphs do not hit the recursion limit.
+        """
+        edges = {j: [d for d in self.by_id[j].deps if d in self.by_id and d != j] for j in self.by_id}
+        index: dict[str, int] = {}
+        low: dict[str, int] = {}
+        on_stack: set[str] = set()
+        stack: list[str] = []
+        comps: list[list[str]] = []
+        counter = 0
+        for root in self.by_id:
+            if root in index:
                 continue
-            stack = [(start, iter(self.by_id[start].deps))]
-            path = [start]
-            color[start] = GREY
-            while stack:
-                node, it = stack[-1]
-                nxt = next((d for d in it if d in self.by_id), None)
-                if nxt is None:
-                    color[node] = BLACK
-                    stack.pop()
-                    path.pop()
-                elif color[nxt] == GREY:
-                    return path[path.index(nxt):] + [nxt]
-                elif color[nxt] == WHITE:
-                    color[nxt] = GREY
-                    stack.append((nxt, iter(self.by_id[nxt].deps)))
-                    path.append(nxt)
-        return None
+            work = [(root, 0)]
+            while work:
+                node, i = work.pop()
+                if i == 0:
+                    index[node] = low[node] = counter
+                    counter += 1
+                    stack.append(node)
+                    on_stack.add(node)
+                recurse = False
+                for k in range(i, len(edges[node])):
+                    nxt = edges[node][k]
+                    if nxt not in index:
+                        work.append((node, k + 1))
+                        work.append((nxt, 0))
+                        recurse = True
+                        break
+                    if nxt in on_stack:
+                        low[node] = min(low[node], index[nxt])
+                if recurse:
+                    continue
+                if low[node] == index[node]:
+                    comp = []
+                    while True:
+                        w = stack.pop()
+                        on_stack.discard(w)
+                        comp.append(w)
+                        if w == node:
+                            break
+                    if len(comp) > 1:
+                        comps.append(comp)
+                if work:
+                    parent = work[-1][0]
+                    low[parent] = min(low[parent], low[node])
+        return [self._cycle_in(set(c)) for c in comps]
+
+    def _cycle_in(self, comp: set[str]) -> list[str]:
+        """A concrete cycle through the first (sorted) member of a strongly connected component."""
+        start = min(comp)
+        prev: dict[str, str] = {}
+        queue, seen = [start], {start}
+        while queue:
+            node = queue.pop(0)
+            for d in self.by_id[node].deps:
+                if d == start:
+                    path = [node]
+                    while path[-1] != start:
+                        path.append(prev[path[-1]])
+                    return [start] + path[::-1][1:] + [start] if len(path) > 1 else [start, node, start]
+                if d in comp and d not in seen:
+                    seen.add(d)
+                    prev[d] = node
+                    queue.append(d)
+        return sorted(comp) + [min(comp)]  # unreachable for a true component
 
     # ------------------------------------------------------------------ ordering
     def topological(self) -> list[Job]:

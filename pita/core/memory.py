@@ -106,10 +106,9 @@ def training_bytes(
     optim = n * opt_states
     master = n * 4 if (master_fp32 and b < 4) else 0
     tokens = batch * seq_len
-    if gradient_checkpointing:
-        act = tokens * shape.n_layers * 2 * shape.hidden + tokens * 34 * shape.hidden
-    else:
-        act = tokens * shape.n_layers * 34 * shape.hidden
+    act = tokens * shape.n_layers * 34 * shape.hidden
+    if gradient_checkpointing:  # layer inputs kept, one layer's activations live during recompute
+        act = min(act, tokens * shape.n_layers * 2 * shape.hidden + tokens * 34 * shape.hidden)
     act *= b / 2  # the 34*h figure is for 16-bit activations
     logits = tokens * shape.vocab * 4 * 2  # fp32 logits and their gradient
     total = (weights + grads + optim + master + act + logits) * 1.10
@@ -152,11 +151,14 @@ def split_proportionally(n_items: int, capacities: list[float]) -> list[int]:
         raise ValueError("no workers to split the items across")
     if any(c < 0 for c in capacities):
         raise ValueError(f"capacities={capacities} must all be >= 0")
-    total = float(sum(capacities))
+    from fractions import Fraction
+
+    caps = [Fraction(c) for c in capacities]  # exact: ties must be real ties, not rounding noise
+    total = sum(caps)
     if total <= 0:
-        capacities = [1.0] * len(capacities)
-        total = float(len(capacities))
-    exact = [n_items * c / total for c in capacities]
+        caps = [Fraction(1)] * len(caps)
+        total = Fraction(len(caps))
+    exact = [n_items * c / total for c in caps]
     counts = [int(x) for x in exact]
     rest = n_items - sum(counts)
     order = sorted(range(len(exact)), key=lambda i: (-(exact[i] - counts[i]), i))

@@ -1,0 +1,274 @@
+"""pita.core.gpu_manager: hand-built inventories, CUDA_VISIBLE_DEVICES parsing, child env, and
+detection with a fake NVML (no GPU or driver needed)."""
+
+from __future__ import annotations
+
+import logging
+import sys
+import types
+from types import SimpleNamespace
+
+import pytest
+
+from pita.core import gpu_manager
+from pita.core.errors import ConfigError
+from pita.core.gpu_manager import GPUManager, parse_visible_devices
+
+GB = 10**9
+
+
+# ---------------------------------------------------------------- from_inventory and summary
+def test_from_inventory_summary_lines():
+    mgr = GPUManager.from_inventory(8, 80e9)
+    assert mgr.source == "manual"
+    assert [d.ordinal for d in mgr.devices] == list(range(8))
+    lines = mgr.summary({0: 2, 3: 1})
+    assert len(lines) == 8
+    assert lines[0] == "GPU 0 (Simulated GPU 0): 0.00 GB used, 80.00 GB total, 2 jobs"
+    assert lines[3] == "GPU 3 (Simulated GPU 3): 0.00 GB used, 80.00 GB total, 1 job"
+    assert lines[7] == "GPU 7 (Simulated GPU 7): 0.00 GB used, 80.00 GB total, 0 jobs"
+    assert mgr.summary()[1] == "GPU 1 (Simulated GPU 1): 0.00 GB used, 80.00 GB total, 0 jobs"
+
+
+def test_summary_shows_used_memory_and_cpu_kind():
+    mgr = GPUManager.from_inventory([("A100", 40e9), ("H100", 80e9)])
+    mgr.devices[1].used_bytes = int(45.234e9)
+    assert mgr.summary({1: 1}) == [
+        "GPU 0 (A100): 0.00 GB used, 40.00 GB total, 0 jobs",
+        "GPU 1 (H100): 45.23 GB used, 80.00 GB total, 1 job",
+    ]
+    cpu = GPUManager.from_inventory(1, 16e9, kind="cpu")
+    assert cpu.summary() == ["CPU 0 (Simulated GPU 0): 0.00 GB used, 16.00 GB total, 0 jobs"]
+    assert cpu.is_cpu and not mgr.is_cpu
+
+
+def test_from_inventory_list_of_sizes():
+    mgr = GPUManager.from_inventory([80e9, 40e9])
+    assert [(d.name, d.total_bytes, d.uuid) for d in mgr.devices] == [
+        ("Simulated GPU 0", 80 * GB, "SIM-0"), ("Simulated GPU 1", 40 * GB, "SIM-1")]
+    assert mgr.capacities() == [80e9, 40e9]
+    assert mgr.devices[1].label == "gpu1"
+
+
+# ---------------------------------------------------------------- restrict
+def test_restrict_keeps_physical_index_and_renumbers_ordinals():
+    mgr = GPUManager.from_inventory([("a", 10e9), ("b", 20e9), ("c", 30e9)]).restrict([2, 0])
+    assert [(d.ordinal, d.index, d.name) for d in mgr.devices] == [(0, 2, "c"), (1, 0, "a")]
+    assert mgr.summary()[0].startswith("GPU 2 (c):")
+
+
+@pytest.mark.parametrize("sel", [[8], [0, -1], [True]])
+def test_restrict_out_of_range_names_system_devices(sel):
+    mgr = GPUManager.from_inventory(8, 80e9)
+    with pytest.raises(ConfigError) as ei:
+        mgr.restrict(sel)
+    assert "system.devices" in str(ei.value)
+    assert "out of range" in str(ei.value)
+    assert "0..7" in str(ei.value)
+
+
+def test_restrict_duplicates_raise():
+    with pytest.raises(ConfigError) as ei:
+        GPUManager.from_inventory(4, 80e9).restrict([1, 1])
+    assert "system.devices" in str(ei.value) and "twice" in str(ei.value)
+
+
+# ---------------------------------------------------------------- CUDA_VISIBLE_DEVICES
+PHYS = [(0, "GPU-aaaa1111"), (1, "GPU-bbbb2222"), (2, "GPU-cccc3333"), (3, "GPU-dddd4444")]
+
+
+@pytest.mark.parametrize("value,expected", [
+    (None, None),
+    ("2,0", [2, 0]),
+    (" 3 , 1 ", [3, 1]),
+    ("GPU-cccc,GPU-a", [2, 0]),           # UUID prefixes
+    ("GPU-bbbb2222", [1]),
+    ("bbbb2222", [1]),                    # full UUID without the GPU- prefix
+    ("1,GPU-dddd", [1, 3]),
+    ("0,7,1", [0]),                       # 7 names no device: the list ends there
+    ("2,GPU-zzzz,1", [2]),
+    ("1,-1,0", [1]),
+    ("-1", []),
+    ("", []),
+    ("0,0,1", [0, 1]),                    # a repeat is used once
+])
+def test_parse_visible_devices(value, expected):
+    assert parse_visible_devices(value, PHYS) == expected
+
+
+def test_parse_visible_devices_warns_on_a_bad_entry_only(caplog):
+    with caplog.at_level(logging.WARNING, logger="pita.core.gpu_manager"):
+        parse_visible_devices("-1", PHYS)
+        parse_visible_devices("", PHYS)
+    assert caplog.records == []
+    with caplog.at_level(logging.WARNING, logger="pita.core.gpu_manager"):
+        parse_visible_devices("0,9", PHYS)
+    assert any("'9'" in r.getMessage() for r in caplog.records)
+
+
+# ---------------------------------------------------------------- env_for
+def test_env_for_uses_physical_indices():
+    mgr = GPUManager.from_inventory(4, 80e9).restrict([3, 1, 2])
+    env = mgr.env_for([0, 2])
+    assert env == {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": "3,2"}
+    assert mgr.env_for([1], threads=4) == {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": "1",
+                                           "OMP_NUM_THREADS": "4", "MKL_NUM_THREADS": "4"}
+
+
+def test_env_for_cpu_devices_and_cpu_jobs_hide_gpus():
+    cpu = GPUManager.from_inventory(2, 8e9, kind="cpu")
+    assert cpu.env_for([1])["CUDA_VISIBLE_DEVICES"] == ""
+    gpu = GPUManager.from_inventory(2, 80e9)
+    assert gpu.env_for([]) == {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": ""}
+
+
+# ---------------------------------------------------------------- distribute / largest_batch
+def test_distribute_is_proportional_to_memory():
+    assert GPUManager.from_inventory([80e9, 40e9, 40e9]).distribute(10) == [5, 3, 2]
+    assert GPUManager.from_inventory([80e9, 40e9]).distribute(9) == [6, 3]
+    assert GPUManager.from_inventory(4, 80e9).distribute(6) == [2, 2, 1, 1]
+
+
+def test_largest_batch_uses_free_memory_of_the_device():
+    mgr = GPUManager.from_inventory([1000, 2000])
+    mgr.devices[1].used_bytes = 1000  # 1000 free
+    # budget 1000 * 0.9 = 900: 100 + 7b <= 900 -> 114 on both
+    assert mgr.largest_batch(lambda b: 100 + 7 * b, ordinal=1) == 114
+    assert mgr.largest_batch(lambda b: 100 + 7 * b, ordinal=0) == 114
+    mgr.devices[1].used_bytes = 0  # 2000 free: budget 1800 -> 100 + 7b <= 1800 -> 242
+    assert mgr.largest_batch(lambda b: 100 + 7 * b, ordinal=1) == 242
+
+
+# ---------------------------------------------------------------- detect
+def _gpu_present() -> bool:
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            return True
+    except ImportError:
+        pass
+    return gpu_manager._nvml() is not None
+
+
+def test_detect_without_gpu_gives_cpu_inventory():
+    if _gpu_present():
+        pytest.skip("this machine has a GPU")
+    mgr = GPUManager.detect("auto", cpu_devices=2, env={})
+    assert mgr.source == "cpu"
+    assert mgr.is_cpu
+    assert [d.uuid for d in mgr.devices] == ["CPU-0", "CPU-1"]
+    assert all(d.total_bytes > 0 for d in mgr.devices)
+    with pytest.raises(ConfigError, match="system.devices"):
+        GPUManager.detect([0], env={})
+
+
+def test_detect_cpu_and_bad_selection():
+    mgr = GPUManager.detect("cpu", cpu_devices=3)
+    assert mgr.source == "cpu" and len(mgr.devices) == 3
+    assert mgr.summary()[2].startswith("CPU 2 (CPU (")
+    with pytest.raises(ConfigError) as ei:
+        GPUManager.detect("gpu")
+    assert "system.devices='gpu'" in str(ei.value)
+
+
+class FakeNVMLError(Exception):
+    pass
+
+
+def fake_pynvml(totals_gb=(80, 40, 24, 16), used_gb=(1, 2, 3, 4), init_error=False, count_error=False):
+    """A pynvml stand-in with ``len(totals_gb)`` GPUs; handles are the physical indices."""
+    m = types.ModuleType("pynvml")
+    m.NVMLError = FakeNVMLError
+    m.calls = []
+
+    def nvmlInit():
+        m.calls.append("init")
+        if init_error:
+            raise FakeNVMLError("Driver Not Loaded")
+
+    def nvmlDeviceGetCount():
+        if count_error:
+            raise FakeNVMLError("Unknown Error")
+        return len(totals_gb)
+
+    m.nvmlInit = nvmlInit
+    m.nvmlDeviceGetCount = nvmlDeviceGetCount
+    m.nvmlDeviceGetHandleByIndex = lambda i: ("handle", i)
+    m.nvmlDeviceGetUUID = lambda h: f"GPU-{h[1]}{h[1]}{h[1]}-uuid".encode()  # bytes, like old pynvml
+    m.nvmlDeviceGetName = lambda h: f"Fake GPU {h[1]}"
+    m.nvmlDeviceGetMemoryInfo = lambda h: SimpleNamespace(total=int(totals_gb[h[1]] * GB),
+                                                          used=int(used_gb[h[1]] * GB),
+                                                          free=int((totals_gb[h[1]] - used_gb[h[1]]) * GB))
+    m.nvmlDeviceGetComputeRunningProcesses = lambda h: [
+        SimpleNamespace(pid=1000 + h[1], usedGpuMemory=int(0.5 * GB)),
+        SimpleNamespace(pid=2000 + h[1], usedGpuMemory=None),  # not reported (containers)
+    ]
+    return m
+
+
+def test_detect_with_fake_nvml_honours_cuda_visible_devices(monkeypatch):
+    fake = fake_pynvml()
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    mgr = GPUManager.detect("auto", env={"CUDA_VISIBLE_DEVICES": "2,0"})
+    assert "init" in fake.calls
+    assert mgr.source == "nvml"
+    assert [(d.ordinal, d.index, d.uuid, d.name, d.kind) for d in mgr.devices] == [
+        (0, 2, "GPU-222-uuid", "Fake GPU 2", "cuda"),
+        (1, 0, "GPU-000-uuid", "Fake GPU 0", "cuda"),
+    ]
+    assert [d.total_bytes for d in mgr.devices] == [24 * GB, 80 * GB]
+    assert [d.used_bytes for d in mgr.devices] == [3 * GB, 1 * GB]
+    assert mgr.devices[0].processes == [(1002, int(0.5 * GB)), (2002, 0)]
+    assert mgr.process_usage(0, {1002, 2002, 1000}) == int(0.5 * GB)
+    assert mgr.process_usage(1, {1002}) == 0
+    assert mgr.env_for([0, 1])["CUDA_VISIBLE_DEVICES"] == "2,0"
+    assert mgr.summary({1: 1}) == ["GPU 2 (Fake GPU 2): 3.00 GB used, 24.00 GB total, 0 jobs",
+                                   "GPU 0 (Fake GPU 0): 1.00 GB used, 80.00 GB total, 1 job"]
+
+
+def test_detect_with_fake_nvml_all_visible_and_selection(monkeypatch):
+    monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml())
+    mgr = GPUManager.detect("auto", env={})
+    assert [d.index for d in mgr.devices] == [0, 1, 2, 3]
+    # system.devices=[1] picks the second *visible* device: physical 0 when CUDA_VISIBLE_DEVICES=2,0
+    sub = GPUManager.detect([1], env={"CUDA_VISIBLE_DEVICES": "2,0"})
+    assert [(d.ordinal, d.index, d.uuid) for d in sub.devices] == [(0, 0, "GPU-000-uuid")]
+    assert sub.env_for([0])["CUDA_VISIBLE_DEVICES"] == "0"
+    # the restricted inventory still refreshes from NVML (its handle followed the device)
+    sub.devices[0].used_bytes = 0
+    sub.refresh()
+    assert sub.devices[0].used_bytes == 1 * GB
+    with pytest.raises(ConfigError, match="system.devices"):
+        GPUManager.detect([2], env={"CUDA_VISIBLE_DEVICES": "2,0"})
+
+
+def test_detect_with_fake_nvml_uuid_visible_devices(monkeypatch):
+    monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml())
+    mgr = GPUManager.detect("auto", env={"CUDA_VISIBLE_DEVICES": "GPU-333,GPU-111"})
+    assert [d.index for d in mgr.devices] == [3, 1]
+
+
+def test_detect_with_everything_hidden_falls_back_to_cpu(monkeypatch):
+    monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml())
+    mgr = GPUManager.detect("auto", cpu_devices=1, env={"CUDA_VISIBLE_DEVICES": "-1"})
+    assert mgr.source == "cpu" and mgr.is_cpu
+
+
+def _no_torch_cuda(monkeypatch):
+    try:
+        import torch
+    except ImportError:
+        return
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+
+
+@pytest.mark.parametrize("where", ["init", "count"])
+def test_detect_nvml_error_falls_back_to_cpu(monkeypatch, where):
+    fake = fake_pynvml(init_error=where == "init", count_error=where == "count")
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    _no_torch_cuda(monkeypatch)  # torch has no CUDA here; make that true on any machine
+    mgr = GPUManager.detect("auto", cpu_devices=2, env={"CUDA_VISIBLE_DEVICES": "0"})
+    assert fake.calls == ["init"]
+    assert mgr.source == "cpu"
+    assert len(mgr.devices) == 2 and mgr.is_cpu
