@@ -12,7 +12,7 @@ EXTRAS ?= dev
 export HF_HUB_OFFLINE ?= 1
 export HF_DATASETS_OFFLINE ?= 1
 
-.PHONY: demo test test-all install bench clean
+.PHONY: demo test test-all test-gpu install bench clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -35,8 +35,11 @@ demo: install
 test: install
 	$(PY) -m pytest -q
 
-test-all: install
-	$(PY) -m pytest -q -m "not gpu or gpu"
+test-all: install   # every tier; gpu tests skip themselves without CUDA
+	$(PY) -m pytest -q -m "slow or not slow"
+
+test-gpu: install
+	$(PY) -m pytest -q -m gpu -rs
 
 bench: install
 	$(PY) -m bench.scheduler

@@ -9,6 +9,7 @@
     synthetic.hang   sleep for ever (timeouts, Ctrl-C)
     synthetic.env    report CUDA_VISIBLE_DEVICES and what torch sees (test_parallel_setup.py)
     synthetic.share  sum a slice of numbers (a small parallel work distribution)
+    synthetic.alloc  hold batch_size * gb_per_item GB of GPU memory (real CUDA OOM when too big)
 """
 
 from __future__ import annotations
@@ -98,3 +99,21 @@ def report_env(ctx):
 def share(ctx):
     lo, hi = int(ctx.params["start"]), int(ctx.params["stop"])
     return {"start": lo, "stop": hi, "sum": sum(range(lo, hi)), "pid": os.getpid()}
+
+
+@job_kind("synthetic.alloc")
+def alloc(ctx):
+    """Hold params.batch_size * params.gb_per_item GB on the job's GPU for params.seconds.
+
+    Too large a batch raises torch's real CUDA out-of-memory error (the GPU test tier uses it).
+    """
+    import torch
+
+    if not torch.cuda.is_available():
+        raise JobError("synthetic.alloc needs a CUDA device")
+    n = int(ctx.params["batch_size"] * ctx.params.get("gb_per_item", 1.0) * 1e9 / 4)
+    x = torch.empty(n, dtype=torch.float32, device="cuda")
+    x.fill_(1.0)
+    time.sleep(float(ctx.params.get("seconds", 0.5)))
+    return {"allocated_bytes": int(torch.cuda.max_memory_allocated()), "batch_size": ctx.params["batch_size"],
+            "CUDA_VISIBLE_DEVICES": os.environ.get("CUDA_VISIBLE_DEVICES")}
