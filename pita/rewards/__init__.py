@@ -1,0 +1,1 @@
+"""Rewards: answer verification for math, reward-model scoring, Bradley-Terry preference sampling."""
