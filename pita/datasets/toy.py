@@ -100,9 +100,14 @@ def sentiment_labelled(n: int, seed: int = 0) -> list[tuple[str, int]]:
     return [(sentiment_sentence(rng, i % 2 == 0), int(i % 2 == 0)) for i in range(n)]
 
 
-def corpus(seed: int = 0, n_arith: int = 4000, n_sentiment: int = 1000) -> list[tuple[str, str]]:
-    """(prompt, response) pairs the tiny reference model is pre-trained on."""
-    pairs = [(e.prompt, e.meta["solution"]) for e in arith_examples(n_arith, seed, "pretrain")]
+def corpus(seed: int = 0, n_arith: int = 4000, n_sentiment: int = 1000, max_operand: int = 20,
+           template: str = "{question}") -> list[tuple[str, str]]:
+    """(prompt, response) pairs the tiny reference model is pre-trained on: arith problems of one to
+    three operations (so the default two-operation task is in range but not memorised) and reviews."""
+    pairs = []
+    for n_ops in (1, 2, 3):
+        for e in arith_examples(n_arith // 3, seed, "pretrain", n_ops=n_ops, max_operand=max_operand):
+            pairs.append((template.replace("{question}", e.prompt), e.meta["solution"]))
     rng = random.Random(f"corpus/{seed}")
     for e in sentiment_examples(n_sentiment, seed, "pretrain"):
         prefix = e.prompt.split(": ", 1)[1]

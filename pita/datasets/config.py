@@ -1,0 +1,152 @@
+"""``DatasetConfig``: every knob of one dataset, typed for Hydra's structured configs.
+
+Build one with its dataset's defaults, then override:
+
+    cfg = dataset_config("gsm8k", test_cap=100)        # == conf/dataset/gsm8k.yaml + test_cap
+    problems = check_dataset_config(cfg)                # every problem at once, [] when fine
+    examples = load_examples(cfg, "test")               # pita/datasets/loading.py
+
+A bare ``DatasetConfig(name=...)`` carries generic defaults (no hub id, "question"/"answer"
+fields) and is refused for hub datasets until ``hub_id`` or ``path`` is set: the per-dataset
+values live in the adapters (pita/datasets/adapters.py) and reach configs through
+``dataset_config`` and the YAML files, never by silent fallback.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass
+from typing import Any, Optional
+
+from pita.core.errors import ConfigError
+from pita.core.names import unknown_name
+from pita.datasets.adapters import DATASETS, KEY, key
+
+EXTRACTORS = ("auto", "boxed", "hash", "last_number")
+FILE_FORMATS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
+
+
+@dataclass
+class DatasetConfig:
+    name: str  # a registered dataset: gsm8k, math500, aime22to24, aime2024, aime2025, imdb, tldr, arith, sentiment
+    hub_id: Optional[str] = None  # Hugging Face dataset repo, e.g. openai/gsm8k (unused when path is set)
+    hub_config: Optional[str] = None  # the repo's config name, e.g. "main" for gsm8k
+    # Local data replacing the hub: a .jsonl/.json/.parquet/.csv file, or a folder written by
+    # Dataset.save_to_disk / DatasetDict.save_to_disk. A single file serves every split unless it
+    # has a "split" column (rows are then picked by train_split / test_split).
+    path: Optional[str] = None
+    train_split: Optional[str] = "train"  # null: the dataset has no train split (evaluation sets)
+    test_split: Optional[str] = "test"
+    question_field: str = "question"
+    answer_field: Optional[str] = "answer"  # null for reward tasks (no gold answer)
+    # The prompt given to the model, with a {question} placeholder; null = the adapter's template.
+    prompt_template: Optional[str] = None
+    train_cap: Optional[int] = None  # at most this many train examples (after shuffling); null = all
+    test_cap: Optional[int] = None
+    held_out: int = 0  # train examples set aside (after the seeded shuffle) as the "held_out" split
+    seed: int = 0  # shuffling, and generation of the toy tasks
+    # How the verifier extracts a final answer from model outputs on this dataset; stored in every
+    # Example.meta["extractor"]. auto | boxed (\boxed{...}) | hash ("#### x") | last_number.
+    answer_extractor: str = "auto"
+    prefix_words: int = 8  # imdb / sentiment: words of the review kept in the prompt
+    n_ops: int = 2  # arith: operations per problem
+    max_operand: int = 20  # arith: operands drawn from 1..max_operand
+    ops: str = "+-"  # arith: a subset of "+-*"
+    toy_train_size: int = 2000  # arith / sentiment: generated train examples
+    toy_test_size: int = 200  # arith / sentiment: generated test examples
+
+
+FIELDS = [f.name for f in dataclasses.fields(DatasetConfig)]
+
+
+def dataset_config(name: str, **overrides: Any) -> DatasetConfig:
+    """The config of a registered dataset with its adapter's defaults, then ``overrides``."""
+    adapter = DATASETS.get(name, field=key(name, "name"))
+    bad = [unknown_name(f"a field of {KEY}.{name}", k, FIELDS) for k in overrides if k not in FIELDS]
+    if "name" in overrides:
+        bad.append(f"{key(name, 'name')}: pass the name once, as the first argument")
+    if bad:
+        raise ConfigError(bad)
+    return DatasetConfig(name=name, **{**adapter.defaults(), **overrides})
+
+
+def default_dataset_configs() -> dict[str, DatasetConfig]:
+    """One config per registered dataset, with its defaults (what conf/dataset/*.yaml hold)."""
+    return {name: dataset_config(name) for name in DATASETS.names()}
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def check_dataset_config(cfg: Any) -> list[str]:
+    """Every problem with ``cfg`` (a DatasetConfig or an equivalent DictConfig), one line each."""
+    if cfg.name not in DATASETS:
+        return [unknown_name(key(cfg.name, "name"), cfg.name, DATASETS.names())]
+    adapter = DATASETS.get(cfg.name)
+    p: list[str] = []
+
+    def need(cond: bool, field: str, rule: str) -> None:
+        if not cond:
+            p.append(f"{key(cfg.name, field)}={getattr(cfg, field)!r}: {rule}")
+
+    for f in ("train_cap", "test_cap"):
+        v = getattr(cfg, f)
+        need(v is None or (_is_int(v) and v >= 1), f,
+             "must be a positive integer, or null for no cap (a cap of 0 would leave the split empty)")
+    need(_is_int(cfg.held_out) and cfg.held_out >= 0, "held_out",
+         "must be an integer >= 0 (train examples set aside; 0 = none)")
+    need(_is_int(cfg.seed), "seed", "must be an integer")
+    if cfg.answer_extractor not in EXTRACTORS:
+        p.append(unknown_name(key(cfg.name, "answer_extractor"), cfg.answer_extractor, EXTRACTORS))
+    t = cfg.prompt_template
+    need(t is None or (isinstance(t, str) and "{question}" in t), "prompt_template",
+         "must contain the placeholder {question} (where the question goes), or be null for the default: "
+         f"{adapter.prompt_template!r}")
+    need(_is_int(cfg.prefix_words) and cfg.prefix_words >= 1, "prefix_words", "must be a positive integer")
+
+    if adapter.generated:
+        for f in ("toy_train_size", "toy_test_size", "n_ops", "max_operand"):
+            need(_is_int(getattr(cfg, f)) and getattr(cfg, f) >= 1, f, "must be a positive integer")
+        ops = cfg.ops
+        need(isinstance(ops, str) and ops != "" and not set(ops) - set("+-*"), "ops",
+             "must be a non-empty subset of '+-*', e.g. '+-'")
+        for f in ("path", "hub_id"):
+            need(getattr(cfg, f) is None, f, f"{cfg.name} is generated from the seed and its knobs; set it to null")
+        if _is_int(cfg.held_out) and _is_int(cfg.toy_train_size) and cfg.toy_train_size >= 1:
+            need(cfg.held_out < cfg.toy_train_size, "held_out",
+                 f"must be smaller than toy_train_size={cfg.toy_train_size} so that train keeps examples")
+        return p
+
+    if cfg.path is None and cfg.hub_id is None:
+        p.append(f"{key(cfg.name, 'hub_id')}=None and {key(cfg.name, 'path')}=None: say where the data is, e.g. "
+                 f"{key(cfg.name, 'hub_id')}={adapter.hub_id} or {key(cfg.name, 'path')}=<file or save_to_disk folder> "
+                 f"(dataset_config({cfg.name!r}) and conf/dataset/{cfg.name}.yaml carry the defaults)")
+    if cfg.path is not None:
+        path = os.path.expanduser(str(cfg.path))
+        ext = os.path.splitext(path)[1].lower()
+        if not os.path.exists(path):
+            need(False, "path", "does not exist; fix the path, or set it to null to load "
+                 f"{cfg.hub_id or adapter.hub_id} from the hub")
+        elif os.path.isfile(path) and ext not in FILE_FORMATS:
+            need(False, "path", f"has the unsupported extension {ext or '(none)'!r}; use one of "
+                 f"{', '.join(FILE_FORMATS)} or a folder written by save_to_disk")
+    need(isinstance(cfg.question_field, str) and cfg.question_field != "", "question_field",
+         "must name the field that holds the question")
+    if adapter.task == "math":
+        need(isinstance(cfg.answer_field, str) and cfg.answer_field != "", "answer_field",
+             f"{cfg.name} is a math task and needs the field that holds the gold answer, e.g. {adapter.answer_field!r}")
+    else:
+        need(cfg.answer_field is None, "answer_field",
+             f"{cfg.name} is a reward task (scored by a reward model, no gold answer); set it to null")
+    need(cfg.test_split is None or isinstance(cfg.test_split, str), "test_split", "must be a split name or null")
+    need(cfg.train_split is None or isinstance(cfg.train_split, str), "train_split", "must be a split name or null")
+    return p
+
+
+def validate_dataset_config(cfg: Any) -> None:
+    """Raise one ConfigError listing every problem with ``cfg``."""
+    problems = check_dataset_config(cfg)
+    if problems:
+        raise ConfigError(problems)

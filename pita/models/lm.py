@@ -1,0 +1,263 @@
+"""The causal-LM wrapper every job uses: load, chat-format, batched sampling, sequence log-probs.
+
+    lm = LM.load(path, device="cuda", dtype="bfloat16", attn_impl="sdpa")
+    out = lm.generate(["What is 2 + 3?"], n=4, max_new_tokens=64, seed=0, keys=["ex-1"])
+    out[0][2].text, out[0][2].token_ids, out[0][2].finish   # prompt 0, sample 2
+
+Generation is our own loop over the KV cache rather than ``model.generate`` because:
+- every sample has its own token budget (a list of budgets is honoured per sample, never the
+  minimum over a batch), and stops at its own EOS;
+- sampling is reproducible per example: sample j of the prompt with key k draws its uniforms from
+  a generator seeded by (seed, k, j), so the same example gives the same text whatever batch or
+  shard it lands in;
+- guided decoding (value-guided algorithms) plugs into the same loop through ``logits_hook``.
+Masks come from lengths, never from comparing ids with the pad id, so a pad token equal to EOS
+(common in real tokenizers) cannot corrupt them. Prompts are left-padded.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import torch
+
+from pita.core.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+          "float16": torch.float16, "fp16": torch.float16}
+ATTN_IMPLS = ("sdpa", "eager", "flash_attention_2")
+
+
+@dataclass
+class Sample:
+    text: str
+    token_ids: list[int]
+    finish: str  # "eos" or "length"
+    meta: dict = field(default_factory=dict)
+
+
+def row_seed(seed: int, key: str, j: int) -> int:
+    h = hashlib.sha256(f"{seed}/{key}/{j}".encode()).digest()
+    return int.from_bytes(h[:8], "little") & ((1 << 63) - 1)
+
+
+def resolve_attn_impl(requested: str) -> str:
+    if requested not in ATTN_IMPLS:
+        raise ConfigError(f"system.attn_impl={requested!r} is not known; choose one of {', '.join(ATTN_IMPLS)}")
+    if requested == "flash_attention_2":
+        try:
+            import flash_attn  # noqa: F401
+        except ImportError:
+            log.warning("system.attn_impl=flash_attention_2 but flash-attn is not installed; using sdpa "
+                        "(pip install flash-attn, or set system.attn_impl=sdpa to silence this)")
+            return "sdpa"
+        if not torch.cuda.is_available():
+            log.warning("flash_attention_2 needs CUDA; using sdpa on CPU")
+            return "sdpa"
+    return requested
+
+
+def sample_from(logits: torch.Tensor, u: torch.Tensor, temperature: float, top_p: float, top_k: int) -> torch.Tensor:
+    """Inverse-CDF sampling with one uniform per row (``u``: [B]); temperature 0 means greedy.
+
+    Order: temperature scaling, then top-k, then top-p (nucleus) on the tempered distribution.
+    """
+    if temperature == 0:
+        return logits.argmax(-1)
+    logits = logits.float() / temperature
+    if top_k and top_k > 0 and top_k < logits.shape[-1]:
+        kth = torch.topk(logits, top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    probs = torch.softmax(logits, dim=-1)
+    if top_p < 1.0:
+        sp, si = torch.sort(probs, dim=-1, descending=True)
+        keep = (sp.cumsum(-1) - sp) < top_p  # always keeps the most likely token
+        sp = sp * keep
+        probs = torch.zeros_like(probs).scatter(-1, si, sp)
+        probs = probs / probs.sum(-1, keepdim=True)
+    cdf = probs.cumsum(-1)
+    cdf[..., -1] = 1.0 + 1e-6  # guard against round-off in the last bucket
+    idx = torch.searchsorted(cdf, u.to(cdf.dtype).unsqueeze(-1)).squeeze(-1)
+    return idx.clamp_(max=logits.shape[-1] - 1)
+
+
+class LM:
+    def __init__(self, model, tokenizer, device: str = "cpu"):
+        self.model = model
+        self.tok = tokenizer
+        self.device = torch.device(device)
+        self.eos_ids = self._eos_ids()
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_ids[0]
+
+    # ------------------------------------------------------------------ loading
+    @classmethod
+    def load(cls, path: str, device: str = "cpu", dtype: str = "float32", attn_impl: str = "sdpa",
+             tf32: bool = True, compile: bool = False, gguf_file: str | None = None) -> "LM":
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        if dtype not in DTYPES:
+            raise ConfigError(f"dtype={dtype!r} is not known; choose one of {', '.join(DTYPES)}")
+        if str(device).startswith("cuda") and tf32:
+            torch.backends.cuda.matmul.allow_tf32 = True
+            torch.backends.cudnn.allow_tf32 = True
+        kw = {"gguf_file": gguf_file} if gguf_file else {}
+        try:
+            tok = AutoTokenizer.from_pretrained(path, **kw)
+            model = AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[dtype],
+                                                         attn_implementation=resolve_attn_impl(attn_impl), **kw)
+        except OSError as e:
+            raise ConfigError(f"cannot load the model {path!r} ({str(e).splitlines()[0]}); give a local path, or "
+                              f"make sure the hub is reachable (HF_HUB_OFFLINE is {'set' if _offline() else 'unset'})") from e
+        model.to(device).eval()
+        if compile:
+            model.forward = torch.compile(model.forward, dynamic=True)
+        return cls(model, tok, device)
+
+    def _eos_ids(self) -> list[int]:
+        ids = []
+        gen_cfg = getattr(self.model, "generation_config", None)
+        e = getattr(gen_cfg, "eos_token_id", None) if gen_cfg is not None else None
+        for x in ([e] if isinstance(e, int) else list(e or [])) + [self.tok.eos_token_id]:
+            if x is not None and x not in ids:
+                ids.append(int(x))
+        if not ids:
+            raise ConfigError("the tokenizer has no eos token; set one (tokenizer.eos_token) before generating")
+        return ids
+
+    # ------------------------------------------------------------------ text
+    def chat_prompt(self, prompt: str) -> str:
+        """The prompt as the model's chat template renders a user turn ready for the answer."""
+        if getattr(self.tok, "chat_template", None):
+            return self.tok.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
+                                                add_generation_prompt=True)
+        return prompt
+
+    def encode(self, texts: Sequence[str]) -> list[list[int]]:
+        return [self.tok(t, add_special_tokens=False)["input_ids"] for t in texts]
+
+    # ------------------------------------------------------------------ generation
+    @torch.no_grad()
+    def generate_ids(self, prompt_ids: list[list[int]], max_new_tokens: int | Sequence[int], seeds: Sequence[int],
+                     temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0,
+                     logits_hook: Callable | None = None) -> list[tuple[list[int], str]]:
+        """One completion per row: ([token ids without EOS], "eos" | "length").
+
+        ``logits_hook(logits, step, state) -> logits`` may reshape the next-token distribution
+        (guided decoding); ``state`` holds the rows' tokens so far and the active mask.
+        """
+        B = len(prompt_ids)
+        if B == 0:
+            return []
+        budgets = [int(max_new_tokens)] * B if isinstance(max_new_tokens, int) else [int(b) for b in max_new_tokens]
+        if len(budgets) != B or any(b < 0 for b in budgets):
+            raise ValueError(f"max_new_tokens must be >= 0 per row (got {budgets[:4]}... for {B} rows)")
+        T = max(budgets)
+        lens = [len(p) for p in prompt_ids]
+        L = max(lens)
+        dev = self.device
+        ids = torch.full((B, L), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((B, L), dtype=torch.long)
+        for i, p in enumerate(prompt_ids):
+            if p:
+                ids[i, L - len(p):] = torch.tensor(p)
+                mask[i, L - len(p):] = 1
+        ids, mask = ids.to(dev), mask.to(dev)
+        U = torch.stack([torch.rand(max(T, 1), generator=torch.Generator().manual_seed(s)) for s in seeds]).to(dev)
+        out = [[] for _ in range(B)]
+        finish = ["length"] * B
+        active = torch.tensor([b > 0 for b in budgets], device=dev)
+        budget_t = torch.tensor(budgets, device=dev)
+        eos_t = torch.tensor(self.eos_ids, device=dev)
+        pos = (mask.cumsum(-1) - 1).clamp(min=0)
+        res = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True)
+        past, logits = res.past_key_values, res.logits[:, -1, :]
+        next_pos = pos[:, -1] + 1
+        state = {"active": active, "tokens": out, "past": past}
+        for step in range(T):
+            if not bool(active.any()):
+                break
+            if logits_hook is not None:
+                logits = logits_hook(logits, step, state)
+            tok = sample_from(logits, U[:, step], temperature, top_p, top_k)
+            is_eos = torch.isin(tok, eos_t)
+            tok_list, eos_list, act_list = tok.tolist(), is_eos.tolist(), active.tolist()
+            for i in range(B):
+                if not act_list[i]:
+                    continue
+                if eos_list[i]:
+                    finish[i] = "eos"
+                else:
+                    out[i].append(tok_list[i])
+            done_now = is_eos | (budget_t <= step + 1)
+            active = active & ~done_now
+            state["active"] = active
+            if not bool(active.any()) or step == T - 1:
+                break
+            feed = torch.where(active, tok, torch.full_like(tok, self.pad_id)).unsqueeze(-1)
+            mask = torch.cat([mask, active.long().unsqueeze(-1)], dim=-1)
+            res = self.model(input_ids=feed, attention_mask=mask, position_ids=next_pos.unsqueeze(-1),
+                             past_key_values=past, use_cache=True)
+            past, logits = res.past_key_values, res.logits[:, -1, :]
+            state["past"] = past
+            next_pos = next_pos + 1
+        return [(out[i], finish[i]) for i in range(B)]
+
+    def generate(self, prompts: Sequence[str], n: int = 1, max_new_tokens: int | Sequence[int] = 64,
+                 seed: int = 0, keys: Sequence[str] | None = None, temperature: float = 1.0, top_p: float = 1.0,
+                 top_k: int = 0, batch_size: int = 16, chat: bool = True) -> list[list[Sample]]:
+        """``n`` samples for each prompt; ``keys`` (default: the prompt index) make sampling reproducible
+        per example whatever the batching. ``max_new_tokens`` may be one budget per prompt."""
+        if n < 1 or batch_size < 1:
+            raise ValueError(f"n={n} and batch_size={batch_size} must be >= 1")
+        keys = list(keys) if keys is not None else [str(i) for i in range(len(prompts))]
+        budgets = [max_new_tokens] * len(prompts) if isinstance(max_new_tokens, int) else list(max_new_tokens)
+        texts = [self.chat_prompt(p) if chat else p for p in prompts]
+        enc = self.encode(texts)
+        rows = [(i, j) for i in range(len(prompts)) for j in range(n)]
+        results: list[list[Sample]] = [[None] * n for _ in prompts]  # type: ignore[list-item]
+        for s in range(0, len(rows), batch_size):
+            chunk = rows[s:s + batch_size]
+            got = self.generate_ids([enc[i] for i, _ in chunk], [budgets[i] for i, _ in chunk],
+                                    [row_seed(seed, keys[i], j) for i, j in chunk], temperature, top_p, top_k)
+            for (i, j), (tok_ids, fin) in zip(chunk, got):
+                results[i][j] = Sample(self.tok.decode(tok_ids, skip_special_tokens=True), tok_ids, fin)
+        return results
+
+    # ------------------------------------------------------------------ scoring
+    @torch.no_grad()
+    def sequence_logprobs(self, prompt_ids: list[list[int]], completion_ids: list[list[int]],
+                          batch_size: int = 16, add_eos: bool = False) -> list[float]:
+        """log π(completion | prompt) summed over completion tokens (plus EOS when ``add_eos``)."""
+        outs: list[float] = []
+        for s in range(0, len(prompt_ids), batch_size):
+            P, C = prompt_ids[s:s + batch_size], completion_ids[s:s + batch_size]
+            C = [list(c) + ([self.eos_ids[0]] if add_eos else []) for c in C]
+            seqs = [list(p) + list(c) for p, c in zip(P, C)]
+            L = max(len(x) for x in seqs)
+            ids = torch.full((len(seqs), L), self.pad_id, dtype=torch.long)
+            mask = torch.zeros_like(ids)
+            for i, x in enumerate(seqs):
+                ids[i, :len(x)] = torch.tensor(x)
+                mask[i, :len(x)] = 1
+            ids, mask = ids.to(self.device), mask.to(self.device)
+            logp = torch.log_softmax(self.model(input_ids=ids, attention_mask=mask).logits.float(), -1)
+            for i, (p, c) in enumerate(zip(P, C)):
+                if not c:
+                    outs.append(0.0)
+                    continue
+                start = len(p)
+                tgt = ids[i, start:start + len(c)]
+                lp = logp[i, start - 1:start - 1 + len(c)].gather(-1, tgt.unsqueeze(-1)).sum()
+                outs.append(float(lp))
+        return outs
+
+
+def _offline() -> bool:
+    import os
+
+    return os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false")

@@ -1,0 +1,187 @@
+"""The ``tiny`` model family, built locally with no download, deterministically from a seed.
+
+    paths = build_tiny_family(cache_dir=".cache/pita", seed=0)
+    paths["reference"], paths["guidance"], paths["reward_sentiment"]   # local checkpoint folders
+
+- tokenizer: byte-level BPE trained with ``tokenizers`` on the toy tasks' text, wrapped as a
+  ``PreTrainedTokenizerFast`` with bos / eos / pad (pad != eos) and a chat template;
+- reference: a Llama-architecture causal LM (Llama, not Qwen2: Qwen2's tokenizer class
+  re-tokenizes differently), pre-trained briefly on toy-task text so that it is imperfect but
+  clearly better than random on ``arith``;
+- guidance: a smaller Llama with the same tokenizer, pre-trained more briefly (the backbone of
+  the value model);
+- reward_sentiment: a Llama sequence classifier (one logit: positive minus negative) trained on
+  labelled toy reviews, loaded later through the same code path as real reward models.
+
+The result is cached under ``<cache_dir>/tiny-<version>-seed<seed>/`` with a completion marker,
+built under a file lock so that concurrent workers build it once.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import time
+from pathlib import Path
+
+import torch
+
+log = logging.getLogger(__name__)
+
+VERSION = "v1"
+SPECIALS = {"bos": "<|bos|>", "eos": "<|eos|>", "pad": "<|pad|>", "user": "<|user|>", "assistant": "<|assistant|>"}
+CHAT_TEMPLATE = (
+    "{{ bos_token }}{% for m in messages %}"
+    "{% if m['role'] == 'user' %}<|user|>{{ m['content'] }}"
+    "{% elif m['role'] == 'assistant' %}<|assistant|>{{ m['content'] }}<|eos|>"
+    "{% else %}{{ m['content'] }}{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
+SIZES = {
+    "reference": dict(hidden_size=128, intermediate_size=384, num_hidden_layers=4, num_attention_heads=4,
+                      num_key_value_heads=2),
+    "guidance": dict(hidden_size=64, intermediate_size=192, num_hidden_layers=2, num_attention_heads=4,
+                     num_key_value_heads=2),
+    "reward": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                   num_key_value_heads=2),
+}
+TRAIN = {"reference": dict(steps=600, lr=3e-3), "guidance": dict(steps=250, lr=3e-3), "reward": dict(steps=150, lr=2e-3)}
+
+
+def build_tokenizer(texts: list[str], vocab_size: int = 512):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tk = Tokenizer(models.BPE())
+    tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tk.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=list(SPECIALS.values()),
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tk.train_from_iterator(texts, trainer)
+    tok = PreTrainedTokenizerFast(tokenizer_object=tk, bos_token=SPECIALS["bos"], eos_token=SPECIALS["eos"],
+                                  pad_token=SPECIALS["pad"], padding_side="left")
+    tok.chat_template = CHAT_TEMPLATE
+    tok.model_max_length = 512
+    return tok
+
+
+def _llama_config(tok, size: str, **extra):
+    from transformers import LlamaConfig
+
+    return LlamaConfig(vocab_size=len(tok), max_position_embeddings=512, bos_token_id=tok.bos_token_id,
+                       eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, tie_word_embeddings=True,
+                       rms_norm_eps=1e-5, **SIZES[size], **extra)
+
+
+def _chat(tok, prompt: str, response: str) -> list[int]:
+    return tok.apply_chat_template([{"role": "user", "content": prompt}, {"role": "assistant", "content": response}],
+                                   tokenize=True, return_dict=False)
+
+
+def _pretrain(model, seqs: list[list[int]], steps: int, lr: float, seed: int, pad_id: int, batch: int = 32):
+    g = random.Random(seed)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 30) * max(0.05, 1 - s / steps))
+    model.train()
+    losses = []
+    for step in range(steps):
+        rows = [seqs[g.randrange(len(seqs))] for _ in range(batch)]
+        L = max(len(r) for r in rows)
+        ids = torch.full((batch, L), pad_id)
+        mask = torch.zeros((batch, L), dtype=torch.long)
+        for i, r in enumerate(rows):
+            ids[i, :len(r)] = torch.tensor(r)
+            mask[i, :len(r)] = 1
+        labels = ids.masked_fill(mask == 0, -100)
+        loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
+        opt.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        losses.append(loss.item())
+    model.eval()
+    return losses
+
+
+def _train_reward(model, tok, seed: int, steps: int, lr: float, batch: int = 32):
+    from pita.datasets.toy import sentiment_labelled
+
+    data = []
+    for text, label in sentiment_labelled(2000, seed):
+        words = text.split()
+        prompt = "Continue this review positively: " + " ".join(words[:3])
+        data.append((_chat(tok, prompt, " ".join(words[3:])), label))
+    g = random.Random(seed)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr)
+    model.train()
+    for _ in range(steps):
+        rows = [data[g.randrange(len(data))] for _ in range(batch)]
+        L = max(len(r) for r, _ in rows)
+        ids = torch.full((batch, L), tok.pad_token_id)
+        mask = torch.zeros((batch, L), dtype=torch.long)
+        for i, (r, _) in enumerate(rows):
+            ids[i, :len(r)] = torch.tensor(r)  # right padding: the score is read at the last real token
+            mask[i, :len(r)] = 1
+        y = torch.tensor([float(lab) for _, lab in rows])
+        logit = model(input_ids=ids, attention_mask=mask).logits.squeeze(-1)
+        loss = torch.nn.functional.binary_cross_entropy_with_logits(logit, y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    model.eval()
+    return loss.item()
+
+
+def family_dir(cache_dir: str | Path, seed: int) -> Path:
+    return Path(cache_dir) / f"tiny-{VERSION}-seed{seed}"
+
+
+def build_tiny_family(cache_dir: str | Path = ".cache/pita", seed: int = 0, force: bool = False) -> dict[str, str]:
+    """Build (or reuse) the tiny family; returns {"tokenizer", "reference", "guidance", "reward_sentiment"}."""
+    from filelock import FileLock
+
+    root = family_dir(cache_dir, seed)
+    root.mkdir(parents=True, exist_ok=True)
+    paths = {k: str(root / k) for k in ("tokenizer", "reference", "guidance", "reward_sentiment")}
+    marker = root / ".complete"
+    with FileLock(str(root) + ".lock", timeout=1800):
+        if marker.exists() and not force:
+            return paths
+        t0 = time.time()
+        _build(root, seed)
+        marker.write_text(json.dumps({"seed": seed, "version": VERSION, "built_s": round(time.time() - t0, 1)}))
+        log.info("built the tiny family in %s (%.1fs)", root, time.time() - t0)
+    return paths
+
+
+def _build(root: Path, seed: int) -> None:
+    from transformers import LlamaForCausalLM, LlamaForSequenceClassification
+
+    from pita.datasets.toy import corpus, sentiment_labelled
+
+    from pita.datasets.adapters import ARITH_TEMPLATE
+
+    torch.manual_seed(seed)
+    pairs = corpus(seed, template=ARITH_TEMPLATE)
+    texts = [p + " " + r for p, r in pairs] + [t for t, _ in sentiment_labelled(500, seed)]
+    tok = build_tokenizer(texts)
+    tok.save_pretrained(root / "tokenizer")
+    seqs = [_chat(tok, p, r) for p, r in pairs]
+    report = {}
+    for name in ("reference", "guidance"):
+        torch.manual_seed(seed + (0 if name == "reference" else 1))
+        model = LlamaForCausalLM(_llama_config(tok, name))
+        losses = _pretrain(model, seqs, **TRAIN[name], seed=seed, pad_id=tok.pad_token_id)
+        model.generation_config.eos_token_id = tok.eos_token_id
+        model.generation_config.pad_token_id = tok.pad_token_id
+        model.save_pretrained(root / name)
+        tok.save_pretrained(root / name)
+        report[name] = {"params": sum(p.numel() for p in model.parameters()), "final_loss": round(losses[-1], 4)}
+    torch.manual_seed(seed + 2)
+    rm = LlamaForSequenceClassification(_llama_config(tok, "reward", num_labels=1))
+    report["reward_sentiment"] = {"final_loss": round(_train_reward(rm, tok, seed, **TRAIN["reward"]), 4)}
+    rm.save_pretrained(root / "reward_sentiment")
+    tok.save_pretrained(root / "reward_sentiment")
+    (root / "build.json").write_text(json.dumps(report, indent=2))
