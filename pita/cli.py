@@ -19,15 +19,17 @@ from omegaconf import DictConfig, OmegaConf
 
 from pita.config import schema as _schema_registration  # noqa: F401  (Hydra needs pita_schema)
 from pita.core.errors import ConfigError, ResumeError
-from pita.core.names import suggest
+from pita.core.names import suggest, unknown_name
 
 log = logging.getLogger("pita")
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 RESUME_KEYS = ("resume_from", "resume_force")
+GROUPS = ("model", "dataset")  # Hydra config groups under conf/
 # Keys that change how a run executes but not what it computes: free to change on resume.
 EXECUTION_KEYS = ("executor.", "system.devices", "system.cpu_devices", "system.gpu_summary_interval_s",
-                  "system.output_dir")
+                  "system.output_dir", "data_collection.batch_size", "data_collection.reward_batch_size",
+                  "data_collection.memory_gb", "system.attn_impl")
 
 
 # ---------------------------------------------------------------- overrides
@@ -37,8 +39,8 @@ def _schema():
     return OmegaConf.structured(PitaConfig)
 
 
-def _check_key(key: str) -> str | None:
-    node = _schema()
+def _check_key(key: str, base: DictConfig) -> str | None:
+    node = base
     walked = []
     for part in key.split("."):
         if not isinstance(node, DictConfig):
@@ -61,6 +63,8 @@ def check_overrides(overrides: list[str]) -> None:
 
     problems = []
     plain = [o for o in overrides if not o.startswith("-")]
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
+        base = compose(config_name="config")  # the defaults, group choices included
     try:
         parsed = OverridesParser.create().parse_overrides(plain)
     except Exception as e:
@@ -70,7 +74,13 @@ def check_overrides(overrides: list[str]) -> None:
         key = o.key_or_group
         if key.startswith("hydra") or o.is_delete():
             continue
-        msg = _check_key(key)
+        if key in GROUPS:
+            choices = sorted(p.stem for p in (CONF_DIR / key).glob("*.yaml"))
+            value = o.value()
+            if isinstance(value, str) and value not in choices:
+                problems.append(unknown_name(key, value, choices))
+            continue
+        msg = _check_key(key, base)
         if msg:
             problems.append(msg)
     if problems:
@@ -191,7 +201,7 @@ def _run(cfg: DictConfig, overrides: list[str]) -> int:
     devices = sy.devices if isinstance(sy.devices, str) else list(sy.devices)
     gpus = GPUManager.detect(devices, cpu_devices=cpu_n)
     totals = [d.total_bytes for d in gpus.devices]
-    graph = JobGraph(build_plan(cfg)).validate(totals, ex.memory_margin)
+    graph = JobGraph(build_plan(cfg, totals, cuda=not gpus.is_cpu)).validate(totals, ex.memory_margin)
 
     if resume:
         saved_jobs = StateStore(run.state).read()["jobs"]

@@ -7,17 +7,20 @@ override of a key that does not exist here, or of the wrong type, is refused bef
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, List, Optional
+from typing import Any, Dict, List, Optional
 
 from hydra.core.config_store import ConfigStore
 
+from pita.datasets.config import DatasetConfig
+from pita.models.families import FamilyConfig
 from pita.plans.synthetic import ALGOS
 
 
 @dataclass
 class ExperimentConfig:
     name: str = "default"  # run folder: <system.output_dir>/<name>/<YYYY-MM-DD_HH-MM-SS>
-    workload: str = "synthetic"  # what to plan: synthetic (stand-in jobs shaped like the real grid)
+    workload: str = "synthetic"  # synthetic (stand-in jobs shaped like the grid) | generate (data generation)
+    datasets: List[str] = field(default_factory=lambda: ["arith", "sentiment"])  # names under datasets.*
 
 
 @dataclass
@@ -69,11 +72,37 @@ class SyntheticConfig:
 
 
 @dataclass
+class DataCollectionConfig:
+    """Data generation (pita/generation/): sampling, scoring, preference pairs, value roll-outs."""
+
+    recipe: str = "samples"  # samples | preference_pairs | prompts | value_rollouts (workload=generate)
+    split: str = "train"  # train | test | held_out
+    samples_per_prompt: int = 4
+    max_new_tokens: int = 48
+    temperature: float = 1.0  # 0 = greedy
+    top_p: float = 1.0
+    top_k: int = 0  # 0 = off
+    batch_size: int = 16  # sequences generated together (halved on CUDA OOM)
+    chunk_size: int = 32  # examples per checkpointed chunk; also the unit shards are made of
+    reward_batch_size: int = 32  # reward-model scoring batch
+    correctness_bonus: float = 1.0  # math: reward = rm score + bonus * correct
+    bt_beta: float = 1.0  # Bradley-Terry: P(a > b) = sigmoid(beta * (r_a - r_b))
+    bradley_terry_sampling: bool = True  # false: the higher reward is always chosen
+    cut_points: int = 2  # value_rollouts: cut positions per roll-in
+    continuations: int = 2  # value_rollouts: sampled continuations per cut
+    continuation_mode: str = "sampled"  # sampled | greedy_vs_sampled
+    memory_gb: Optional[float] = None  # per shard; null = estimated from the model's shape
+
+
+@dataclass
 class PitaConfig:
     experiment: ExperimentConfig = field(default_factory=ExperimentConfig)
     system: SystemConfig = field(default_factory=SystemConfig)
     executor: ExecutorConfig = field(default_factory=ExecutorConfig)
     synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
+    model: FamilyConfig = field(default_factory=FamilyConfig)  # group: conf/model/<name>.yaml
+    datasets: Dict[str, DatasetConfig] = field(default_factory=dict)  # group: conf/dataset/<name>.yaml
+    data_collection: DataCollectionConfig = field(default_factory=DataCollectionConfig)
     resume_from: Optional[str] = None  # an earlier run folder: re-run only its unfinished jobs
     resume_force: bool = False  # resume even if overrides change the job graph
 

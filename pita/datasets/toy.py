@@ -73,10 +73,12 @@ LINKS = ["was", "felt", "seemed", "is", "turned out"]
 TAILS = ["and I", "so I", "and we", "so we"]
 
 
-def sentiment_sentence(rng: random.Random, positive: bool) -> str:
+def sentiment_sentence(rng: random.Random, positive: bool, opening: str | None = None) -> str:
+    """A one-sentence review; ``opening`` (e.g. "The film was") fixes its first words."""
     words = POSITIVE if positive else NEGATIVE
-    return f"{rng.choice(SUBJECTS)} {rng.choice(LINKS)} {rng.choice(words)} {rng.choice(TAILS)} " \
-           f"{rng.choice(['loved', 'liked', 'enjoyed']) if positive else rng.choice(['hated', 'disliked', 'regretted'])} it."
+    opening = opening or f"{rng.choice(SUBJECTS)} {rng.choice(LINKS)}"
+    verb = rng.choice(["loved", "liked", "enjoyed"]) if positive else rng.choice(["hated", "disliked", "regretted"])
+    return f"{opening} {rng.choice(words)} {rng.choice(TAILS)} {verb} it."
 
 
 def sentiment_examples(n: int, seed: int = 0, split: str = "train", prefix_words: int = 3) -> list[Example]:
@@ -111,8 +113,9 @@ def corpus(seed: int = 0, n_arith: int = 4000, n_sentiment: int = 1000, max_oper
     rng = random.Random(f"corpus/{seed}")
     for e in sentiment_examples(n_sentiment, seed, "pretrain"):
         prefix = e.prompt.split(": ", 1)[1]
-        rest = e.meta["review"][len(prefix):].strip()
-        if rng.random() < 0.5:  # the reference is neutral: it continues in either direction
-            rest = sentiment_sentence(rng, rng.random() < 0.5)
-        pairs.append((e.prompt, rest))
+        words = e.meta["review"].split()
+        opening = " ".join(words[:4] if words[2] == "turned" else words[:3])
+        # the reference is neutral: it continues the opening in either direction
+        review = sentiment_sentence(rng, rng.random() < 0.5, opening=opening)
+        pairs.append((e.prompt, review[len(prefix):].strip()))
     return pairs

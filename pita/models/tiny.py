@@ -29,7 +29,7 @@ import torch
 
 log = logging.getLogger(__name__)
 
-VERSION = "v1"
+VERSION = "v2"  # bump when the corpus, sizes or training change
 SPECIALS = {"bos": "<|bos|>", "eos": "<|eos|>", "pad": "<|pad|>", "user": "<|user|>", "assistant": "<|assistant|>"}
 CHAT_TEMPLATE = (
     "{{ bos_token }}{% for m in messages %}"

@@ -1,0 +1,1 @@
+"""Data generation sharded across devices: ParallelDataGenerator and the collection recipes."""

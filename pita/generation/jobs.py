@@ -1,0 +1,110 @@
+"""Job kinds of the ParallelDataGenerator: ``generation.shard`` and ``generation.merge``."""
+
+from __future__ import annotations
+
+import json
+
+from pita.core.errors import JobError
+from pita.core.job import job_kind
+from pita.core.paths import atomic_write
+
+
+def _device() -> str:
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _chunk_file(paths, k: int):
+    return paths.checkpoints / f"chunk-{k:05d}.jsonl"
+
+
+@job_kind("generation.shard")
+def shard(ctx):
+    from pita.datasets.config import DatasetConfig
+    from pita.datasets.loading import load_examples
+    from pita.generation.recipes import RUNNERS, Scorer
+
+    req = dict(ctx.params["request"])
+    # an OOM retry halves the job's batch_size param: the generation batch follows it
+    req["sampling"] = dict(req["sampling"], batch_size=int(ctx.params.get("batch_size", req["sampling"]["batch_size"])))
+    ds = DatasetConfig(**req["dataset"])
+    examples = load_examples(ds, req["split"])
+    if len(examples) != ctx.params["n_examples"]:
+        raise JobError(f"dataset {ds.name} {req['split']} has {len(examples)} examples now but {ctx.params['n_examples']} "
+                       f"when the run was planned; the source changed under the run")
+    a, b = ctx.params["chunks"]
+    size = req["chunk_size"]
+    ctx.paths.checkpoints.mkdir(parents=True, exist_ok=True)
+    todo = [k for k in range(a, b) if not _chunk_file(ctx.paths, k).exists()]
+    if len(todo) < b - a:
+        ctx.log.info("chunks %d..%d: %d already done earlier, %d to do", a, b - 1, b - a - len(todo), len(todo))
+    if not todo:
+        return {"chunks": [a, b], "records": _count(ctx.paths, a, b)}
+    lm = scorer = None
+    if req["recipe"] != "prompts":
+        from pita.models.lm import LM
+
+        pol = req["policy"]
+        if pol.get("guidance"):
+            raise JobError("guided generation (policy.guidance) is not available in this version; "
+                           "remove policy.guidance or use the reference policy")
+        dev = _device()
+        lm = LM.load(pol["model"], device=dev, dtype=pol.get("dtype", "float32"), attn_impl=req.get("attn_impl", "sdpa"))
+        sc = req["scoring"]
+        rm = None
+        if sc.get("reward_model"):
+            from pita.rewards.reward_model import RewardModelScorer
+
+            rm = RewardModelScorer(sc["reward_model"], device=dev, batch_size=sc["reward_batch_size"])
+        extractor = examples[0].meta.get("extractor", "auto") if examples else "auto"
+        task = examples[0].task if examples else "math"
+        if task == "reward" and rm is None:
+            raise JobError(f"dataset {ds.name} is a reward task but no reward model is configured "
+                           f"(model.reward_models.{ds.name})")
+        scorer = Scorer(task=task, extractor=extractor, bonus=float(sc.get("correctness_bonus", 1.0)), rm=rm)
+    run = RUNNERS[req["recipe"]]
+    for k in todo:
+        chunk = examples[k * size:(k + 1) * size]
+        records = run(lm, chunk, req, scorer)
+        atomic_write(_chunk_file(ctx.paths, k), "".join(json.dumps(r, sort_keys=True) + "\n" for r in records))
+        ctx.log.info("chunk %d: %d examples -> %d records", k, len(chunk), len(records))
+    return {"chunks": [a, b], "records": _count(ctx.paths, a, b)}
+
+
+def _count(paths, a: int, b: int) -> int:
+    return sum(sum(1 for _ in open(_chunk_file(paths, k))) for k in range(a, b))
+
+
+@job_kind("generation.merge")
+def merge(ctx):
+    import csv
+
+    from datasets import Dataset
+
+    records = []
+    for sid in ctx.params["shards"]:
+        sp = ctx.run.job(sid)
+        a, b = ctx.dep_result(sid)["chunks"]
+        for k in range(a, b):
+            with open(_chunk_file(sp, k)) as f:
+                records.extend(json.loads(line) for line in f)
+    if not records:
+        raise JobError(f"generation produced no records (recipe {ctx.params['recipe']}); nothing to merge")
+    out = ctx.paths.artifacts / "data"
+    ctx.paths.artifacts.mkdir(parents=True, exist_ok=True)
+    Dataset.from_list(records).save_to_disk(str(out))
+    cols = list(records[0].keys())
+    with open(ctx.paths.artifacts / "preview.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=cols, extrasaction="ignore")
+        w.writeheader()
+        for r in records[:100]:
+            w.writerow(r)
+    summary = {"path": str(out), "records": len(records), "recipe": ctx.params["recipe"], "columns": cols}
+    rewards = [r["reward"] for r in records if isinstance(r.get("reward"), (int, float))]
+    if rewards:
+        summary["mean_reward"] = sum(rewards) / len(rewards)
+    correct = [r["correct"] for r in records if isinstance(r.get("correct"), bool)]
+    if correct:
+        summary["accuracy"] = sum(correct) / len(correct)
+    return summary

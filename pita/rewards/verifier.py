@@ -1,0 +1,320 @@
+"""Math answer extraction and verification: is a completion's final answer the gold answer?
+
+    >>> verify("... so she sold 48 + 24 = 72 clips. #### 72", "72")
+    Verdict(correct=True, extracted='72', reason='')
+    >>> score_math(["\\boxed{\\frac{1}{2}}", "0.4"], ["0.5", "0.5"], mode="auto")
+    [1.0, 0.0]
+
+Extraction (``extract_answer``) picks the answer span out of a completion by one of the modes in
+``MODES``; comparison goes through math-verify (symbolic / numeric equivalence, so ``\\frac{1}{2}``
+equals ``0.5``) with its signal-based timeouts switched off, because ``signal.alarm`` only works
+in a process's main thread and verification runs in worker threads (thread pools, threaded Ray
+actors). Without that timeout the time is bounded here instead: only the extracted answer (at
+most ``MAX_ANSWER_CHARS`` characters) ever reaches the parser, never the whole completion.
+When math-verify cannot parse a side, the comparison falls back to normalised string and exact
+numeric equality. A malformed answer is never an exception: it is a Verdict that is incorrect
+and says why.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from fractions import Fraction
+
+from math_verify import parse as _mv_parse
+from math_verify import verify as _mv_verify
+
+MODES = ("auto", "boxed", "hash", "last_number")
+
+# An extracted answer longer than this is not handed to math-verify (whose time is unbounded
+# with timeouts off); it is still compared as a normalised string.
+MAX_ANSWER_CHARS = 300
+
+_BOX_CMDS = ("\\boxed", "\\fbox")
+
+# A number: optional minus (not a hyphen inside a word or range like "3-5"), integer part with
+# or without thousands commas, optional decimals, optional "/denominator" (a simple fraction).
+_NUMBER = re.compile(
+    r"(?<![\w.])(?:-\s?)?"
+    r"(?:\d{1,3}(?:,\d{3})+(?!\d)|\d+)(?:\.\d+)?"
+    r"(?:/\d+(?:\.\d+)?)?"
+    r"|(?<![\w.])(?:-\s?)?\.\d+"
+)
+_LATEX_FRAC = re.compile(r"(-?)\s*\\[dt]?frac\s*\{\s*(-?\d+)\s*\}\s*\{\s*(-?\d+)\s*\}")
+_TEXT_WRAPPED = re.compile(r"^\\(?:text|textbf|mathrm|mbox)\s*\{([^{}]*)\}$")
+_TRAILING_UNIT = re.compile(r"^(.*?\d)\s*\\(?:text|mathrm|mbox)\s*\{\s*[^{}\d]*\}$")
+_THOUSANDS = re.compile(r"(?<=\d),(?=\d{3}(?!\d))")
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """Outcome of one verification. ``reason`` is "" when correct."""
+
+    correct: bool
+    extracted: str | None
+    reason: str
+
+
+# --------------------------------------------------------------------------- extraction
+
+
+def _check_mode(mode: str) -> None:
+    if mode not in MODES:
+        raise ValueError(f"answer extraction mode {mode!r} is not known; choose one of: {', '.join(MODES)}")
+
+
+def _braced(text: str, open_at: int) -> str | None:
+    """Content of the brace group opening at ``text[open_at] == '{'``, or None if unbalanced."""
+    depth, i = 0, open_at
+    while i < len(text):
+        c = text[i]
+        if c == "\\":  # \{ and \} are literal braces, \\ a line break: skip the escaped char
+            i += 2
+            continue
+        if c == "{":
+            depth += 1
+        elif c == "}":
+            depth -= 1
+            if depth == 0:
+                return text[open_at + 1 : i]
+        i += 1
+    return None
+
+
+def _extract_boxed(text: str) -> str | None:
+    """Content of the last complete ``\\boxed{...}`` / ``\\fbox{...}`` (nested braces allowed).
+
+    A truncated last box (no closing brace) is skipped in favour of the last complete one.
+    ``\\boxed 5`` (no braces) is taken as its single token.
+    """
+    starts = sorted(
+        (m.start(), m.end())
+        for cmd in _BOX_CMDS
+        for m in re.finditer(re.escape(cmd) + r"(?![A-Za-z])", text)
+    )
+    for _, end in reversed(starts):
+        j = end
+        while j < len(text) and text[j] == " ":
+            j += 1
+        if j < len(text) and text[j] == "{":
+            inner = _braced(text, j)
+            if inner is not None:
+                return inner
+        elif j > end:  # "\boxed 5"
+            m = re.match(r"[^\s$]+", text[j:])
+            if m:
+                return m.group(0)
+    return None
+
+
+def _extract_hash(text: str) -> str | None:
+    """Text after the last ``####`` (GSM8K style): its leading number, else its first token."""
+    at = text.rfind("####")
+    if at < 0:
+        return None
+    rest = text[at + 4 :].strip().split("\n", 1)[0].strip()
+    if not rest:
+        return None
+    rest = rest.replace("\\$", "").replace("$", "").strip()
+    m = _NUMBER.match(rest)
+    if m:
+        return m.group(0)
+    tok = rest.split()
+    return tok[0] if tok else None
+
+
+def _extract_last_number(text: str) -> str | None:
+    """The last number in the text (``1,000``, ``-3``, ``2.5``, ``3/4``, ``\\frac{3}{4}``)."""
+    best: tuple[int, str] | None = None
+    for m in _NUMBER.finditer(text):
+        best = (m.start(), m.group(0))
+    for m in _LATEX_FRAC.finditer(text):
+        if best is None or m.end() > best[0]:
+            sign = "-" if m.group(1) else ""
+            best = (m.start(), f"{sign}{m.group(2)}/{m.group(3)}")
+    return best[1] if best else None
+
+
+def normalize_answer(ans: str) -> str:
+    """Surface clean-up shared by extracted and gold answers.
+
+    Drops dollar signs (``$`` and the escaped ``\\$``, which math-verify does not read past),
+    thin spaces, simple ``\\text{...}`` wrappers and trailing units, thousands commas, and
+    trailing periods. Leaves anything else (LaTeX, expressions) for math-verify.
+    """
+    s = ans.strip()
+    s = s.replace("\\$", "").replace("$", "")
+    s = s.replace("{,}", ",")  # 1{,}000
+    s = re.sub(r"\\[,!;: ]", "", s)  # \, \! \; thin spaces
+    s = s.replace("\\left", "").replace("\\right", "")
+    s = s.strip()
+    m = _TEXT_WRAPPED.match(s)
+    if m:
+        s = m.group(1).strip()
+    m = _TRAILING_UNIT.match(s)
+    if m:
+        s = m.group(1).strip()
+    s = _THOUSANDS.sub("", s)
+    s = s.rstrip(". ").strip()
+    return s
+
+
+def extract_answer(text: str, mode: str = "auto") -> str | None:
+    """The final answer in ``text``, normalised, or None when there is none.
+
+    Modes: ``boxed`` (last ``\\boxed{}`` / ``\\fbox{}``), ``hash`` (after the last ``####``),
+    ``last_number``, ``auto`` (boxed, then hash, then last number).
+    """
+    _check_mode(mode)
+    if not isinstance(text, str) or not text:
+        return None
+    order = {"auto": ("boxed", "hash", "last_number")}.get(mode, (mode,))
+    for m in order:
+        raw = {"boxed": _extract_boxed, "hash": _extract_hash, "last_number": _extract_last_number}[m](text)
+        if raw is None:
+            continue
+        ans = normalize_answer(raw)
+        if ans:
+            return ans
+    return None
+
+
+# --------------------------------------------------------------------------- comparison
+
+
+def _as_number(s: str) -> Fraction | None:
+    """Exact value of a plain number / simple fraction string, else None."""
+    t = s.replace(" ", "")
+    m = re.fullmatch(r"(-?)\\[dt]?frac\{(-?\d+)\}\{(-?\d+)\}", t)
+    if m:
+        t = f"{m.group(1)}{m.group(2)}/{m.group(3)}".replace("--", "")
+    try:
+        if re.fullmatch(r"-?(\d+(\.\d*)?|\.\d+)(/-?\d+(\.\d*)?)?", t) is None:
+            return None
+        if "/" in t:
+            num, den = t.split("/")
+            return Fraction(num) / Fraction(den)
+        return Fraction(t)
+    except (ValueError, ZeroDivisionError):
+        return None
+
+
+def _too_costly(s: str) -> str | None:
+    """Why ``s`` might make sympy compute an astronomically large number, or None.
+
+    With math-verify's timeouts off nothing interrupts a parse, and a signal could not stop a
+    single huge big-integer power anyway, so the known blow-ups are refused up front: towers of
+    exponents (``2^{2^{10}}``, ``9^9^9``), literal exponents whose product passes 10^6 (which
+    also catches ``((2^{999})^{999})^{999}``), and factorials of anything but a literal up to
+    5000 or a symbol (``(10!)!``, ``10!!!``, ``100000!``).
+    """
+    t = s.replace("**", "^")
+    budget = 1
+    for m in re.finditer(r"\^\s*", t):
+        j = m.end()
+        if j < len(t) and t[j] == "{":
+            expo = _braced(t, j) or t[j + 1 :]
+        else:
+            expo = re.match(r"[^\s+\-*/=)}\]]*", t[j:]).group(0)
+            if t[j + len(expo) : j + len(expo) + 1] == "^":
+                return "a tower of exponents"
+        if "^" in expo or "!" in expo or "exp" in expo:
+            return "a tower of exponents"
+        digits = re.findall(r"\d+", expo)
+        if any(len(d) > 6 for d in digits):
+            return "an exponent over 6 digits"
+        budget *= max([int(d) for d in digits] + [1])
+        if budget > 10**6:
+            return "exponents whose product is over 10^6"
+    for m in re.finditer(r"!", t):
+        before = t[: m.start()].rstrip()
+        if re.search(r"[A-Za-z]$", before):
+            continue  # n! stays symbolic
+        lit = re.search(r"(?<![\d.])(\d+)$", before)
+        if lit is None or int(lit.group(1)) > 5000:
+            return "a factorial of a large or compound value"
+    return None
+
+
+def _mv_parse_answer(s: str) -> list:
+    # Wrap in $...$ so the LaTeX extractor reads the whole string as one expression.
+    parsed = _mv_parse(f"${s}$", parsing_timeout=None)
+    if not parsed:
+        parsed = _mv_parse(s, parsing_timeout=None)
+    return parsed
+
+
+def _gold_answer(gold: str) -> str:
+    """The gold answer string, normalised; a gold written as a solution is extracted first."""
+    if "####" in gold or any(cmd in gold for cmd in _BOX_CMDS):
+        got = extract_answer(gold, "auto")
+        if got:
+            return got
+    return normalize_answer(gold)
+
+
+def verify(completion: str, gold: str, mode: str = "auto") -> Verdict:
+    """Is the answer extracted from ``completion`` (by ``mode``) equivalent to ``gold``?
+
+    Never raises on a malformed completion or answer; an unknown ``mode`` is a ValueError.
+    """
+    _check_mode(mode)
+    extracted = extract_answer(completion, mode)
+    if extracted is None:
+        return Verdict(False, None, "no answer found")
+    if not isinstance(gold, str) or not gold.strip():
+        return Verdict(False, extracted, f"parse error: gold answer is empty ({gold!r})")
+    g = _gold_answer(gold)
+
+    # Cheap exact checks first: they need no parser and cannot hang.
+    if extracted == g:
+        return Verdict(True, extracted, "")
+    xn, gn = _as_number(extracted), _as_number(g)
+    if xn is not None and gn is not None:
+        if xn == gn:
+            return Verdict(True, extracted, "")
+        if xn.denominator == 1 and gn.denominator == 1:
+            return Verdict(False, extracted, "mismatch")
+        # Decimals and fractions go on to math-verify, which accepts a decimal rounded to
+        # 6 places (0.333333 for 1/3): the exact check alone would be stricter than it.
+
+    if len(extracted) > MAX_ANSWER_CHARS or len(g) > MAX_ANSWER_CHARS:
+        why = f"mismatch (answer over {MAX_ANSWER_CHARS} characters, compared as text)"
+        return Verdict(False, extracted, why)
+    for side, value in (("gold", g), ("extracted", extracted)):
+        why = _too_costly(value)
+        if why:
+            return Verdict(False, extracted, f"parse error: the {side} answer holds {why}; not evaluated")
+    try:
+        gp = _mv_parse_answer(g)
+        xp = _mv_parse_answer(extracted)
+        if not gp or not xp:
+            side = "gold" if not gp else "extracted"
+            value = g if not gp else extracted
+            why = f"parse error: math-verify could not parse the {side} answer {value!r}"
+            return Verdict(False, extracted, why)
+        ok = _mv_verify(gp, xp, timeout_seconds=None)
+    except Exception as e:  # math-verify / sympy on hostile input: incorrect, not a crash
+        return Verdict(False, extracted, f"parse error: {type(e).__name__}: {e}")
+    return Verdict(bool(ok), extracted, "" if ok else "mismatch")
+
+
+def score_math(
+    completions: list[str],
+    golds: list[str],
+    mode: str = "auto",
+    correctness_bonus: float = 1.0,
+    rm_scores: list[float] | None = None,
+) -> list[float]:
+    """Reward per completion: (reward-model score if given, else 0) + bonus * correct."""
+    _check_mode(mode)
+    if len(completions) != len(golds):
+        raise ValueError(f"score_math: {len(completions)} completions but {len(golds)} gold answers")
+    if rm_scores is not None and len(rm_scores) != len(completions):
+        raise ValueError(f"score_math: {len(completions)} completions but {len(rm_scores)} rm_scores")
+    out = []
+    for i, (c, g) in enumerate(zip(completions, golds)):
+        base = float(rm_scores[i]) if rm_scores is not None else 0.0
+        out.append(base + correctness_bonus * float(verify(c, g, mode).correct))
+    return out
