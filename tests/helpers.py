@@ -19,9 +19,9 @@ from pita.core.paths import RunPaths
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def run_graph(jobs, tmp_path, backend="local", devices=2, **settings):
+def run_graph(jobs, tmp_path, backend="local", devices=2, run=None, **settings):
     gpus = GPUManager.from_inventory(devices, 8e9, kind="cpu")
-    run = RunPaths.create(tmp_path, "t")
+    run = run or RunPaths.create(tmp_path, "t")
     setup_logging(run.run_log, console=False)
     s = ExecutorSettings(progress="off", poll_interval_s=0.02, kill_grace_s=2, **settings)
     summary = Executor(JobGraph(jobs).validate([d.total_bytes for d in gpus.devices]), gpus,

@@ -274,3 +274,17 @@ def test_starvation_passes_zero_holds_at_once():
     """Held from the first pass after the gate: 9 - n small jobs run, 95 - 10 * (9 - n) >= 60
     at n = 6."""
     assert _starvation_run(0, max_completions=60) == 6
+
+
+def test_small_jobs_spread_over_idle_devices_before_sharing_one():
+    """Two 1 GB jobs, two empty 80 GB devices: one each (sharing would halve each job's compute).
+    A third goes to the device whose memory fits it best among the least busy (both hold one job)."""
+    from pita.core.graph import JobGraph
+    from pita.core.job import Job, Resources
+    from pita.core.scheduler import Scheduler
+
+    jobs = [Job(f"j{i}", "synthetic.work", resources=Resources(1, m)) for i, m in enumerate([1.0, 1.0, 1.0])]
+    sched = Scheduler(JobGraph(jobs), [int(80e9), int(80e9)], memory_margin=0.0)
+    out = dict(sched.schedule())
+    assert sorted(out["j0"] + out["j1"]) == [0, 1]
+    assert len(out["j2"]) == 1

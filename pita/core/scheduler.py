@@ -10,8 +10,10 @@ Rules:
       available = total - margin - memory used by others - sum over our running jobs of
                   max(reservation, measured usage)
   Several jobs share a device while memory allows; ``max_jobs_per_device`` caps the count.
-- A job asking for k devices gets k devices at once (gang) or none; best fit (the least available
-  memory that still fits) keeps large holes open for large jobs.
+- A job asking for k devices gets k devices at once (gang) or none. Among the devices that fit,
+  the ones running the fewest jobs come first (co-located jobs share the GPU's compute, so an
+  idle device is better than a busy one), then best fit (the least available memory that still
+  fits), which keeps large holes open for large jobs.
 - Starvation guard: a job that does not fit, and has seen lower-priority jobs start ahead of it
   in ``starvation_passes`` scheduling passes, holds the device(s) closest to fitting it; lower
   priority jobs are then not placed there until it starts, so a stream of small jobs cannot
@@ -154,7 +156,7 @@ class Scheduler:
                 continue
             fitting = [o for o in range(len(self.devices)) if self._fits(o, need, held)]
             if len(fitting) >= k:
-                chosen = sorted(sorted(fitting, key=lambda o: (self.devices[o].available(), o))[:k])
+                chosen = sorted(sorted(fitting, key=lambda o: (len(self.devices[o].reserved), self.devices[o].available(), o))[:k])
                 for o in chosen:
                     self.devices[o].reserved[jid] = need
                 self._start(jid, chosen)

@@ -82,7 +82,8 @@ def sample_from(logits: torch.Tensor, u: torch.Tensor, temperature: float, top_p
         probs = probs / probs.sum(-1, keepdim=True)
     cdf = probs.cumsum(-1)
     cdf[..., -1] = 1.0 + 1e-6  # guard against round-off in the last bucket
-    idx = torch.searchsorted(cdf, u.to(cdf.dtype).reshape(-1, 1).contiguous()).squeeze(-1)
+    # right=True: the first bucket whose cdf exceeds u, so a zero-probability token is never drawn
+    idx = torch.searchsorted(cdf, u.to(cdf.dtype).reshape(-1, 1).contiguous(), right=True).squeeze(-1)
     return idx.clamp_(max=logits.shape[-1] - 1)
 
 
