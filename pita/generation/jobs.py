@@ -46,11 +46,20 @@ def shard(ctx):
         from pita.models.lm import LM
 
         pol = req["policy"]
-        if pol.get("guidance"):
-            raise JobError("guided generation (policy.guidance) is not available in this version; "
-                           "remove policy.guidance or use the reference policy")
         dev = _device()
         lm = LM.load(pol["model"], device=dev, dtype=pol.get("dtype", "float32"), attn_impl=req.get("attn_impl", "sdpa"))
+        if pol.get("guidance"):
+            # the reference guided by an earlier job's value model; a failure here fails the job
+            from pita.guidance.decode import GuidedDecoder
+            from pita.guidance.value_model import ValueModel
+
+            gd = pol["guidance"]
+            ckpt = ctx.dep_result(gd["from_job"])["checkpoint"]
+            vm = ValueModel.load(ckpt, device=dev).eval()
+            req["_vm"] = vm
+            req["_guide"] = GuidedDecoder(vm, gd["mode"], gd["eta"], gd.get("top_k", 20))
+            ctx.log.info("policy: %s guided by %s (mode %s, eta %s, top_k %s)", pol["model"], ckpt, gd["mode"],
+                         gd["eta"], gd.get("top_k", 20))
         sc = req["scoring"]
         rm = None
         if sc.get("reward_model"):
@@ -76,12 +85,8 @@ def _count(paths, a: int, b: int) -> int:
     return sum(sum(1 for _ in open(_chunk_file(paths, k))) for k in range(a, b))
 
 
-@job_kind("generation.merge")
-def merge(ctx):
-    import csv
-
-    from datasets import Dataset
-
+def gather(ctx) -> list[dict]:
+    """Every record of the shards named in params["shards"], in chunk order."""
     records = []
     for sid in ctx.params["shards"]:
         sp = ctx.run.job(sid)
@@ -89,18 +94,34 @@ def merge(ctx):
         for k in range(a, b):
             with open(_chunk_file(sp, k)) as f:
                 records.extend(json.loads(line) for line in f)
-    if not records:
-        raise JobError(f"generation produced no records (recipe {ctx.params['recipe']}); nothing to merge")
+    return records
+
+
+def save_records(ctx, records: list[dict]) -> str:
+    """``artifacts/data`` (Arrow) and ``artifacts/preview.csv``; returns the data path."""
+    import csv
+
+    from datasets import Dataset
+
     out = ctx.paths.artifacts / "data"
     ctx.paths.artifacts.mkdir(parents=True, exist_ok=True)
     Dataset.from_list(records).save_to_disk(str(out))
-    cols = list(records[0].keys())
     with open(ctx.paths.artifacts / "preview.csv", "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=cols, extrasaction="ignore")
+        w = csv.DictWriter(f, fieldnames=list(records[0].keys()), extrasaction="ignore")
         w.writeheader()
         for r in records[:100]:
             w.writerow(r)
-    summary = {"path": str(out), "records": len(records), "recipe": ctx.params["recipe"], "columns": cols}
+    return str(out)
+
+
+@job_kind("generation.merge")
+def merge(ctx):
+    records = gather(ctx)
+    if not records:
+        raise JobError(f"generation produced no records (recipe {ctx.params['recipe']}); nothing to merge")
+    out = save_records(ctx, records)
+    cols = list(records[0].keys())
+    summary = {"path": out, "records": len(records), "recipe": ctx.params["recipe"], "columns": cols}
     rewards = [r["reward"] for r in records if isinstance(r.get("reward"), (int, float))]
     if rewards:
         summary["mean_reward"] = sum(rewards) / len(rewards)

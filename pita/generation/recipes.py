@@ -12,7 +12,15 @@ value_rollouts    value-guided collection: a roll-in from the policy, ``cut_poin
                   and continuations of the reference from each cut: either ``continuations``
                   sampled roll-outs (reward labels, Q#) or a greedy-vs-sampled pair (preference,
                   PITA); every continuation is scored on the full text prefix + continuation.
-    {id, prompt, cut, prefix, continuation, kind, reward, correct}  (kind: sampled | greedy)
+    {id, prompt, cut, prefix, continuation, kind, reward, correct,
+     prompt_ids, prefix_ids, continuation_ids}  (kind: sampled | greedy; ids are the exact tokens,
+     the chat-formatted prompt, and the continuation ends with EOS when it finished)
+
+eval              evaluation: for each η in ``etas``, n samples per test prompt from the policy
+                  (the reference guided by the value model when one is given; η = 0 is the
+                  reference itself), scored, with each sample's log-prob under the sampling
+                  distribution and under the identically processed reference (for KL).
+    {id, eta, sample, completion, finish, n_tokens, reward, correct, extracted, reason, logp, logp_ref}
 
 Scores: math tasks use the correctness verifier (``reward = rm_score + bonus * correct``, the RM
 term only when a reward model is configured); reward tasks use the reward model. A malformed
@@ -26,7 +34,7 @@ from typing import Any
 
 from pita.datasets.base import Example
 
-RECIPES = ("samples", "preference_pairs", "prompts", "value_rollouts")
+RECIPES = ("samples", "preference_pairs", "prompts", "value_rollouts", "eval")
 
 
 @dataclass
@@ -99,7 +107,7 @@ def run_value_rollouts(lm, examples, req, scorer) -> list[dict]:
     prompts = [e.prompt for e in examples]
     rollin = lm.generate(prompts, n=1, max_new_tokens=g["max_new_tokens"], seed=req["seed"],
                          keys=[f"{e.id}/rollin" for e in examples], temperature=g["temperature"],
-                         top_p=g["top_p"], top_k=g["top_k"], batch_size=g["batch_size"])
+                         top_p=g["top_p"], top_k=g["top_k"], batch_size=g["batch_size"], guide=req.get("_guide"))
     # (example, cut offset, prefix ids) for every cut of every roll-in
     cuts = []
     for e, [s] in zip(examples, rollin):
@@ -126,8 +134,8 @@ def run_value_rollouts(lm, examples, req, scorer) -> list[dict]:
             got = lm.generate_ids([chunk[i][0] for i in idx], [chunk[i][1] for i in idx],
                                   [row_seed(req["seed"], chunk[i][2], 0) for i in idx],
                                   0.0 if kind == "greedy" else g["temperature"], g["top_p"], g["top_k"])
-            for i, (ids, _fin) in zip(idx, got):
-                texts.append((s + i, ids))
+            for i, (ids, fin, _lp, _lr) in zip(idx, got):
+                texts.append((s + i, ids + ([lm.eos_ids[0]] if fin == "eos" else [])))
     texts.sort()
     recs = []
     full = []
@@ -136,12 +144,33 @@ def run_value_rollouts(lm, examples, req, scorer) -> list[dict]:
         cont = lm.tok.decode(ids, skip_special_tokens=True)
         full.append(prefix_text + cont)
         recs.append({"id": e.id, "prompt": e.prompt, "cut": c, "prefix": prefix_text, "continuation": cont,
-                     "kind": kind})
+                     "kind": kind, "prompt_ids": prompt_ids[e.id], "prefix_ids": list(prefix),
+                     "continuation_ids": list(ids)})
         recs_ex.append(e)
     for r, sc in zip(recs, scorer(recs_ex, full)):
         r.update(reward=sc["reward"], correct=sc["correct"])
     return recs
 
 
+def run_eval(lm, examples, req, scorer) -> list[dict]:
+    from pita.guidance.decode import GuidedDecoder
+
+    g, vm, gd = req["sampling"], req.get("_vm"), req["policy"].get("guidance") or {}
+    recs = []
+    for eta in req.get("etas", [0.0]):
+        guide = GuidedDecoder(vm, gd["mode"], eta, gd.get("top_k", 20)) if vm is not None else None
+        outs = lm.generate([e.prompt for e in examples], n=req["n"], max_new_tokens=g["max_new_tokens"],
+                           seed=req["seed"], keys=[e.id for e in examples], temperature=g["temperature"],
+                           top_p=g["top_p"], top_k=g["top_k"], batch_size=g["batch_size"], guide=guide)
+        flat_ex = [e for e, samples in zip(examples, outs) for _ in samples]
+        flat = [smp for samples in outs for smp in samples]
+        scores = scorer(flat_ex, [smp.text for smp in flat])
+        for e, smp, sc, j in zip(flat_ex, flat, scores, [j for samples in outs for j in range(len(samples))]):
+            recs.append({"id": e.id, "eta": float(eta), "sample": j, "completion": smp.text, "finish": smp.finish,
+                         "n_tokens": len(smp.token_ids), **sc, "logp": smp.meta["logp"],
+                         "logp_ref": smp.meta["logp_ref"]})
+    return recs
+
+
 RUNNERS = {"samples": run_samples, "preference_pairs": run_preference_pairs, "prompts": run_prompts,
-           "value_rollouts": run_value_rollouts}
+           "value_rollouts": run_value_rollouts, "eval": run_eval}

@@ -10,7 +10,7 @@ Generation is our own loop over the KV cache rather than ``model.generate`` beca
 - sampling is reproducible per example: sample j of the prompt with key k draws its uniforms from
   a generator seeded by (seed, k, j), so the same example gives the same text whatever batch or
   shard it lands in;
-- guided decoding (value-guided algorithms) plugs into the same loop through ``logits_hook``.
+- guided decoding (value-guided algorithms) plugs into the same loop through ``guide``.
 Masks come from lengths, never from comparing ids with the pad id, so a pad token equal to EOS
 (common in real tokenizers) cannot corrupt them. Prompts are left-padded.
 """
@@ -60,6 +60,16 @@ def resolve_attn_impl(requested: str) -> str:
             log.warning("flash_attention_2 needs CUDA; using sdpa on CPU")
             return "sdpa"
     return requested
+
+
+def nucleus(logp: torch.Tensor, top_p: float) -> torch.Tensor:
+    """Boolean mask of the smallest set of tokens whose probability reaches ``top_p`` (always >= 1 token)."""
+    if top_p >= 1.0:
+        return torch.isfinite(logp)
+    probs = torch.softmax(logp, -1)
+    sp, si = torch.sort(probs, dim=-1, descending=True)
+    keep = (sp.cumsum(-1) - sp) < top_p
+    return torch.zeros_like(keep).scatter(-1, si, keep) & torch.isfinite(logp)
 
 
 def sample_from(logits: torch.Tensor, u: torch.Tensor, temperature: float, top_p: float, top_k: int) -> torch.Tensor:
@@ -145,11 +155,17 @@ class LM:
     @torch.no_grad()
     def generate_ids(self, prompt_ids: list[list[int]], max_new_tokens: int | Sequence[int], seeds: Sequence[int],
                      temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0,
-                     logits_hook: Callable | None = None) -> list[tuple[list[int], str]]:
-        """One completion per row: ([token ids without EOS], "eos" | "length").
+                     guide=None) -> list[tuple[list[int], str, float, float]]:
+        """One completion per row: ([token ids without EOS], "eos" | "length", logp, logp_ref).
 
-        ``logits_hook(logits, step, state) -> logits`` may reshape the next-token distribution
-        (guided decoding); ``state`` holds the rows' tokens so far and the active mask.
+        ``logp`` is the sample's log-probability under the distribution it was drawn from;
+        ``logp_ref`` under the reference processed identically (same temperature, candidate set
+        and nucleus, no guidance offset), so their difference is a per-sample KL estimate that is
+        exactly 0 without guidance. Greedy rows (temperature 0) report 0 for both.
+
+        ``guide`` (see pita/guidance/decode.py) reshapes each step: it sees the same tokens as the
+        reference (``begin`` with the prompt, ``advance`` with each fed token) and ``adjust``
+        turns the reference's tempered log-probs into the guided ones.
         """
         B = len(prompt_ids)
         if B == 0:
@@ -171,20 +187,39 @@ class LM:
         U = torch.stack([torch.rand(max(T, 1), generator=torch.Generator().manual_seed(s)) for s in seeds]).to(dev)
         out = [[] for _ in range(B)]
         finish = ["length"] * B
+        logp = torch.zeros(B, dtype=torch.float64, device=dev)
+        logp_ref = torch.zeros(B, dtype=torch.float64, device=dev)
         active = torch.tensor([b > 0 for b in budgets], device=dev)
         budget_t = torch.tensor(budgets, device=dev)
         eos_t = torch.tensor(self.eos_ids, device=dev)
         pos = (mask.cumsum(-1) - 1).clamp(min=0)
         res = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True)
         past, logits = res.past_key_values, res.logits[:, -1, :]
+        if guide is not None:
+            guide.begin(ids, mask, pos)
         next_pos = pos[:, -1] + 1
-        state = {"active": active, "tokens": out, "past": past}
         for step in range(T):
             if not bool(active.any()):
                 break
-            if logits_hook is not None:
-                logits = logits_hook(logits, step, state)
-            tok = sample_from(logits, U[:, step], temperature, top_p, top_k)
+            if temperature == 0 and guide is None:
+                tok = logits.argmax(-1)
+            else:
+                ref_lp = torch.log_softmax(logits.float() / (temperature or 1.0), -1)
+                if top_k and top_k > 0 and top_k < ref_lp.shape[-1]:
+                    kth = torch.topk(ref_lp, top_k, dim=-1).values[..., -1:]
+                    ref_lp = ref_lp.masked_fill(ref_lp < kth, float("-inf"))
+                final = guide.adjust(ref_lp) if guide is not None else ref_lp
+                if temperature == 0:
+                    tok = final.argmax(-1)
+                else:
+                    support = nucleus(final, top_p)
+                    q = torch.log_softmax(final.masked_fill(~support, float("-inf")), -1)
+                    r = torch.log_softmax(ref_lp.masked_fill(~support, float("-inf")), -1)
+                    tok = sample_from(q, U[:, step], 1.0, 1.0, 0)
+                    step_q = q.gather(-1, tok.unsqueeze(-1)).squeeze(-1).double()
+                    step_r = r.gather(-1, tok.unsqueeze(-1)).squeeze(-1).double()
+                    logp += torch.where(active, step_q, torch.zeros_like(step_q))
+                    logp_ref += torch.where(active, step_r, torch.zeros_like(step_r))
             is_eos = torch.isin(tok, eos_t)
             tok_list, eos_list, act_list = tok.tolist(), is_eos.tolist(), active.tolist()
             for i in range(B):
@@ -196,7 +231,6 @@ class LM:
                     out[i].append(tok_list[i])
             done_now = is_eos | (budget_t <= step + 1)
             active = active & ~done_now
-            state["active"] = active
             if not bool(active.any()) or step == T - 1:
                 break
             feed = torch.where(active, tok, torch.full_like(tok, self.pad_id)).unsqueeze(-1)
@@ -204,13 +238,15 @@ class LM:
             res = self.model(input_ids=feed, attention_mask=mask, position_ids=next_pos.unsqueeze(-1),
                              past_key_values=past, use_cache=True)
             past, logits = res.past_key_values, res.logits[:, -1, :]
-            state["past"] = past
+            if guide is not None:
+                guide.advance(feed, mask, next_pos.unsqueeze(-1))
             next_pos = next_pos + 1
-        return [(out[i], finish[i]) for i in range(B)]
+        lp, lr = logp.tolist(), logp_ref.tolist()
+        return [(out[i], finish[i], lp[i], lr[i]) for i in range(B)]
 
     def generate(self, prompts: Sequence[str], n: int = 1, max_new_tokens: int | Sequence[int] = 64,
                  seed: int = 0, keys: Sequence[str] | None = None, temperature: float = 1.0, top_p: float = 1.0,
-                 top_k: int = 0, batch_size: int = 16, chat: bool = True) -> list[list[Sample]]:
+                 top_k: int = 0, batch_size: int = 16, chat: bool = True, guide=None) -> list[list[Sample]]:
         """``n`` samples for each prompt; ``keys`` (default: the prompt index) make sampling reproducible
         per example whatever the batching. ``max_new_tokens`` may be one budget per prompt."""
         if n < 1 or batch_size < 1:
@@ -224,9 +260,11 @@ class LM:
         for s in range(0, len(rows), batch_size):
             chunk = rows[s:s + batch_size]
             got = self.generate_ids([enc[i] for i, _ in chunk], [budgets[i] for i, _ in chunk],
-                                    [row_seed(seed, keys[i], j) for i, j in chunk], temperature, top_p, top_k)
-            for (i, j), (tok_ids, fin) in zip(chunk, got):
-                results[i][j] = Sample(self.tok.decode(tok_ids, skip_special_tokens=True), tok_ids, fin)
+                                    [row_seed(seed, keys[i], j) for i, j in chunk], temperature, top_p, top_k,
+                                    guide=guide)
+            for (i, j), (tok_ids, fin, lp, lr) in zip(chunk, got):
+                results[i][j] = Sample(self.tok.decode(tok_ids, skip_special_tokens=True), tok_ids, fin,
+                                       {"logp": lp, "logp_ref": lr})
         return results
 
     # ------------------------------------------------------------------ scoring

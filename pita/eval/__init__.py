@@ -1,0 +1,1 @@
+"""Evaluation: metrics over sampled completions (accuracy, majority vote, reward, KL)."""

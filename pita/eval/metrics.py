@@ -1,0 +1,199 @@
+"""Evaluation metrics over sampled completions: pure functions of per-sample records.
+
+    groups = [[{"correct": True, "extracted": "3"}, {"correct": False, "extracted": "4"}], ...]
+    summarize(groups, "math")  # {"pass@1": ..., "maj@n": ..., "prompts": ..., ...}
+
+Input is one list per prompt of sample dicts, in sampling order. Math samples carry ``correct``
+(bool) and ``extracted`` (the verifier's answer, or None); reward samples carry ``reward``;
+any sample may carry ``logp`` / ``logp_ref`` for the KL estimate. Every mean comes with its
+standard error, and the unit of that error is the prompt (per-prompt means), because samples of
+one prompt are correlated and treating them as independent would understate the error.
+
+No torch, no I/O: the numbers are checked by hand in ``tests/test_eval_metrics.py``
+(run: ``.venv/bin/python -m pytest -q tests/test_eval_metrics.py``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+
+from pita.core.names import unknown_name
+from pita.rewards.verifier import normalize_answer
+
+TASKS = ("math", "reward")
+
+Sample = Mapping[str, object]
+Groups = Sequence[Sequence[Sample]]
+
+
+def mean_stderr(xs: Iterable[float]) -> tuple[float, float]:
+    """Mean and standard error of the mean (sample std with n-1, over sqrt(n)).
+
+    One value has stderr 0.0 (no spread to measure); no values give (nan, nan).
+    """
+    vals = [float(x) for x in xs]
+    n = len(vals)
+    if n == 0:
+        return math.nan, math.nan
+    mean = math.fsum(vals) / n
+    if n == 1:
+        return mean, 0.0
+    var = math.fsum((x - mean) ** 2 for x in vals) / (n - 1)
+    return mean, math.sqrt(var / n)
+
+
+def _field(sample: Sample, key: str, where: str) -> object:
+    try:
+        return sample[key]
+    except KeyError:
+        raise ValueError(f"{where} has no {key!r} field (its fields: {', '.join(map(str, sample))})") from None
+
+
+def _check_groups(groups: Groups, what: str) -> None:
+    for i, g in enumerate(groups):
+        if len(g) == 0:
+            raise ValueError(f"{what}: prompt {i} has no samples; drop it or sample at least one completion")
+
+
+def _vote(answers: Sequence[str | None]) -> int | None:
+    """Index of the first sample carrying the majority answer, or None when nobody voted.
+
+    Ties go to the answer whose first occurrence is earliest in sampling order.
+    """
+    counts: dict[str, int] = {}
+    first: dict[str, int] = {}
+    for i, a in enumerate(answers):
+        if a is None:
+            continue
+        key = normalize_answer(a)
+        if not key:  # an answer that normalises to nothing is no answer
+            continue
+        counts[key] = counts.get(key, 0) + 1
+        first.setdefault(key, i)
+    if not counts:
+        return None
+    # dicts keep insertion order = order of first occurrence, and max() keeps the first maximum.
+    winner = max(counts, key=counts.__getitem__)
+    return first[winner]
+
+
+def math_metrics(groups: Groups) -> dict:
+    """Accuracy metrics for math: pass@1, first-sample accuracy and majority vote, with stderrs.
+
+    - ``pass@1``: mean over prompts of the fraction of that prompt's samples that are correct.
+    - ``first_sample_acc``: correctness of each prompt's sample 0 only (what one greedy-free
+      draw per prompt would score).
+    - ``maj@n``: majority vote over the normalised extracted answers
+      (``pita.rewards.verifier.normalize_answer``, so "1,000" and "1000" are one vote); samples
+      with no answer do not vote. Tie rule: among the answers with the top count, the one whose
+      first occurrence in sampling order is earliest wins. The prompt counts as correct when the
+      ``correct`` flag of that first occurrence is set. A prompt where nobody voted is incorrect.
+    - ``n``: samples per prompt (the minimum if prompts differ), ``n_max`` the maximum;
+      ``prompts``: number of prompts.
+
+    Each ``*_stderr`` is the standard error over prompts of the per-prompt values.
+    """
+    _check_groups(groups, "math_metrics")
+    per_prompt, first, maj = [], [], []
+    for i, g in enumerate(groups):
+        flags = [bool(_field(s, "correct", f"math_metrics: prompt {i} sample {j}")) for j, s in enumerate(g)]
+        answers = [_field(s, "extracted", f"math_metrics: prompt {i} sample {j}") for j, s in enumerate(g)]
+        per_prompt.append(sum(flags) / len(flags))
+        first.append(float(flags[0]))
+        w = _vote(answers)
+        maj.append(float(w is not None and flags[w]))
+    out: dict = {}
+    for name, vals in (("pass@1", per_prompt), ("first_sample_acc", first), ("maj@n", maj)):
+        out[name], out[f"{name}_stderr"] = mean_stderr(vals)
+    sizes = [len(g) for g in groups]
+    out["n"] = min(sizes, default=0)
+    out["n_max"] = max(sizes, default=0)
+    out["prompts"] = len(groups)
+    return out
+
+
+def reward_metrics(groups: Groups) -> dict:
+    """Reward metrics: ``mean_reward`` over all samples, its stderr over per-prompt means.
+
+    ``mean_reward_stderr`` takes prompts as the unit (standard error of the per-prompt mean
+    rewards), so with unequal sample counts it is not the error of ``mean_reward`` exactly but of
+    the prompt-level mean; with equal counts the two means coincide.
+    ``first_sample_mean_reward`` (and its stderr) uses each prompt's sample 0 only.
+    """
+    _check_groups(groups, "reward_metrics")
+    every, per_prompt, first = [], [], []
+    for i, g in enumerate(groups):
+        rs = [float(_field(s, "reward", f"reward_metrics: prompt {i} sample {j}")) for j, s in enumerate(g)]
+        every.extend(rs)
+        per_prompt.append(math.fsum(rs) / len(rs))
+        first.append(rs[0])
+    out: dict = {}
+    out["mean_reward"] = math.fsum(every) / len(every) if every else math.nan
+    out["mean_reward_stderr"] = mean_stderr(per_prompt)[1]
+    out["first_sample_mean_reward"], out["first_sample_mean_reward_stderr"] = mean_stderr(first)
+    return out
+
+
+def _check_fraction(fraction: object) -> float:
+    ok = isinstance(fraction, (int, float)) and not isinstance(fraction, bool)
+    if not ok or not (0.0 < float(fraction) <= 1.0):  # nan fails the comparison too
+        raise ValueError(
+            f"eval.kl_fraction={fraction!r} is out of range; it is the share of samples used for the KL "
+            "estimate and must be a number in (0, 1], e.g. 1.0 for all samples"
+        )
+    return float(fraction)
+
+
+def _usable(x: object) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and not math.isnan(x)
+
+
+def kl_metrics(samples: Sequence[Sample], fraction: float = 1.0) -> dict:
+    """Sequence-level Monte Carlo estimate of KL(pi || pi_ref) = E_pi[log pi - log pi_ref].
+
+    Each sample was drawn from pi; ``logp`` is its log-probability under pi and ``logp_ref`` under
+    the reference model, both processed identically (same tokens, same masking, same
+    temperature). The estimate is the mean of ``logp - logp_ref`` with its standard error; a
+    single estimate may be negative although KL is not.
+
+    Only the first ``ceil(fraction * N)`` samples in the given order are used (at least one when
+    N > 0); within that window, samples whose ``logp`` or ``logp_ref`` is missing, None or nan are
+    skipped and counted in ``kl_skipped``. ``kl_samples`` is the number actually averaged.
+    Equal ``logp`` and ``logp_ref`` contribute exactly 0.0 (also when both are -inf).
+    """
+    frac = _check_fraction(fraction)
+    n_all = len(samples)
+    # round() first: 0.28 * 25 is 7.000000000000001 in floats, and must mean 7 samples, not 8.
+    take = max(1, math.ceil(round(frac * n_all, 9))) if n_all else 0
+    diffs, skipped = [], 0
+    for s in samples[:take]:
+        a, b = s.get("logp"), s.get("logp_ref")
+        if not (_usable(a) and _usable(b)):
+            skipped += 1
+            continue
+        diffs.append(0.0 if a == b else float(a) - float(b))
+    kl, kl_se = mean_stderr(diffs)
+    return {"kl": kl, "kl_stderr": kl_se, "kl_samples": len(diffs), "kl_skipped": skipped, "kl_fraction": frac}
+
+
+def summarize(groups: Groups, task: str, kl_fraction: float = 1.0) -> dict:
+    """All metrics that apply to ``task``, in one flat dict.
+
+    ``math``: ``math_metrics``, plus ``reward_metrics`` when every sample has a ``reward``.
+    ``reward``: ``reward_metrics``. Either way ``kl_metrics`` is added when any sample carries
+    ``logp``, over all samples in prompt order (prompt 0's samples first).
+    """
+    if task not in TASKS:
+        raise ValueError(unknown_name("task", task, TASKS))
+    flat = [s for g in groups for s in g]
+    out: dict = {}
+    if task == "math":
+        out.update(math_metrics(groups))
+        if flat and all("reward" in s for s in flat):
+            out.update(reward_metrics(groups))
+    else:
+        out.update(reward_metrics(groups))
+    if any("logp" in s for s in flat):
+        out.update(kl_metrics(flat, kl_fraction))
+    return out

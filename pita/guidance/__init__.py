@@ -1,0 +1,1 @@
+"""Guided decoding: value models, offsets, the guided sampler."""

@@ -1,0 +1,178 @@
+"""Training the guidance (value) model and the Bradley-Terry proxy reward model.
+
+    examples = value_examples(records, targets)        # token ids + per-sequence target
+    curve = train(vm, examples, TrainSettings(...), log)
+
+AdamW on fp32 master weights (bf16/fp16 autocast on CUDA), gradient clipping, token-budget
+batches re-formed and reshuffled every epoch, optional gradient checkpointing. The loss is
+masked to continuation tokens: the state before each continuation token y_t is scored with
+y_t as the candidate, against the sequence's target (a probability for bce/mse, a return for
+mle). Pairs (bradley_terry) compare the head at the last token of chosen vs rejected.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import random
+from dataclasses import dataclass
+
+import torch
+
+from pita.core.errors import ConfigError, JobError
+from pita.losses.value import bce_loss, bradley_terry_loss, mle_loss, mse_loss
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class TrainSettings:
+    epochs: int = 2
+    lr: float = 5e-4
+    weight_decay: float = 0.0
+    token_budget: int = 8192  # tokens per batch (padded length x rows)
+    grad_clip: float = 1.0
+    gradient_checkpointing: bool = False
+    seed: int = 0
+    max_len: int = 512  # longer sequences are cut from the left of the prompt, with a warning
+
+    def check(self, where: str) -> None:
+        p = []
+        if self.epochs < 1:
+            p.append(f"{where}.epochs={self.epochs} must be >= 1")
+        if not self.lr > 0:
+            p.append(f"{where}.lr={self.lr} must be > 0")
+        if self.token_budget < 16:
+            p.append(f"{where}.token_budget={self.token_budget} must be >= 16")
+        if p:
+            raise ConfigError(p)
+
+
+@dataclass
+class SeqExample:
+    ids: list[int]
+    start: int  # index of the first continuation token
+    target: float
+
+
+@dataclass
+class PairExample:
+    chosen: list[int]
+    rejected: list[int]
+
+
+def value_examples(records: list[dict], target_key: str) -> list[SeqExample]:
+    out = []
+    for r in records:
+        cont = list(r["continuation_ids"])
+        if not cont:
+            continue
+        ids = list(r["prompt_ids"]) + list(r["prefix_ids"]) + cont
+        out.append(SeqExample(ids, len(ids) - len(cont), float(r[target_key])))
+    return out
+
+
+def _batches(lengths: list[int], budget: int, rng: random.Random) -> list[list[int]]:
+    """Shuffle, sort locally by length (less padding), cut into batches under the token budget,
+    shuffle the batches: a different grouping every epoch."""
+    order = list(range(len(lengths)))
+    rng.shuffle(order)
+    chunked = []
+    for s in range(0, len(order), 256):
+        chunked += sorted(order[s:s + 256], key=lambda i: lengths[i])
+    batches, cur, longest = [], [], 0
+    for i in chunked:
+        L = max(longest, lengths[i])
+        if cur and L * (len(cur) + 1) > budget:
+            batches.append(cur)
+            cur, L = [], lengths[i]
+        cur.append(i)
+        longest = L
+    if cur:
+        batches.append(cur)
+    rng.shuffle(batches)
+    return batches
+
+
+def _pad(seqs: list[list[int]], pad_id: int, device):
+    L = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), L), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(seqs), L), dtype=torch.long)
+    for i, s in enumerate(seqs):
+        ids[i, :len(s)] = torch.tensor(s)
+        mask[i, :len(s)] = 1
+    return ids.to(device), mask.to(device)
+
+
+def _clip(ids: list[int], start: int, max_len: int) -> tuple[list[int], int]:
+    if len(ids) <= max_len:
+        return ids, start
+    cut = len(ids) - max_len
+    if cut >= start:
+        cut = start - 1  # keep at least one token of context before the continuation
+    return ids[cut:], start - cut
+
+
+def train(vm, examples: list, s: TrainSettings, logger: logging.Logger = log, pad_id: int = 0,
+          device: str = "cpu") -> list[dict]:
+    """Train in place; returns the loss curve [{"epoch", "step", "loss"}]."""
+    if not examples:
+        raise JobError("no training examples: the data collection produced nothing usable")
+    torch.manual_seed(s.seed)
+    rng = random.Random(s.seed)
+    spec = vm.spec
+    vm.to(device).train()
+    if s.gradient_checkpointing:
+        vm.backbone.gradient_checkpointing_enable()
+    opt = torch.optim.AdamW([p for p in vm.parameters() if p.requires_grad], lr=s.lr, weight_decay=s.weight_decay)
+    cuda = str(device).startswith("cuda")
+    amp = torch.bfloat16 if cuda and torch.cuda.is_bf16_supported() else torch.float16
+    pairs = isinstance(examples[0], PairExample)
+    if pairs:
+        lengths = [max(len(e.chosen), len(e.rejected)) * 2 for e in examples]
+    else:
+        clipped = [_clip(e.ids, e.start, s.max_len) for e in examples]
+        lengths = [len(c[0]) for c in clipped]
+    curve, step = [], 0
+    for epoch in range(s.epochs):
+        total, count = 0.0, 0
+        for batch in _batches(lengths, s.token_budget, rng):
+            with torch.autocast("cuda", dtype=amp, enabled=cuda):
+                if pairs:
+                    ids, mask = _pad([examples[i].chosen for i in batch] + [examples[i].rejected for i in batch],
+                                     pad_id, device)
+                    r = vm.sequence_reward(ids, mask).float()
+                    n = len(batch)
+                    loss = bradley_terry_loss(r[:n], r[n:])
+                else:
+                    seqs = [clipped[i][0] for i in batch]
+                    ids, mask = _pad(seqs, pad_id, device)
+                    out = vm.token_scores(ids, mask).float()  # [B, T-1, n_out]
+                    pos_mask = torch.zeros(out.shape[:2], device=device)
+                    for row, i in enumerate(batch):
+                        start, n_tok = clipped[i][1], len(clipped[i][0])
+                        pos_mask[row, start - 1:n_tok - 1] = 1
+                    tgt = torch.tensor([examples[i].target for i in batch], device=device).unsqueeze(-1)
+                    tgt = tgt.expand(out.shape[:2])
+                    if spec.loss == "bce":
+                        loss = bce_loss(out[..., 0], tgt, pos_mask)
+                    elif spec.loss == "mse":
+                        loss = mse_loss(out[..., 0], tgt, pos_mask)
+                    elif spec.loss == "mle":
+                        loss = mle_loss(out, tgt, pos_mask, spec.v_min, spec.v_max)
+                    else:
+                        raise JobError(f"loss {spec.loss} trains on pairs, but the examples are sequences")
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(vm.parameters(), s.grad_clip)
+            opt.step()
+            step += 1
+            lv = float(loss.detach())
+            if not math.isfinite(lv):
+                raise JobError(f"the training loss became {lv} at epoch {epoch} step {step}; lower the learning rate")
+            total += lv * len(batch)
+            count += len(batch)
+            curve.append({"epoch": epoch, "step": step, "loss": lv})
+        logger.info("epoch %d: mean loss %.4f over %d examples", epoch, total / max(count, 1), count)
+    vm.eval()
+    return curve

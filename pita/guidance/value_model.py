@@ -1,0 +1,139 @@
+"""The guidance (value) model: a small causal-LM backbone plus a head that scores candidate
+next tokens of the reference model.
+
+    vm = ValueModel.create(backbone_path, loss="bce")            # or "mse", "mle", "bradley_terry"
+    out = vm.scores(h, candidates)    # h: [B, H] backbone states, candidates: [B, k] token ids -> [B, k, n_out]
+
+The head reads the backbone's state at s and the embedding of the candidate token a
+(``out = W_o gelu(W_h h_s + W_e E[a])``), so scoring k candidates, or the whole vocabulary,
+costs one small matmul per step and no vocabulary-by-atoms weight matrix. n_out is 1 for
+bce / mse / bradley_terry (a logit) and ``num_atoms`` for mle (logits over atoms spanning
+[v_min, v_max]). The backbone shares the reference's tokenizer (checked at plan time).
+
+Training positions: for a sequence prompt + prefix + continuation, the state before each
+continuation token y_t is scored with candidate y_t (loss masked to continuation tokens). A
+Bradley-Terry proxy reward model is the same class with loss="bradley_terry": the reward of a
+full sequence is the head's output at its last token (the same function at training and scoring).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from pita.core.errors import ConfigError
+
+HEAD_FILE, META_FILE = "value_head.pt", "value_head.json"
+
+
+@dataclass
+class HeadSpec:
+    loss: str = "bce"
+    num_atoms: int = 11
+    v_min: float = 0.0
+    v_max: float = 1.0
+    head_dim: int = 128
+    vocab_size: int = 0
+    hidden_size: int = 0
+
+    @property
+    def n_out(self) -> int:
+        return self.num_atoms if self.loss == "mle" else 1
+
+    def check(self) -> None:
+        from pita.losses.value import LOSSES
+
+        if self.loss not in LOSSES:
+            raise ConfigError(f"loss={self.loss!r} is not known; choose one of {', '.join(LOSSES)}")
+        if self.loss == "mle":
+            if self.num_atoms < 2:
+                raise ConfigError(f"num_atoms={self.num_atoms} must be >= 2 for the mle loss")
+            if self.v_min >= self.v_max:
+                raise ConfigError(f"v_min={self.v_min} must be < v_max={self.v_max}")
+
+
+class ValueModel(nn.Module):
+    def __init__(self, backbone, spec: HeadSpec):
+        super().__init__()
+        spec.check()
+        self.backbone = backbone
+        self.spec = spec
+        H = backbone.config.hidden_size
+        E = backbone.get_input_embeddings().embedding_dim
+        self.w_h = nn.Linear(H, spec.head_dim)
+        self.w_e = nn.Linear(E, spec.head_dim, bias=False)
+        self.w_o = nn.Linear(spec.head_dim, spec.n_out)
+        nn.init.zeros_(self.w_o.weight)
+        nn.init.zeros_(self.w_o.bias)  # start neutral: p = 0.5, uniform atoms
+
+    # ------------------------------------------------------------------ construction
+    @classmethod
+    def create(cls, backbone_path: str, loss: str = "bce", num_atoms: int = 11, v_min: float = 0.0,
+               v_max: float = 1.0, head_dim: int = 128, dtype=torch.float32) -> "ValueModel":
+        from transformers import AutoModelForCausalLM
+
+        bb = AutoModelForCausalLM.from_pretrained(backbone_path, dtype=dtype)
+        spec = HeadSpec(loss, num_atoms, float(v_min), float(v_max), head_dim, bb.config.vocab_size,
+                        bb.config.hidden_size)
+        return cls(bb, spec)
+
+    def save(self, path: str | Path) -> None:
+        path = Path(path)
+        self.backbone.save_pretrained(path / "backbone")
+        head = {k: v for k, v in self.state_dict().items() if not k.startswith("backbone.")}
+        torch.save(head, path / HEAD_FILE)
+        (path / META_FILE).write_text(json.dumps(asdict(self.spec), indent=2))
+
+    @staticmethod
+    def read_spec(path: str | Path) -> HeadSpec:
+        meta = Path(path) / META_FILE
+        if not meta.exists():
+            raise ConfigError(f"{path} is not a guidance checkpoint ({META_FILE} missing)")
+        return HeadSpec(**json.loads(meta.read_text()))
+
+    @classmethod
+    def load(cls, path: str | Path, expect: HeadSpec | None = None, device: str = "cpu",
+             dtype=torch.float32) -> "ValueModel":
+        """Load a checkpoint; with ``expect``, refuse a head that does not match (warm starts)."""
+        from transformers import AutoModelForCausalLM
+
+        spec = cls.read_spec(path)
+        if expect is not None:
+            diff = [f"{k}: checkpoint {getattr(spec, k)!r} vs config {getattr(expect, k)!r}"
+                    for k in ("loss", "num_atoms", "v_min", "v_max", "head_dim")
+                    if (k != "num_atoms" or spec.loss == "mle" or expect.loss == "mle")
+                    and getattr(spec, k) != getattr(expect, k)]
+            if diff:
+                raise ConfigError(f"the guidance checkpoint {path} has an incompatible head ({'; '.join(diff)}); "
+                                  f"warm-start only from a round trained with the same loss and atoms")
+        bb = AutoModelForCausalLM.from_pretrained(Path(path) / "backbone", dtype=dtype)
+        vm = cls(bb, spec)
+        vm.load_state_dict(torch.load(Path(path) / HEAD_FILE, map_location="cpu"), strict=False)
+        return vm.to(device)
+
+    # ------------------------------------------------------------------ scoring
+    def hidden(self, input_ids, attention_mask=None, position_ids=None, past_key_values=None, use_cache=False):
+        out = self.backbone.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                                  past_key_values=past_key_values, use_cache=use_cache)
+        return out.last_hidden_state, getattr(out, "past_key_values", None)
+
+    def scores(self, h: torch.Tensor, candidates: torch.Tensor) -> torch.Tensor:
+        """``h`` [..., H], ``candidates`` [..., k] -> head outputs [..., k, n_out]."""
+        emb = self.backbone.get_input_embeddings()(candidates)
+        z = self.w_h(h).unsqueeze(-2) + self.w_e(emb)
+        return self.w_o(torch.nn.functional.gelu(z))
+
+    def token_scores(self, input_ids, attention_mask) -> torch.Tensor:
+        """Head output for each actual next token: position t scores token t+1 -> [B, T-1, n_out]."""
+        h, _ = self.hidden(input_ids, attention_mask)
+        return self.scores(h[:, :-1], input_ids[:, 1:].unsqueeze(-1)).squeeze(-2)
+
+    def sequence_reward(self, input_ids, attention_mask) -> torch.Tensor:
+        """Bradley-Terry proxy reward of right-padded sequences: the head at each one's last token."""
+        s = self.token_scores(input_ids, attention_mask)[..., 0]  # [B, T-1]
+        last = attention_mask.sum(-1) - 2  # index of the state before the last real token
+        return s.gather(-1, last.clamp(min=0).unsqueeze(-1)).squeeze(-1)

@@ -1,0 +1,203 @@
+"""Guided decoding is exact: π(y) ∝ π_ref(y) · e^{η r(y)}, checked by enumerating every sequence.
+
+Setting: a random tiny Llama over tokens {0, 1, 2} plus EOS (3, also the pad id), horizon 3, reward
+r(y) = 1 when y contains token 1 at least twice, else 0 (a 0/1 correctness-like reward). For a
+Bernoulli Z, E[e^{ηZ} | s, a] = 1 − p + p e^η with p = P_ref(r = 1 | s, a), which the oracle
+guide computes exactly by enumeration. Then the per-step rule ref_lp + log E[e^{ηZ}|s,a] must
+give, for every full sequence, log π(y) = log π_ref(y) + η r(y) − log Z (to 1e-5), and sampled
+frequencies must pass a chi-square test at a fixed seed.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from pita.guidance.offsets import bernoulli_offset
+from pita.models.lm import LM
+
+EOS, PAD, H, ETA = 3, 3, 3, 1.5  # pad = EOS, as in many real tokenizers
+
+
+def reward(tokens) -> int:
+    return int(sum(1 for t in tokens if t == 1) >= 2)
+
+
+@pytest.fixture(scope="module")
+def lm():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=4, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+                      num_key_value_heads=1, max_position_embeddings=32, eos_token_id=EOS, pad_token_id=PAD,
+                      bos_token_id=0)
+    model = LlamaForCausalLM(cfg).eval()
+    with torch.no_grad():  # sharper than a random init, so the tilt matters
+        model.lm_head.weight.mul_(4.0)
+    tok = SimpleNamespace(eos_token_id=EOS, pad_token_id=PAD)
+    return LM(model, tok)
+
+
+PROMPT = [0, 2]
+
+
+def step_lp(lm, prefix):
+    with torch.no_grad():
+        logits = lm.model(torch.tensor([PROMPT + prefix])).logits[0, -1].float()
+    return torch.log_softmax(logits, -1)
+
+
+def sequences():
+    """Every outcome: (tokens, ended_with_eos) for horizon H."""
+    out = []
+    for n in range(H + 1):
+        for toks in itertools.product([0, 1, 2], repeat=n):
+            if n < H:
+                out.append((list(toks), True))
+            else:
+                out.append((list(toks), False))
+    return out
+
+
+def log_ref(lm, toks, eos):
+    lp = 0.0
+    for t in range(len(toks)):
+        lp += float(step_lp(lm, toks[:t])[toks[t]])
+    if eos:
+        lp += float(step_lp(lm, toks)[EOS])
+    return lp
+
+
+def success_prob(lm, prefix, cache) -> float:
+    """P_ref(r = 1 | prefix) by enumeration (prefix not yet ended)."""
+    key = tuple(prefix)
+    if key in cache:
+        return cache[key]
+    if len(prefix) == H:
+        cache[key] = float(reward(prefix))
+        return cache[key]
+    lp = step_lp(lm, prefix)
+    p = math.exp(float(lp[EOS])) * reward(prefix)
+    for a in (0, 1, 2):
+        p += math.exp(float(lp[a])) * success_prob(lm, prefix + [a], cache)
+    cache[key] = p
+    return p
+
+
+class OracleGuide:
+    """Exact E[e^{ηZ} | s, a] from enumeration; follows the tokens the sampler feeds it."""
+
+    def __init__(self, lm, eta):
+        self.lm, self.eta, self.cache, self.prefixes = lm, eta, {}, None
+
+    def begin(self, ids, mask, pos):
+        self.prefixes = [[] for _ in range(ids.shape[0])]
+
+    def advance(self, feed, mask, pos):
+        for i, t in enumerate(feed[:, 0].tolist()):
+            if mask[i, -1]:
+                self.prefixes[i].append(t)
+
+    def adjust(self, ref_lp):
+        out = torch.full_like(ref_lp, float("-inf"))
+        for i, prefix in enumerate(self.prefixes):
+            for a in range(ref_lp.shape[-1]):
+                if not math.isfinite(float(ref_lp[i, a])):
+                    continue
+                p = float(reward(prefix)) if a == EOS else success_prob(self.lm, prefix + [a], self.cache)
+                out[i, a] = ref_lp[i, a] + bernoulli_offset(torch.tensor(p), self.eta)
+        return out
+
+
+def target(lm):
+    seqs = sequences()
+    logw = [log_ref(lm, t, e) + ETA * reward(t) for t, e in seqs]
+    logz = torch.logsumexp(torch.tensor(logw), 0).item()
+    return {tuple(t): lw - logz for (t, _), lw in zip(seqs, logw)}
+
+
+def test_guided_sequence_log_probs_equal_the_tilted_reference(lm):
+    want = target(lm)
+    assert abs(sum(math.exp(v) for v in want.values()) - 1) < 1e-6
+    n = 400
+    got = lm.generate_ids([PROMPT] * n, H, seeds=list(range(n)), temperature=1.0, guide=OracleGuide(lm, ETA))
+    seen = set()
+    for toks, finish, logp, _ in got:
+        assert finish == ("eos" if len(toks) < H else "length") or len(toks) == H
+        assert logp == pytest.approx(want[tuple(toks)], abs=1e-5)
+        seen.add(tuple(toks))
+    assert len(seen) > 10
+
+
+def test_sampled_frequencies_pass_a_chi_square_test(lm):
+    from scipy.stats import chisquare
+
+    want = target(lm)
+    n = 6000
+    got = lm.generate_ids([PROMPT] * n, H, seeds=list(range(10_000, 10_000 + n)), temperature=1.0,
+                          guide=OracleGuide(lm, ETA))
+    counts = {k: 0 for k in want}
+    for toks, *_ in got:
+        counts[tuple(toks)] += 1
+    # pool outcomes expected fewer than 5 times into one cell, as the test requires
+    keys = sorted(want, key=lambda k: -want[k])
+    exp = [n * math.exp(want[k]) for k in keys]
+    big = [i for i, e in enumerate(exp) if e >= 5]
+    small = [i for i in range(len(keys)) if i not in big]
+    obs_cells = [counts[keys[i]] for i in big] + ([sum(counts[keys[i]] for i in small)] if small else [])
+    exp_cells = [exp[i] for i in big] + ([sum(exp[i] for i in small)] if small else [])
+    exp_cells = [e * n / sum(exp_cells) for e in exp_cells]  # float32 round-off in the target
+    stat, pvalue = chisquare(obs_cells, exp_cells)
+    assert pvalue > 0.001, (stat, pvalue)
+
+
+def test_eta_zero_is_the_reference_and_kl_is_exactly_zero(lm):
+    got = lm.generate_ids([PROMPT] * 50, H, seeds=list(range(50)), temperature=1.0, guide=OracleGuide(lm, 0.0))
+    plain = lm.generate_ids([PROMPT] * 50, H, seeds=list(range(50)), temperature=1.0)
+    assert [g[0] for g in got] == [p[0] for p in plain]
+    assert all(g[2] == g[3] for g in got) and all(p[2] == p[3] for p in plain)
+
+
+def test_value_model_step_matches_the_formula_with_its_incremental_cache(tiny):
+    """The real GuidedDecoder: after a few cached steps, the guided next-token distribution equals
+    normalise(π_ref^{1/T} · (1 − p + p e^η)) over the top-k, with p from the value model run on the
+    whole prefix from scratch (no cache)."""
+    from pita.guidance.decode import GuidedDecoder
+    from pita.guidance.value_model import ValueModel
+
+    ref = LM.load(tiny["reference"])
+    vm = ValueModel.create(tiny["guidance"], loss="bce").eval()
+    torch.manual_seed(1)
+    with torch.no_grad():
+        for p in (vm.w_o.weight, vm.w_o.bias):
+            p.normal_(0, 1.0)
+    eta, k, T = 2.0, 12, 0.8
+    guide = GuidedDecoder(vm, "bernoulli", eta, top_k=k)
+    prompt = ref.encode([ref.chat_prompt("Tom has 5 cups. Tom gets 7 more. How many cups does Tom have?")])[0]
+    ids = torch.tensor([prompt])
+    mask = torch.ones_like(ids)
+    pos = torch.arange(ids.shape[1]).unsqueeze(0)
+    guide.begin(ids, mask, pos)
+    fed = []
+    for t in (5, 9, 11):  # feed three tokens through the cache
+        fed.append(t)
+        mask = torch.ones((1, len(prompt) + len(fed)), dtype=torch.long)
+        guide.advance(torch.tensor([[t]]), mask, torch.tensor([[len(prompt) + len(fed) - 1]]))
+    full = torch.tensor([prompt + fed])
+    with torch.no_grad():
+        ref_lp = torch.log_softmax(ref.model(full).logits[0, -1].float() / T, -1)
+        kth = torch.topk(ref_lp, k).values[-1]
+        ref_lp = ref_lp.masked_fill(ref_lp < kth, float("-inf"))
+        got = torch.softmax(guide.adjust(ref_lp.unsqueeze(0))[0], -1)
+        h, _ = vm.hidden(full, torch.ones_like(full))
+        cands = torch.topk(ref_lp, k).indices
+        p = torch.sigmoid(vm.scores(h[0, -1], cands)[..., 0])
+    w = torch.exp(ref_lp[cands]) * (1 - p + p * math.exp(eta))
+    want = torch.zeros_like(got)
+    want[cands] = w / w.sum()
+    assert torch.allclose(got, want, atol=1e-5)
+    assert (got > 0).sum() == k
