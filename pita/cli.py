@@ -245,6 +245,12 @@ def _run(cfg: DictConfig, overrides: list[str]) -> int:
     backend = make_backend(ex.backend, kill_grace_s=ex.kill_grace_s) if ex.backend == "local" else make_backend(ex.backend)
     config_dict = OmegaConf.to_container(cfg, resolve=True)
     summary = Executor(graph, gpus, backend, run, settings, config_dict).run()
+    from pita.report.results import table, write
+
+    rows = write(run)
+    if rows:
+        print("\n" + table(rows))
+        print(f"results: {run.results / 'results.csv'}")
     _print_summary(summary, run)
     return summary.exit_code
 

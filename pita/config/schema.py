@@ -11,6 +11,7 @@ from typing import Any, Dict, List, Optional
 
 from hydra.core.config_store import ConfigStore
 
+from pita.algos.value_guided import ValueGuidedConfig
 from pita.datasets.config import DatasetConfig
 from pita.models.families import FamilyConfig
 from pita.plans.synthetic import ALGOS
@@ -19,8 +20,12 @@ from pita.plans.synthetic import ALGOS
 @dataclass
 class ExperimentConfig:
     name: str = "default"  # run folder: <system.output_dir>/<name>/<YYYY-MM-DD_HH-MM-SS>
-    workload: str = "synthetic"  # synthetic (stand-in jobs shaped like the grid) | generate (data generation)
+    # synthetic (stand-in jobs shaped like the grid) | generate (data generation only)
+    # | experiment (algorithms x datasets x rounds + base-model evaluation)
+    workload: str = "synthetic"
     datasets: List[str] = field(default_factory=lambda: ["arith", "sentiment"])  # names under datasets.*
+    algos: List[str] = field(default_factory=lambda: ["PITA", "QSharp", "QSharp-HF"])  # settings: algos.<name>
+    rounds: int = 2
 
 
 @dataclass
@@ -95,6 +100,23 @@ class DataCollectionConfig:
 
 
 @dataclass
+class EvalConfig:
+    """Evaluation jobs (pita/eval/): n samples per test prompt at every eta of the algorithm."""
+
+    n: int = 8  # samples per prompt: pass@1 is their mean correctness, maj@n their majority vote
+    split: str = "test"
+    max_new_tokens: int = 48
+    temperature: float = 1.0
+    top_p: float = 1.0
+    batch_size: int = 32
+    kl_fraction: float = 1.0  # share of the samples the KL estimate uses (stated in the results)
+
+
+def _value_guided_algos() -> dict:
+    return {"PITA": ValueGuidedConfig(), "QSharp": ValueGuidedConfig(), "QSharp-HF": ValueGuidedConfig()}
+
+
+@dataclass
 class PitaConfig:
     experiment: ExperimentConfig = field(default_factory=ExperimentConfig)
     system: SystemConfig = field(default_factory=SystemConfig)
@@ -103,6 +125,8 @@ class PitaConfig:
     model: FamilyConfig = field(default_factory=FamilyConfig)  # group: conf/model/<name>.yaml
     datasets: Dict[str, DatasetConfig] = field(default_factory=dict)  # group: conf/dataset/<name>.yaml
     data_collection: DataCollectionConfig = field(default_factory=DataCollectionConfig)
+    algos: Dict[str, ValueGuidedConfig] = field(default_factory=_value_guided_algos)
+    eval: EvalConfig = field(default_factory=EvalConfig)
     resume_from: Optional[str] = None  # an earlier run folder: re-run only its unfinished jobs
     resume_force: bool = False  # resume even if overrides change the job graph
 

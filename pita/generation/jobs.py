@@ -57,9 +57,10 @@ def shard(ctx):
             ckpt = ctx.dep_result(gd["from_job"])["checkpoint"]
             vm = ValueModel.load(ckpt, device=dev).eval()
             req["_vm"] = vm
-            req["_guide"] = GuidedDecoder(vm, gd["mode"], gd["eta"], gd.get("top_k", 20))
+            if "eta" in gd:  # one eta for data collection; evaluation sweeps req["etas"]
+                req["_guide"] = GuidedDecoder(vm, gd["mode"], gd["eta"], gd.get("top_k", 20))
             ctx.log.info("policy: %s guided by %s (mode %s, eta %s, top_k %s)", pol["model"], ckpt, gd["mode"],
-                         gd["eta"], gd.get("top_k", 20))
+                         gd.get("eta", req.get("etas")), gd.get("top_k", 20))
         sc = req["scoring"]
         rm = None
         if sc.get("reward_model"):

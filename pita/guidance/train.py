@@ -31,6 +31,8 @@ class TrainSettings:
     lr: float = 5e-4
     weight_decay: float = 0.0
     token_budget: int = 8192  # tokens per batch (padded length x rows)
+    batch_size: int = 32  # sequences per batch at most
+    head_lr_scale: float = 10.0  # the new head learns this much faster than the pre-trained backbone
     grad_clip: float = 1.0
     gradient_checkpointing: bool = False
     seed: int = 0
@@ -72,9 +74,9 @@ def value_examples(records: list[dict], target_key: str) -> list[SeqExample]:
     return out
 
 
-def _batches(lengths: list[int], budget: int, rng: random.Random) -> list[list[int]]:
-    """Shuffle, sort locally by length (less padding), cut into batches under the token budget,
-    shuffle the batches: a different grouping every epoch."""
+def _batches(lengths: list[int], budget: int, rng: random.Random, max_rows: int = 1 << 30) -> list[list[int]]:
+    """Shuffle, sort locally by length (less padding), cut into batches under the token budget
+    and the row cap, shuffle the batches: a different grouping every epoch."""
     order = list(range(len(lengths)))
     rng.shuffle(order)
     chunked = []
@@ -83,7 +85,7 @@ def _batches(lengths: list[int], budget: int, rng: random.Random) -> list[list[i
     batches, cur, longest = [], [], 0
     for i in chunked:
         L = max(longest, lengths[i])
-        if cur and L * (len(cur) + 1) > budget:
+        if cur and (L * (len(cur) + 1) > budget or len(cur) >= max_rows):
             batches.append(cur)
             cur, L = [], lengths[i]
         cur.append(i)
@@ -124,7 +126,10 @@ def train(vm, examples: list, s: TrainSettings, logger: logging.Logger = log, pa
     vm.to(device).train()
     if s.gradient_checkpointing:
         vm.backbone.gradient_checkpointing_enable()
-    opt = torch.optim.AdamW([p for p in vm.parameters() if p.requires_grad], lr=s.lr, weight_decay=s.weight_decay)
+    head = [p for n, p in vm.named_parameters() if not n.startswith("backbone.") and p.requires_grad]
+    body = [p for n, p in vm.named_parameters() if n.startswith("backbone.") and p.requires_grad]
+    opt = torch.optim.AdamW([{"params": body, "lr": s.lr}, {"params": head, "lr": s.lr * s.head_lr_scale}],
+                            weight_decay=s.weight_decay)
     cuda = str(device).startswith("cuda")
     amp = torch.bfloat16 if cuda and torch.cuda.is_bf16_supported() else torch.float16
     pairs = isinstance(examples[0], PairExample)
@@ -136,7 +141,7 @@ def train(vm, examples: list, s: TrainSettings, logger: logging.Logger = log, pa
     curve, step = [], 0
     for epoch in range(s.epochs):
         total, count = 0.0, 0
-        for batch in _batches(lengths, s.token_budget, rng):
+        for batch in _batches(lengths, s.token_budget, rng, s.batch_size):
             with torch.autocast("cuda", dtype=amp, enabled=cuda):
                 if pairs:
                     ids, mask = _pad([examples[i].chosen for i in batch] + [examples[i].rejected for i in batch],

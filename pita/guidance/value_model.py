@@ -66,9 +66,12 @@ class ValueModel(nn.Module):
         E = backbone.get_input_embeddings().embedding_dim
         self.w_h = nn.Linear(H, spec.head_dim)
         self.w_e = nn.Linear(E, spec.head_dim, bias=False)
+        self.u_h = nn.Linear(H, spec.head_dim, bias=False)
+        self.u_e = nn.Linear(E, spec.head_dim, bias=False)
         self.w_o = nn.Linear(spec.head_dim, spec.n_out)
-        nn.init.zeros_(self.w_o.weight)
-        nn.init.zeros_(self.w_o.bias)  # start neutral: p = 0.5, uniform atoms
+        self.w_lm = nn.Parameter(torch.zeros(spec.n_out))
+        nn.init.normal_(self.w_o.weight, std=0.01)
+        nn.init.zeros_(self.w_o.bias)  # start near neutral: p ~ 0.5, near-uniform atoms
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -124,8 +127,9 @@ class ValueModel(nn.Module):
     def scores(self, h: torch.Tensor, candidates: torch.Tensor) -> torch.Tensor:
         """``h`` [..., H], ``candidates`` [..., k] -> head outputs [..., k, n_out]."""
         emb = self.backbone.get_input_embeddings()(candidates)
-        z = self.w_h(h).unsqueeze(-2) + self.w_e(emb)
-        return self.w_o(torch.nn.functional.gelu(z))
+        z = self.w_h(h).unsqueeze(-2) + self.w_e(emb) + self.u_h(h).unsqueeze(-2) * self.u_e(emb)
+        lm_lp = torch.log_softmax(self.backbone.lm_head(h).float(), -1).gather(-1, candidates)
+        return self.w_o(torch.nn.functional.gelu(z)) + lm_lp.unsqueeze(-1).to(z.dtype) * self.w_lm
 
     def token_scores(self, input_ids, attention_mask) -> torch.Tensor:
         """Head output for each actual next token: position t scores token t+1 -> [B, T-1, n_out]."""

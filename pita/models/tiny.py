@@ -8,8 +8,8 @@
 - reference: a Llama-architecture causal LM (Llama, not Qwen2: Qwen2's tokenizer class
   re-tokenizes differently), pre-trained briefly on toy-task text so that it is imperfect but
   clearly better than random on ``arith``;
-- guidance: a smaller Llama with the same tokenizer, pre-trained more briefly (the backbone of
-  the value model);
+- guidance: a smaller Llama with the same tokenizer, pre-trained on the same text (the backbone
+  of the value model);
 - reward_sentiment: a Llama sequence classifier (one logit: positive minus negative) trained on
   labelled toy reviews, loaded later through the same code path as real reward models.
 
@@ -29,7 +29,7 @@ import torch
 
 log = logging.getLogger(__name__)
 
-VERSION = "v2"  # bump when the corpus, sizes or training change
+VERSION = "v3"  # bump when the corpus, sizes or training change
 SPECIALS = {"bos": "<|bos|>", "eos": "<|eos|>", "pad": "<|pad|>", "user": "<|user|>", "assistant": "<|assistant|>"}
 CHAT_TEMPLATE = (
     "{{ bos_token }}{% for m in messages %}"
@@ -41,12 +41,14 @@ CHAT_TEMPLATE = (
 SIZES = {
     "reference": dict(hidden_size=128, intermediate_size=384, num_hidden_layers=4, num_attention_heads=4,
                       num_key_value_heads=2),
-    "guidance": dict(hidden_size=64, intermediate_size=192, num_hidden_layers=2, num_attention_heads=4,
+    "guidance": dict(hidden_size=96, intermediate_size=288, num_hidden_layers=3, num_attention_heads=4,
                      num_key_value_heads=2),
     "reward": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                    num_key_value_heads=2),
 }
-TRAIN = {"reference": dict(steps=600, lr=3e-3), "guidance": dict(steps=250, lr=3e-3), "reward": dict(steps=150, lr=2e-3)}
+# The guidance model is smaller but trained as long: a value model can only tell a right next
+# token from a wrong one if its backbone can do the task at all.
+TRAIN = {"reference": dict(steps=600, lr=3e-3), "guidance": dict(steps=600, lr=3e-3), "reward": dict(steps=150, lr=2e-3)}
 
 
 def build_tokenizer(texts: list[str], vocab_size: int = 512):
@@ -69,7 +71,7 @@ def build_tokenizer(texts: list[str], vocab_size: int = 512):
 def _llama_config(tok, size: str, **extra):
     from transformers import LlamaConfig
 
-    return LlamaConfig(vocab_size=len(tok), max_position_embeddings=512, bos_token_id=tok.bos_token_id,
+    return LlamaConfig(vocab_size=len(tok), max_position_embeddings=1024, bos_token_id=tok.bos_token_id,
                        eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, tie_word_embeddings=True,
                        rms_norm_eps=1e-5, **SIZES[size], **extra)
 

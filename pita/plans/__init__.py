@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pita.core.job import Job
 
-WORKLOADS = ("synthetic", "generate")
+WORKLOADS = ("synthetic", "generate", "experiment")
 
 
 def build_plan(cfg, device_totals: list[int] | None = None, cuda: bool = False) -> list[Job]:
@@ -19,4 +19,8 @@ def build_plan(cfg, device_totals: list[int] | None = None, cuda: bool = False) 
         from pita.plans.generation import generation_plan
 
         return generation_plan(cfg, list(device_totals or [1]), cuda)
+    if cfg.experiment.workload == "experiment":
+        from pita.plans.experiment import experiment_plan
+
+        return experiment_plan(cfg, list(device_totals or [1]), cuda)
     raise AssertionError(f"unvalidated workload {cfg.experiment.workload!r}")

@@ -1,0 +1,73 @@
+"""Guided decoding benchmark on the tiny family (CPU here; the same code on a GPU).
+
+    python -m bench.guided [--json] [--cache .cache/pita]
+
+Prints:
+    unguided_tokens_per_s / guided_tokens_per_s / guided_time_ratio
+        64 prompts x 32 new tokens (EOS disabled, so both sides generate the same tokens count),
+        guided with a value model whose backbone is the same size as the reference (the
+        reference checkpoint itself), top_k 20, eta 1
+    ms_per_token_prefix_long / _short / prefix_ratio
+        time per generated token with a prompt of ``--long`` tokens vs 32 tokens, guided: the
+        incremental caches (reference and value model) must keep it nearly flat
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import torch
+
+
+def _timed(lm, ids, n_new, guide_factory) -> float:
+    t = time.perf_counter()
+    lm.generate_ids(ids, n_new, seeds=list(range(len(ids))), temperature=1.0,
+                    guide=guide_factory() if guide_factory else None)
+    return time.perf_counter() - t
+
+
+def run(cache: str, long: int = 480, batch: int = 64, n_new: int = 32) -> dict:
+    from pita.guidance.decode import GuidedDecoder
+    from pita.guidance.value_model import ValueModel
+    from pita.models.lm import LM
+    from pita.models.tiny import build_tiny_family
+
+    torch.manual_seed(0)
+    paths = build_tiny_family(cache, 0)
+    lm = LM.load(paths["reference"])
+    vm = ValueModel.create(paths["reference"], loss="bce").eval()  # same size as the reference
+    guide = lambda: GuidedDecoder(vm, "bernoulli", 1.0, top_k=20)  # noqa: E731
+    lm.eos_ids = [-1]  # never stop early: equal work on both sides
+    prompt = lm.encode([lm.chat_prompt("Tom has 5 cups. Tom gets 7 more. How many cups does Tom have?")])[0]
+    ids = [prompt] * batch
+    _timed(lm, ids[:4], 4, guide)  # warm-up
+    plain = _timed(lm, ids, n_new, None)
+    guided = _timed(lm, ids, n_new, guide)
+    filler = lm.encode([" The film was great and I loved it." * 200])[0]
+    long_ids = [(filler + prompt)[-long:]] * 8
+    short_ids = [(filler + prompt)[-32:]] * 8
+    t_long = _timed(lm, long_ids, n_new, guide) / (8 * n_new)
+    t_short = _timed(lm, short_ids, n_new, guide) / (8 * n_new)
+    return {"benchmark": "guided", "device": "cpu", "batch": batch, "new_tokens": n_new,
+            "unguided_tokens_per_s": round(batch * n_new / plain, 1),
+            "guided_tokens_per_s": round(batch * n_new / guided, 1),
+            "guided_time_ratio": round(guided / plain, 3),
+            "prefix_long": long, "prefix_short": 32,
+            "ms_per_token_prefix_long": round(1000 * t_long, 3), "ms_per_token_prefix_short": round(1000 * t_short, 3),
+            "prefix_ratio": round(t_long / t_short, 3)}
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--json", action="store_true")
+    ap.add_argument("--cache", default=".cache/pita")
+    ap.add_argument("--long", type=int, default=480)
+    args = ap.parse_args(argv)
+    out = run(args.cache, args.long)
+    print(json.dumps(out, indent=2) if args.json else "\n".join(f"{k:>28}: {v}" for k, v in out.items()))
+
+
+if __name__ == "__main__":
+    main()

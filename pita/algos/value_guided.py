@@ -1,0 +1,351 @@
+"""PITA, Q# and Q#-HF: value-guided decoding of a frozen reference model.
+
+Per (algorithm, family, dataset) and round r:
+
+    gen[r] (value roll-outs; round 0 from the reference, round r > 0 from the reference guided by
+            round r-1's value model at eta = algos.<A>.eta) -> merge
+    [Q#-HF only] proxy[r]: Bradley-Terry proxy reward model on the preference pairs of rounds 0..r
+    train[r]: the value model on the data of rounds 0..r, warm-started from train[r-1]
+    eval[r]: the reference guided by train[r] at every eta of algos.<A>.etas on the test split
+
+Targets (each sequence's continuation tokens all get its target; pita/guidance/train.py):
+    PITA   two sampled continuations per cut, a Bradley-Terry draw on their rewards (correctness
+           bonus included for math) picks the preferred one: target 1 for it, 0 for the other
+           (0.5 for both when the rewards tie); loss bce, mode bernoulli
+    Q#     the return of each sampled continuation: 0/1 correctness for math (bce, bernoulli),
+           the reward model's score for reward tasks (mle over atoms spanning the data, mle)
+    Q#-HF  the proxy reward model rescores every roll-out (batched, full sequences), then Q# with
+           mle on the proxy rewards
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass, field
+from typing import List, Optional
+
+from pita.core.errors import ConfigError, JobError
+from pita.core.job import Job, Resources, add_kind_module, job_kind
+
+log = logging.getLogger(__name__)
+add_kind_module("pita.algos.value_guided")
+
+VALUE_GUIDED = ("PITA", "QSharp", "QSharp-HF")
+
+
+@dataclass
+class ValueGuidedConfig:
+    enabled: bool = True
+    loss: Optional[str] = None  # null: bce for PITA and math Q#, mle for reward-task Q# and Q#-HF
+    mode: Optional[str] = None  # null: bernoulli for bce/mse, mle for mle
+    eta: float = 2.0  # guidance strength when round r+1 collects data with round r's model
+    etas: List[float] = field(default_factory=lambda: [0.5, 1.0, 2.0, 4.0])  # evaluation sweep
+    top_k: int = 20  # candidates scored per step (-1 = the whole vocabulary)
+    num_atoms: int = 11  # mle: atoms over [v_min, v_max]
+    v_min: Optional[float] = None  # mle: null = from the data (min over round-0 returns)
+    v_max: Optional[float] = None
+    continuations: int = 4  # Q#: sampled continuations per cut (PITA uses 2: a pair)
+    cut_points: int = 2  # roll-in cut positions (the prompt itself is cut 0)
+    batch_size: int = 32  # sequences per training step at most
+    token_budget: int = 8192  # padded tokens per training step at most
+    epochs: int = 2
+    lr: float = 5e-4
+    head_dim: int = 128
+    gradient_checkpointing: bool = False
+    bt_beta: float = 1.0  # PITA / Q#-HF preference draws
+    proxy_epochs: int = 2  # Q#-HF proxy reward model
+    proxy_lr: float = 5e-4
+
+
+def losses_for(algo: str, c, task: str) -> tuple[str, str]:
+    loss = c.loss or ("mle" if algo == "QSharp-HF" or (algo == "QSharp" and task == "reward") else "bce")
+    mode = c.mode or ("mle" if loss == "mle" else "bernoulli")
+    return loss, mode
+
+
+def check_config(algo: str, c) -> list[str]:
+    from pita.guidance.offsets import MODES
+    from pita.losses.value import LOSSES
+
+    k = f"algos.{algo}"
+    p = []
+    if c.loss is not None and c.loss not in LOSSES:
+        from pita.core.names import unknown_name
+
+        p.append(unknown_name(f"{k}.loss", c.loss, LOSSES))
+    if c.mode is not None and c.mode not in MODES:
+        from pita.core.names import unknown_name
+
+        p.append(unknown_name(f"{k}.mode", c.mode, MODES))
+    if c.loss == "bradley_terry":
+        p.append(f"{k}.loss=bradley_terry trains the Q#-HF proxy, not a value model; use bce, mse or mle")
+    if c.num_atoms < 2:
+        p.append(f"{k}.num_atoms={c.num_atoms} must be >= 2")
+    if c.v_min is not None and c.v_max is not None and c.v_min >= c.v_max:
+        p.append(f"{k}.v_min={c.v_min} must be < {k}.v_max={c.v_max}")
+    if c.eta < 0 or any(e < 0 for e in c.etas):
+        p.append(f"{k}.eta={c.eta} / {k}.etas={list(c.etas)} must be >= 0")
+    if not c.etas:
+        p.append(f"{k}.etas must list at least one value")
+    if c.top_k == 0 or c.top_k < -1:
+        p.append(f"{k}.top_k={c.top_k} must be -1 (all tokens) or >= 1")
+    for key in ("continuations", "cut_points", "batch_size", "token_budget", "epochs", "head_dim", "proxy_epochs"):
+        if getattr(c, key) < 1:
+            p.append(f"{k}.{key}={getattr(c, key)} must be >= 1")
+    if algo != "PITA" and c.continuations < 1:
+        p.append(f"{k}.continuations={c.continuations} must be >= 1")
+    if not (c.lr > 0 and c.proxy_lr > 0):
+        p.append(f"{k}.lr / proxy_lr must be > 0")
+    if c.bt_beta < 0:
+        p.append(f"{k}.bt_beta={c.bt_beta} must be >= 0")
+    return p
+
+
+# ---------------------------------------------------------------- planning
+def plan(cfg, algo: str, ds, paths: dict, gen, n_train: int, n_test: int, task: str, mem: dict,
+         eval_request) -> list[Job]:
+    """Jobs for one (algorithm, family, dataset): ``rounds`` rounds of collect -> train -> evaluate."""
+    from pita.plans.generation import request_for
+
+    c = cfg.algos[algo]
+    loss, mode = losses_for(algo, c, task)
+    vocab = None
+    if c.top_k != -1:
+        from transformers import AutoConfig
+
+        vocab = AutoConfig.from_pretrained(paths["guidance"]).vocab_size
+        if c.top_k > vocab:
+            raise ConfigError(f"algos.{algo}.top_k={c.top_k} is larger than the vocabulary ({vocab}); use -1 for all")
+    fam = cfg.model.name
+    prefix = f"{algo}.{fam}.{ds.name}"
+    jobs: list[Job] = []
+    prev_train, merges = None, []
+    for r in range(cfg.experiment.rounds):
+        g = f"round {r}"
+        req = request_for(cfg, ds, paths["reference"], paths["reward_models"].get(ds.name))
+        req["recipe"] = "value_rollouts"
+        req["rollouts"] = {"cut_points": c.cut_points, "continuations": 2 if algo == "PITA" else c.continuations,
+                           "mode": "sampled"}
+        req["seed"] = cfg.system.seed * 1000 + r
+        if prev_train:
+            req["policy"]["guidance"] = {"from_job": prev_train, "mode": mode, "eta": c.eta, "top_k": c.top_k}
+        gen_jobs = gen.plan(req, f"{prefix}.r{r}.gen", n_train, deps=[prev_train] if prev_train else [],
+                            memory_gb=mem["gen"], group=g)
+        jobs += gen_jobs
+        merges.append(gen_jobs[-1].id)
+        train_deps = list(merges) + ([prev_train] if prev_train else [])
+        proxy = None
+        if algo == "QSharp-HF":
+            proxy = f"{prefix}.r{r}.proxy"
+            jobs.append(Job(id=proxy, kind="algo.proxy_train", deps=list(merges), group=g,
+                            params={"data": list(merges), "backbone": paths["guidance"], "epochs": c.proxy_epochs,
+                                    "lr": c.proxy_lr, "beta": c.bt_beta, "seed": cfg.system.seed + r,
+                                    "batch_size": c.batch_size, "token_budget": c.token_budget,
+                                    "head_dim": c.head_dim},
+                            resources=Resources(1, mem["train"]), duration_hint=2.0))
+            train_deps.append(proxy)
+        train = f"{prefix}.r{r}.train"
+        jobs.append(Job(id=train, kind="algo.value_train", deps=train_deps, group=g,
+                        params={"algo": algo, "task": task, "data": list(merges), "backbone": paths["guidance"],
+                                "warm_start": prev_train, "proxy": proxy, "loss": loss, "num_atoms": c.num_atoms,
+                                "v_min": c.v_min, "v_max": c.v_max, "head_dim": c.head_dim, "epochs": c.epochs,
+                                "lr": c.lr, "batch_size": c.batch_size, "token_budget": c.token_budget,
+                                "gradient_checkpointing": c.gradient_checkpointing, "beta": c.bt_beta,
+                                "seed": cfg.system.seed + r},
+                        resources=Resources(1, mem["train"]), duration_hint=3.0))
+        ereq = eval_request(ds)
+        ereq["policy"]["guidance"] = {"from_job": train, "mode": mode, "top_k": c.top_k}
+        ereq["etas"] = [float(e) for e in c.etas]
+        ev = gen.plan(ereq, f"{prefix}.r{r}.eval", n_test, deps=[train], memory_gb=mem["gen"], group=g)
+        ev[-1].kind = "eval.merge"
+        ev[-1].params.update(labels={"algorithm": algo, "family": fam, "train_dataset": ds.name, "round": r,
+                                     "eval_dataset": ds.name, "task": task})
+        jobs += ev
+        prev_train = train
+    return jobs
+
+
+# ---------------------------------------------------------------- job kinds
+def _device() -> str:
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _records(ctx, merges: list[str]) -> list[dict]:
+    from datasets import load_from_disk
+
+    out = []
+    for m in merges:
+        out += load_from_disk(ctx.dep_result(m)["path"]).to_list()
+    return out
+
+
+def _groups(records):
+    groups: dict[tuple, list[dict]] = {}
+    for r in records:
+        groups.setdefault((r["id"], r["cut"], r.get("_round", 0)), []).append(r)
+    return groups
+
+
+def _tag_rounds(ctx, merges):
+    recs = []
+    for i, m in enumerate(merges):
+        for r in _records(ctx, [m]):
+            r["_round"] = i
+            recs.append(r)
+    return recs
+
+
+def _pairs(records, seed: int, beta: float):
+    """(chosen, rejected, tie) per cut, by a Bradley-Terry draw on the rewards."""
+    from pita.rewards.preferences import sample_preference
+
+    out = []
+    for key, grp in sorted(_groups(records).items(), key=lambda kv: str(kv[0])):
+        grp = [g for g in grp if g["continuation_ids"]]
+        if len(grp) < 2:
+            continue
+        a, b = grp[0], grp[1]
+        if a["reward"] == b["reward"]:
+            out.append((a, b, True))
+            continue
+        c, rj, _p = sample_preference([a["reward"], b["reward"]], seed, "/".join(map(str, key)), beta)
+        out.append(((a, b)[c], (a, b)[rj], False))
+    return out
+
+
+def _ids(r) -> list[int]:
+    return list(r["prompt_ids"]) + list(r["prefix_ids"]) + list(r["continuation_ids"])
+
+
+@job_kind("algo.proxy_train")
+def proxy_train(ctx):
+    from pita.guidance.train import PairExample, TrainSettings, train
+    from pita.guidance.value_model import ValueModel
+
+    p = ctx.params
+    pairs = [(c, r) for c, r, tie in _pairs(_tag_rounds(ctx, p["data"]), p["seed"], p["beta"]) if not tie]
+    if not pairs:
+        raise JobError("Q#-HF: no preference pairs with different rewards to train the proxy reward model on")
+    vm = ValueModel.create(p["backbone"], loss="bradley_terry", head_dim=p["head_dim"])
+    examples = [PairExample(_ids(c), _ids(r)) for c, r in pairs]
+    dev = _device()
+    curve = train(vm, examples, TrainSettings(epochs=p["epochs"], lr=p["lr"], token_budget=p["token_budget"],
+                                              batch_size=p["batch_size"], seed=p["seed"]), ctx.log, pad_id=0,
+                  device=dev)
+    out = ctx.paths.artifacts / "model"
+    vm.save(out)
+    _write_curve(ctx, curve)
+    acc = _pair_accuracy(vm, examples, dev)
+    ctx.log.info("proxy reward model: %d pairs, training pair accuracy %.3f", len(examples), acc)
+    return {"checkpoint": str(out), "pairs": len(examples), "pair_accuracy": acc,
+            "loss_first": curve[0]["loss"], "loss_last": curve[-1]["loss"]}
+
+
+def _pair_accuracy(vm, examples, dev) -> float:
+    scores = _score_sequences(vm, [e.chosen for e in examples] + [e.rejected for e in examples], dev)
+    n = len(examples)
+    return sum(scores[i] > scores[n + i] for i in range(n)) / n
+
+
+def _score_sequences(vm, seqs: list[list[int]], dev, batch: int = 64) -> list[float]:
+    """Proxy rewards of full sequences, batched (sorted by length; the same head as in training)."""
+    import torch
+
+    from pita.guidance.train import _pad
+
+    order = sorted(range(len(seqs)), key=lambda i: len(seqs[i]))
+    out = [0.0] * len(seqs)
+    with torch.no_grad():
+        for s in range(0, len(order), batch):
+            idx = order[s:s + batch]
+            ids, mask = _pad([seqs[i] for i in idx], 0, dev)
+            for i, v in zip(idx, vm.sequence_reward(ids, mask).float().tolist()):
+                out[i] = v
+    return out
+
+
+def _write_curve(ctx, curve) -> None:
+    ctx.paths.artifacts.mkdir(parents=True, exist_ok=True)
+    with open(ctx.paths.dir / "metrics.jsonl", "w") as f:
+        for row in curve:
+            f.write(json.dumps(row) + "\n")
+
+
+@job_kind("algo.value_train")
+def value_train(ctx):
+    from pita.guidance.train import SeqExample, TrainSettings, train
+    from pita.guidance.value_model import HeadSpec, ValueModel
+
+    p = ctx.params
+    dev = _device()
+    records = _tag_rounds(ctx, p["data"])
+    algo = p["algo"]
+    if algo == "PITA":
+        examples = []
+        for c, r, tie in _pairs(records, p["seed"], p["beta"]):
+            examples.append(SeqExample(_ids(c), len(_ids(c)) - len(c["continuation_ids"]), 0.5 if tie else 1.0))
+            examples.append(SeqExample(_ids(r), len(_ids(r)) - len(r["continuation_ids"]), 0.5 if tie else 0.0))
+    else:
+        recs = [r for r in records if r["continuation_ids"]]
+        if algo == "QSharp-HF":
+            pvm = ValueModel.load(ctx.dep_result(p["proxy"])["checkpoint"], device=dev).eval()
+            targets = _score_sequences(pvm, [_ids(r) for r in recs], dev)
+            del pvm
+        elif p["task"] == "math":
+            targets = [float(bool(r["correct"])) for r in recs]
+        else:
+            targets = [float(r["reward"]) for r in recs]
+        examples = [SeqExample(_ids(r), len(_ids(r)) - len(r["continuation_ids"]), t) for r, t in zip(recs, targets)]
+    if not examples:
+        raise JobError(f"{algo}: the data collection produced no usable training examples")
+    spec = HeadSpec(p["loss"], p["num_atoms"], 0.0, 1.0, p["head_dim"])
+    if p["loss"] == "mle":
+        lo, hi = min(e.target for e in examples), max(e.target for e in examples)
+        pad = 0.05 * (hi - lo) if hi > lo else 1.0
+        spec.v_min = float(p["v_min"]) if p["v_min"] is not None else lo - pad
+        spec.v_max = float(p["v_max"]) if p["v_max"] is not None else hi + pad
+    if p["warm_start"]:
+        prev = ctx.dep_result(p["warm_start"])["checkpoint"]
+        if p["loss"] == "mle" and (p["v_min"] is None or p["v_max"] is None):
+            old = ValueModel.read_spec(prev)  # keep the atoms of the run's first round
+            spec.v_min, spec.v_max = old.v_min, old.v_max
+        vm = ValueModel.load(prev, expect=spec, device=dev)
+        ctx.log.info("warm start from %s", prev)
+    else:
+        vm = ValueModel.create(p["backbone"], loss=p["loss"], num_atoms=p["num_atoms"], v_min=spec.v_min,
+                               v_max=spec.v_max, head_dim=p["head_dim"])
+    settings = TrainSettings(epochs=p["epochs"], lr=p["lr"], token_budget=p["token_budget"],
+                             batch_size=p["batch_size"], gradient_checkpointing=p["gradient_checkpointing"],
+                             seed=p["seed"])
+    ctx.log.info("%s: %d examples (%s loss), targets mean %.3f", algo, len(examples), p["loss"],
+                 sum(e.target for e in examples) / len(examples))
+    curve = train(vm, examples, settings, ctx.log, pad_id=0, device=dev)
+    out = ctx.paths.artifacts / "model"
+    vm.save(out)
+    _write_curve(ctx, curve)
+    return {"checkpoint": str(out), "examples": len(examples), "loss": p["loss"], "loss_first": curve[0]["loss"],
+            "loss_last": curve[-1]["loss"], "v_min": vm.spec.v_min, "v_max": vm.spec.v_max}
+
+
+@job_kind("eval.merge")
+def eval_merge(ctx):
+    from pita.eval.metrics import summarize
+    from pita.generation.jobs import gather, save_records
+
+    records = gather(ctx)
+    if not records:
+        raise JobError("evaluation produced no samples")
+    save_records(ctx, records)
+    labels = ctx.params["labels"]
+    by_eta: dict[float, dict[str, list]] = {}
+    for r in records:
+        by_eta.setdefault(r["eta"], {}).setdefault(r["id"], []).append(r)
+    results = []
+    for eta in sorted(by_eta):
+        groups = [sorted(g, key=lambda x: x["sample"]) for _, g in sorted(by_eta[eta].items())]
+        m = summarize(groups, labels["task"], kl_fraction=ctx.params.get("kl_fraction", 1.0))
+        results.append({**labels, "eta": eta, **m})
+    return {"labels": labels, "results": results}

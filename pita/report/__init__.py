@@ -1,0 +1,1 @@
+"""Results: collect evaluation results of a run into a table, CSV and JSON."""

@@ -1,0 +1,49 @@
+"""Collect every ``eval.merge`` result of a run into results/final_results.json and results.csv,
+and render the table printed at the end of a run."""
+
+from __future__ import annotations
+
+import csv
+import json
+
+from pita.core.paths import RunPaths, atomic_write_json
+
+COLUMNS = ["algorithm", "family", "train_dataset", "round", "eval_dataset", "eta", "pass@1", "pass@1_stderr",
+           "maj@n", "first_sample_acc", "mean_reward", "mean_reward_stderr", "kl", "kl_stderr", "n", "prompts"]
+
+
+def collect(run: RunPaths) -> list[dict]:
+    state = json.loads(run.state.read_text())
+    rows = []
+    for jid, e in sorted(state["jobs"].items()):
+        if e.get("kind") == "eval.merge" and e.get("state") == "COMPLETED":
+            rows += run.job(jid).read_result().get("results", [])
+    return rows
+
+
+def write(run: RunPaths) -> list[dict]:
+    rows = collect(run)
+    if not rows:
+        return rows
+    atomic_write_json(run.results / "final_results.json", rows)
+    with open(run.results / "results.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=COLUMNS, extrasaction="ignore")
+        w.writeheader()
+        for r in rows:
+            w.writerow(r)
+    return rows
+
+
+def table(rows: list[dict]) -> str:
+    def fmt(r, k):
+        v = r.get(k)
+        return "" if v is None else (f"{v:.3f}" if isinstance(v, float) else str(v))
+
+    metric = lambda r: "pass@1" if "pass@1" in r else "mean_reward"  # noqa: E731
+    lines = [f"{'algorithm':<10} {'dataset':<10} {'round':>5} {'eta':>5} {'metric':>11} {'value':>7} {'+-':>6} "
+             f"{'KL':>7} {'+-':>6}"]
+    for r in rows:
+        m = metric(r)
+        lines.append(f"{r['algorithm']:<10} {r['eval_dataset']:<10} {r['round']:>5} {r['eta']:>5.2f} {m:>11} "
+                     f"{fmt(r, m):>7} {fmt(r, m + '_stderr'):>6} {fmt(r, 'kl'):>7} {fmt(r, 'kl_stderr'):>6}")
+    return "\n".join(lines)

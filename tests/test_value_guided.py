@@ -1,0 +1,138 @@
+"""PITA / Q# / Q#-HF: the round structure of the plan, bad input, checkpoints, training, a smoke run."""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from helpers import cli
+from pita.core.errors import ConfigError, JobError
+
+pytestmark = pytest.mark.integration
+
+
+def compose(tiny_cache, *overrides):
+    from hydra import compose as hc, initialize_config_dir
+
+    from pita.cli import CONF_DIR
+
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
+        return hc(config_name="config", overrides=["experiment.workload=experiment", "experiment.datasets=[arith]",
+                                                    f"system.cache_dir={tiny_cache}", "datasets.arith.toy_train_size=40",
+                                                    "datasets.arith.toy_test_size=16", *overrides])
+
+
+def test_rounds_chain_through_guidance_and_warm_starts(tiny_cache):
+    from pita.core.graph import JobGraph
+    from pita.plans import build_plan
+
+    cfg = compose(tiny_cache, "experiment.rounds=2")
+    jobs = build_plan(cfg, [int(8e9)] * 2)
+    g = JobGraph(jobs).validate([int(8e9)] * 2)
+    by = g.by_id
+    for algo in ("PITA", "QSharp", "QSharp-HF"):
+        p = f"{algo}.tiny.arith"
+        r1 = by[f"{p}.r1.gen.s0"]
+        assert r1.deps == [f"{p}.r0.train"]
+        assert r1.params["request"]["policy"]["guidance"]["from_job"] == f"{p}.r0.train"
+        assert by[f"{p}.r0.gen.s0"].params["request"]["policy"]["guidance"] is None
+        t1 = by[f"{p}.r1.train"]
+        assert t1.params["warm_start"] == f"{p}.r0.train"
+        assert t1.params["data"] == [f"{p}.r0.gen.merge", f"{p}.r1.gen.merge"]  # rounds aggregate
+        assert by[f"{p}.r1.eval.merge"].kind == "eval.merge"
+        assert by[f"{p}.r1.eval.s0"].params["request"]["policy"]["guidance"]["from_job"] == f"{p}.r1.train"
+    assert by["QSharp-HF.tiny.arith.r1.proxy"].params["data"] == ["QSharp-HF.tiny.arith.r0.gen.merge",
+                                                                 "QSharp-HF.tiny.arith.r1.gen.merge"]
+    assert by["PITA.tiny.arith.r0.train"].params["loss"] == "bce"
+    assert by["QSharp-HF.tiny.arith.r0.train"].params["loss"] == "mle"
+    assert "base.tiny.arith.eval.merge" in by
+
+
+@pytest.mark.parametrize("override,needle", [
+    ("algos.PITA.loss=bcee", "did you mean 'bce'"),
+    ("algos.QSharp.mode=bernouli", "did you mean 'bernoulli'"),
+    ("algos.QSharp.num_atoms=1", "algos.QSharp.num_atoms=1 must be >= 2"),
+    ("algos.PITA.eta=-1", "must be >= 0"),
+    ("algos.PITA.top_k=0", "top_k=0"),
+    ("algos.PITA.top_k=100000", "larger than the vocabulary"),
+    ("experiment.algos=[PITAA]", "did you mean 'PITA'"),
+])
+def test_bad_algorithm_settings_are_refused_before_work(tiny_cache, override, needle):
+    from pita.plans import build_plan
+
+    with pytest.raises(ConfigError, match=needle.replace("(", r"\(").replace(")", r"\)").replace("'", "'")):
+        build_plan(compose(tiny_cache, override), [int(8e9)])
+
+
+def test_v_min_must_be_below_v_max(tiny_cache):
+    from pita.plans import build_plan
+
+    with pytest.raises(ConfigError, match="v_min=1.0 must be <"):
+        build_plan(compose(tiny_cache, "algos.QSharp.v_min=1.0", "algos.QSharp.v_max=0.0"), [int(8e9)])
+
+
+def test_incompatible_warm_start_and_mode_are_refused(tiny, tmp_path):
+    from pita.guidance.decode import GuidedDecoder
+    from pita.guidance.value_model import HeadSpec, ValueModel
+
+    vm = ValueModel.create(tiny["guidance"], loss="mle", num_atoms=5, v_min=0, v_max=1)
+    vm.save(tmp_path / "ck")
+    with pytest.raises(ConfigError, match="incompatible head"):
+        ValueModel.load(tmp_path / "ck", expect=HeadSpec("bce", 5, 0.0, 1.0, 128))
+    ValueModel.load(tmp_path / "ck", expect=HeadSpec("mle", 5, 0.0, 1.0, 128))
+    with pytest.raises(ConfigError, match="needs guidance.mode=mle"):
+        GuidedDecoder(vm, "bernoulli", 1.0)
+    with pytest.raises(ConfigError, match="top_k"):
+        GuidedDecoder(vm, "mle", 1.0, top_k=0)
+    with pytest.raises(ConfigError, match="not a guidance checkpoint"):
+        ValueModel.load(tmp_path)
+
+
+def test_value_training_learns_which_candidate_succeeds(tiny):
+    """Continuations starting with token A succeed, with token B fail: after training,
+    p(success | s, A) > 0.8 and p(success | s, B) < 0.2 for the shared state s."""
+    from pita.guidance.train import SeqExample, TrainSettings, train
+    from pita.guidance.value_model import ValueModel
+
+    vm = ValueModel.create(tiny["guidance"], loss="bce")
+    prompt, A, B = [5, 6, 7, 8], 20, 30
+    ex = [SeqExample(prompt + [A, 9, 9], 4, 1.0), SeqExample(prompt + [B, 9, 9], 4, 0.0)] * 32
+    curve = train(vm, ex, TrainSettings(epochs=12, lr=3e-3, token_budget=256), pad_id=0)
+    assert curve[-1]["loss"] < curve[0]["loss"] * 0.5
+    with torch.no_grad():
+        h, _ = vm.hidden(torch.tensor([prompt]))
+        p = torch.sigmoid(vm.scores(h[0, -1], torch.tensor([A, B]))[..., 0])
+    assert p[0] > 0.8 and p[1] < 0.2
+
+
+def test_an_all_tied_preference_set_fails_the_proxy_job_with_a_reason(tmp_path, monkeypatch):
+    from pita.algos import value_guided
+
+    recs = [{"id": "x", "cut": 0, "reward": 1.0, "prompt_ids": [1], "prefix_ids": [], "continuation_ids": [2]},
+            {"id": "x", "cut": 0, "reward": 1.0, "prompt_ids": [1], "prefix_ids": [], "continuation_ids": [3]}]
+    ctx = SimpleNamespace(params={"data": ["m"], "seed": 0, "beta": 1.0}, log=None, paths=None)
+    monkeypatch.setattr(value_guided, "_records", lambda c, merges: [dict(r) for r in recs])
+    with pytest.raises(JobError, match="no preference pairs"):
+        value_guided.proxy_train(ctx)
+
+
+def test_smoke_experiment_writes_results_for_every_algorithm_and_eta(tmp_path, tiny_cache):
+    r = cli(["experiment.name=vg", "experiment.workload=experiment", "experiment.datasets=[arith]",
+             "experiment.rounds=1", f"system.cache_dir={tiny_cache}", "datasets.arith.toy_train_size=24",
+             "datasets.arith.toy_test_size=8", "eval.n=2", "algos.PITA.etas=[0.0,2.0]",
+             "algos.QSharp.etas=[0.0,2.0]", "algos.QSharp-HF.etas=[0.0,2.0]"], tmp_path, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    [run] = list((tmp_path / "vg").iterdir())
+    rows = json.loads((run / "results" / "final_results.json").read_text())
+    got = {(x["algorithm"], x["eta"]) for x in rows}
+    assert got == {("base", 0.0)} | {(a, e) for a in ("PITA", "QSharp", "QSharp-HF") for e in (0.0, 2.0)}
+    for x in rows:
+        assert 0.0 <= x["pass@1"] <= 1.0 and x["prompts"] == 8 and x["n"] == 2
+        if x["eta"] == 0.0:
+            assert x["kl"] == 0.0  # eta = 0 is the reference itself
+    assert "pass@1" in r.stdout and (run / "results" / "results.csv").exists()
+    curve = (run / "jobs" / "QSharp.tiny.arith.r0.train" / "metrics.jsonl").read_text().splitlines()
+    assert curve and "loss" in json.loads(curve[0])
