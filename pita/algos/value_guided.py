@@ -168,9 +168,9 @@ def plan(cfg, algo: str, ds, paths: dict, gen, n_train: int, n_test: int, task: 
 
 # ---------------------------------------------------------------- job kinds
 def _device() -> str:
-    import torch
+    from pita.models.lm import default_device
 
-    return "cuda" if torch.cuda.is_available() else "cpu"
+    return default_device()
 
 
 def _records(ctx, merges: list[str]) -> list[dict]:

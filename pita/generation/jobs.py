@@ -10,9 +10,9 @@ from pita.core.paths import atomic_write
 
 
 def _device() -> str:
-    import torch
+    from pita.models.lm import default_device
 
-    return "cuda" if torch.cuda.is_available() else "cpu"
+    return default_device()
 
 
 def _chunk_file(paths, k: int):

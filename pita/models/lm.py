@@ -41,6 +41,12 @@ class Sample:
     meta: dict = field(default_factory=dict)
 
 
+def default_device() -> str:
+    """The job's device: its one visible GPU when there is one (the executor sets
+    CUDA_VISIBLE_DEVICES), else the CPU."""
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
 def row_seed(seed: int, key: str, j: int) -> int:
     h = hashlib.sha256(f"{seed}/{key}/{j}".encode()).digest()
     return int.from_bytes(h[:8], "little") & ((1 << 63) - 1)
