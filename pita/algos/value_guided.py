@@ -27,6 +27,7 @@ from typing import List, Optional
 
 from pita.core.errors import ConfigError, JobError
 from pita.core.job import Job, Resources, add_kind_module, job_kind
+from pita.models.lm import default_device, pad_right
 
 log = logging.getLogger(__name__)
 add_kind_module("pita.algos.value_guided")
@@ -65,18 +66,15 @@ def losses_for(algo: str, c, task: str) -> tuple[str, str]:
 
 
 def check_config(algo: str, c) -> list[str]:
+    from pita.core.names import unknown_name
     from pita.guidance.offsets import MODES
     from pita.losses.value import LOSSES
 
     k = f"algos.{algo}"
     p = []
     if c.loss is not None and c.loss not in LOSSES:
-        from pita.core.names import unknown_name
-
         p.append(unknown_name(f"{k}.loss", c.loss, LOSSES))
     if c.mode is not None and c.mode not in MODES:
-        from pita.core.names import unknown_name
-
         p.append(unknown_name(f"{k}.mode", c.mode, MODES))
     if c.loss == "bradley_terry":
         p.append(f"{k}.loss=bradley_terry trains the Q#-HF proxy, not a value model; use bce, mse or mle")
@@ -93,8 +91,6 @@ def check_config(algo: str, c) -> list[str]:
     for key in ("continuations", "cut_points", "batch_size", "token_budget", "epochs", "head_dim", "proxy_epochs"):
         if getattr(c, key) < 1:
             p.append(f"{k}.{key}={getattr(c, key)} must be >= 1")
-    if algo != "PITA" and c.continuations < 1:
-        p.append(f"{k}.continuations={c.continuations} must be >= 1")
     if not (c.lr > 0 and c.proxy_lr > 0):
         p.append(f"{k}.lr / proxy_lr must be > 0")
     if c.bt_beta < 0:
@@ -167,12 +163,6 @@ def plan(cfg, algo: str, ds, paths: dict, gen, n_train: int, n_test: int, task: 
 
 
 # ---------------------------------------------------------------- job kinds
-def _device() -> str:
-    from pita.models.lm import default_device
-
-    return default_device()
-
-
 def _records(ctx, merges: list[str]) -> list[dict]:
     from datasets import load_from_disk
 
@@ -231,7 +221,7 @@ def proxy_train(ctx):
         raise JobError("Q#-HF: no preference pairs with different rewards to train the proxy reward model on")
     vm = ValueModel.create(p["backbone"], loss="bradley_terry", head_dim=p["head_dim"])
     examples = [PairExample(_ids(c), _ids(r)) for c, r in pairs]
-    dev = _device()
+    dev = default_device()
     curve = train(vm, examples, TrainSettings(epochs=p["epochs"], lr=p["lr"], token_budget=p["token_budget"],
                                               batch_size=p["batch_size"], seed=p["seed"]), ctx.log, pad_id=0,
                   device=dev)
@@ -254,14 +244,12 @@ def _score_sequences(vm, seqs: list[list[int]], dev, batch: int = 64) -> list[fl
     """Proxy rewards of full sequences, batched (sorted by length; the same head as in training)."""
     import torch
 
-    from pita.guidance.train import _pad
-
     order = sorted(range(len(seqs)), key=lambda i: len(seqs[i]))
     out = [0.0] * len(seqs)
     with torch.no_grad():
         for s in range(0, len(order), batch):
             idx = order[s:s + batch]
-            ids, mask = _pad([seqs[i] for i in idx], 0, dev)
+            ids, mask = pad_right([seqs[i] for i in idx], 0, dev)
             for i, v in zip(idx, vm.sequence_reward(ids, mask).float().tolist()):
                 out[i] = v
     return out
@@ -280,7 +268,7 @@ def value_train(ctx):
     from pita.guidance.value_model import HeadSpec, ValueModel
 
     p = ctx.params
-    dev = _device()
+    dev = default_device()
     records = _tag_rounds(ctx, p["data"])
     algo = p["algo"]
     if algo == "PITA":

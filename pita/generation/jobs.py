@@ -9,12 +9,6 @@ from pita.core.job import job_kind
 from pita.core.paths import atomic_write
 
 
-def _device() -> str:
-    from pita.models.lm import default_device
-
-    return default_device()
-
-
 def _chunk_file(paths, k: int):
     return paths.checkpoints / f"chunk-{k:05d}.jsonl"
 
@@ -46,7 +40,9 @@ def shard(ctx):
         from pita.models.lm import LM
 
         pol = req["policy"]
-        dev = _device()
+        from pita.models.lm import default_device
+
+        dev = default_device()
         lm = LM.load(pol["model"], device=dev, dtype=pol.get("dtype", "float32"), attn_impl=req.get("attn_impl", "sdpa"))
         if pol.get("guidance"):
             # the reference guided by an earlier job's value model; a failure here fails the job

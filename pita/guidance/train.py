@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from pita.core.errors import ConfigError, JobError
+from pita.models.lm import pad_right
 from pita.losses.value import bce_loss, bradley_terry_loss, mle_loss, mse_loss
 
 log = logging.getLogger(__name__)
@@ -96,16 +97,6 @@ def _batches(lengths: list[int], budget: int, rng: random.Random, max_rows: int 
     return batches
 
 
-def _pad(seqs: list[list[int]], pad_id: int, device):
-    L = max(len(s) for s in seqs)
-    ids = torch.full((len(seqs), L), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(seqs), L), dtype=torch.long)
-    for i, s in enumerate(seqs):
-        ids[i, :len(s)] = torch.tensor(s)
-        mask[i, :len(s)] = 1
-    return ids.to(device), mask.to(device)
-
-
 def _clip(ids: list[int], start: int, max_len: int) -> tuple[list[int], int]:
     if len(ids) <= max_len:
         return ids, start
@@ -144,14 +135,14 @@ def train(vm, examples: list, s: TrainSettings, logger: logging.Logger = log, pa
         for batch in _batches(lengths, s.token_budget, rng, s.batch_size):
             with torch.autocast("cuda", dtype=amp, enabled=cuda):
                 if pairs:
-                    ids, mask = _pad([examples[i].chosen for i in batch] + [examples[i].rejected for i in batch],
+                    ids, mask = pad_right([examples[i].chosen for i in batch] + [examples[i].rejected for i in batch],
                                      pad_id, device)
                     r = vm.sequence_reward(ids, mask).float()
                     n = len(batch)
                     loss = bradley_terry_loss(r[:n], r[n:])
                 else:
                     seqs = [clipped[i][0] for i in batch]
-                    ids, mask = _pad(seqs, pad_id, device)
+                    ids, mask = pad_right(seqs, pad_id, device)
                     out = vm.token_scores(ids, mask).float()  # [B, T-1, n_out]
                     pos_mask = torch.zeros(out.shape[:2], device=device)
                     for row, i in enumerate(batch):

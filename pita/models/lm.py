@@ -47,6 +47,17 @@ def default_device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
+def pad_right(seqs: list[list[int]], pad_id: int, device="cpu"):
+    """Right-padded ids and the attention mask (from lengths, never from the pad id)."""
+    L = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), L), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(seqs), L), dtype=torch.long)
+    for i, s in enumerate(seqs):
+        ids[i, :len(s)] = torch.tensor(s)
+        mask[i, :len(s)] = 1
+    return ids.to(device), mask.to(device)
+
+
 def row_seed(seed: int, key: str, j: int) -> int:
     h = hashlib.sha256(f"{seed}/{key}/{j}".encode()).digest()
     return int.from_bytes(h[:8], "little") & ((1 << 63) - 1)

@@ -27,6 +27,8 @@ from pathlib import Path
 
 import torch
 
+from pita.models.lm import pad_right
+
 log = logging.getLogger(__name__)
 
 VERSION = "v3"  # bump when the corpus, sizes or training change
@@ -88,13 +90,7 @@ def _pretrain(model, seqs: list[list[int]], steps: int, lr: float, seed: int, pa
     model.train()
     losses = []
     for step in range(steps):
-        rows = [seqs[g.randrange(len(seqs))] for _ in range(batch)]
-        L = max(len(r) for r in rows)
-        ids = torch.full((batch, L), pad_id)
-        mask = torch.zeros((batch, L), dtype=torch.long)
-        for i, r in enumerate(rows):
-            ids[i, :len(r)] = torch.tensor(r)
-            mask[i, :len(r)] = 1
+        ids, mask = pad_right([seqs[g.randrange(len(seqs))] for _ in range(batch)], pad_id)
         labels = ids.masked_fill(mask == 0, -100)
         loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
         opt.zero_grad()
@@ -120,12 +116,8 @@ def _train_reward(model, tok, seed: int, steps: int, lr: float, batch: int = 32)
     model.train()
     for _ in range(steps):
         rows = [data[g.randrange(len(data))] for _ in range(batch)]
-        L = max(len(r) for r, _ in rows)
-        ids = torch.full((batch, L), tok.pad_token_id)
-        mask = torch.zeros((batch, L), dtype=torch.long)
-        for i, (r, _) in enumerate(rows):
-            ids[i, :len(r)] = torch.tensor(r)  # right padding: the score is read at the last real token
-            mask[i, :len(r)] = 1
+        # right padding: the score is read at the last real token
+        ids, mask = pad_right([r for r, _ in rows], tok.pad_token_id)
         y = torch.tensor([float(lab) for _, lab in rows])
         logit = model(input_ids=ids, attention_mask=mask).logits.squeeze(-1)
         loss = torch.nn.functional.binary_cross_entropy_with_logits(logit, y)
