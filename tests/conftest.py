@@ -11,10 +11,11 @@ import pytest
 
 @pytest.fixture(scope="session")
 def tiny_cache(tmp_path_factory):
-    """The tiny family, built once per test session (about a minute on 2 cores)."""
+    """The tiny family, built once per test session (about a minute on 2 cores), or reused from
+    ``PITA_TEST_CACHE`` (a cache folder of an earlier build) when that is set."""
     from pita.models.tiny import build_tiny_family
 
-    cache = tmp_path_factory.mktemp("cache")
+    cache = os.environ.get("PITA_TEST_CACHE") or tmp_path_factory.mktemp("cache")
     build_tiny_family(cache, 0)
     return cache
 

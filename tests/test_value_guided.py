@@ -58,6 +58,7 @@ def test_rounds_chain_through_guidance_and_warm_starts(tiny_cache):
     ("algos.PITA.eta=-1", "must be >= 0"),
     ("algos.PITA.top_k=0", "top_k=0"),
     ("algos.PITA.top_k=100000", "larger than the vocabulary"),
+    ("algos.QSharp.lm_prior=-1", "algos.QSharp.lm_prior=-1.0 must be >= 0"),
     ("experiment.algos=[PITAA]", "did you mean 'PITA'"),
 ])
 def test_bad_algorithm_settings_are_refused_before_work(tiny_cache, override, needle):
@@ -65,6 +66,30 @@ def test_bad_algorithm_settings_are_refused_before_work(tiny_cache, override, ne
 
     with pytest.raises(ConfigError, match=needle.replace("(", r"\(").replace(")", r"\)").replace("'", "'")):
         build_plan(compose(tiny_cache, override), [int(8e9)])
+
+
+@pytest.mark.parametrize("override,needle", [
+    ("+eval.datasets_by_train.arithh=[arith]", "did you mean 'arith'"),
+    ("+eval.datasets_by_train.arith=[]", "eval.datasets_by_train.arith is empty"),
+    ("+eval.datasets_by_train.arith=[gsm9k]", "eval.datasets_by_train.arith='gsm9k' is not known .did you mean 'gsm8k'"),
+])
+def test_bad_cross_dataset_evaluation_is_refused(tiny_cache, override, needle):
+    from pita.plans import build_plan
+
+    with pytest.raises(ConfigError, match=needle):
+        build_plan(compose(tiny_cache, override), [int(8e9)])
+
+
+def test_cross_dataset_evaluation_plans_an_eval_per_dataset_and_a_base_for_each(tiny_cache):
+    from pita.plans import build_plan
+
+    jobs = {j.id: j for j in build_plan(compose(tiny_cache, "experiment.algos=[QSharp]",
+                                                "+eval.datasets_by_train.arith=[arith,sentiment]"), [int(8e9)])}
+    assert {"base.tiny.arith.eval.merge", "base.tiny.sentiment.eval.merge", "QSharp.tiny.arith.r0.eval.merge",
+            "QSharp.tiny.arith.r0.eval-sentiment.merge"} <= set(jobs)
+    x = jobs["QSharp.tiny.arith.r0.eval-sentiment.merge"].params["labels"]
+    assert (x["train_dataset"], x["eval_dataset"], x["task"]) == ("arith", "sentiment", "reward")
+    assert jobs["QSharp.tiny.arith.r0.eval-sentiment.s0"].deps == ["QSharp.tiny.arith.r0.train"]
 
 
 def test_v_min_must_be_below_v_max(tiny_cache):
@@ -108,6 +133,33 @@ def test_value_training_learns_which_candidate_succeeds(tiny):
     assert p[0] > 0.8 and p[1] < 0.2
 
 
+def test_the_head_starts_from_the_backbone_lm_prior(tiny):
+    """bce: the logit starts as log p_LM(a|s) (+ a small learned term), so a likelier candidate
+    starts with a higher value; mle: a likelier candidate starts with a higher expected return;
+    lm_prior=0 and the Bradley-Terry proxy start without the prior."""
+    from pita.guidance.value_model import ValueModel
+    from pita.losses.value import atoms
+
+    ids = torch.tensor([[1, 40, 41, 42, 43]])
+    vocab = torch.arange(120).unsqueeze(0)
+    with torch.no_grad():
+        vm = ValueModel.create(tiny["guidance"], loss="bce").eval()
+        h, _ = vm.hidden(ids)
+        lp = torch.log_softmax(vm.backbone.lm_head(h[:, -1]), -1)[0, :120]
+        out = vm.scores(h[:, -1], vocab)[0, :, 0]
+        assert torch.corrcoef(torch.stack([out, lp]))[0, 1] > 0.99
+        assert (out - lp).abs().max() < 0.5
+        best, worst = int(lp.argmax()), int(lp.argmin())
+        mle = ValueModel.create(tiny["guidance"], loss="mle", num_atoms=5, v_min=0.0, v_max=1.0).eval()
+        dist = torch.softmax(mle.scores(h[:, -1], torch.tensor([[best, worst]]))[0], -1)
+        ev = dist @ atoms(0.0, 1.0, 5)
+        assert ev[0] > ev[1] + 0.02  # logp near 0 keeps mass on the middle atoms, a rare token on the lowest
+        for vm0 in (ValueModel.create(tiny["guidance"], loss="bce", lm_prior=0.0),
+                    ValueModel.create(tiny["guidance"], loss="bradley_terry")):
+            assert float(vm0.w_lm.abs().sum()) == 0.0
+            assert float(vm0.scores(h[:, -1], vocab).std()) < 0.05
+
+
 def test_an_all_tied_preference_set_fails_the_proxy_job_with_a_reason(tmp_path, monkeypatch):
     from pita.algos import value_guided
 
@@ -119,20 +171,42 @@ def test_an_all_tied_preference_set_fails_the_proxy_job_with_a_reason(tmp_path, 
         value_guided.proxy_train(ctx)
 
 
+def test_an_all_tied_pita_pair_set_fails_the_value_job_with_a_reason(monkeypatch):
+    from pita.algos import value_guided
+
+    recs = [{"id": "x", "cut": 0, "reward": 0.0, "prompt_ids": [1], "prefix_ids": [], "continuation_ids": [2]},
+            {"id": "x", "cut": 0, "reward": 0.0, "prompt_ids": [1], "prefix_ids": [], "continuation_ids": [3]}]
+    ctx = SimpleNamespace(params={"data": ["m"], "seed": 0, "beta": 1.0, "algo": "PITA"}, log=None, paths=None)
+    monkeypatch.setattr(value_guided, "_records", lambda c, merges: [dict(r) for r in recs])
+    with pytest.raises(JobError, match="all 1 preference pairs are ties"):
+        value_guided.value_train(ctx)
+
+
 def test_smoke_experiment_writes_results_for_every_algorithm_and_eta(tmp_path, tiny_cache):
     r = cli(["experiment.name=vg", "experiment.workload=experiment", "experiment.datasets=[arith]",
              "experiment.rounds=1", f"system.cache_dir={tiny_cache}", "datasets.arith.toy_train_size=24",
              "datasets.arith.toy_test_size=8", "eval.n=2", "algos.PITA.etas=[0.0,2.0]",
-             "algos.QSharp.etas=[0.0,2.0]", "algos.QSharp-HF.etas=[0.0,2.0]"], tmp_path, timeout=600)
+             "algos.QSharp.etas=[0.0,2.0]", "algos.QSharp-HF.etas=[0.0,2.0]",
+             "+eval.datasets_by_train.arith=[arith,sentiment]", "datasets.sentiment.toy_test_size=6"],
+            tmp_path, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     [run] = list((tmp_path / "vg").iterdir())
     rows = json.loads((run / "results" / "final_results.json").read_text())
-    got = {(x["algorithm"], x["eta"]) for x in rows}
-    assert got == {("base", 0.0)} | {(a, e) for a in ("PITA", "QSharp", "QSharp-HF") for e in (0.0, 2.0)}
+    got = {(x["algorithm"], x["eval_dataset"], x["eta"]) for x in rows}
+    assert got == {("base", "arith", 0.0), ("base", "sentiment", 0.0)} | {
+        (a, d, e) for a in ("PITA", "QSharp", "QSharp-HF") for d in ("arith", "sentiment") for e in (0.0, 2.0)}
     for x in rows:
-        assert 0.0 <= x["pass@1"] <= 1.0 and x["prompts"] == 8 and x["n"] == 2
+        assert x["train_dataset"] == ("sentiment" if x["algorithm"] == "base" and x["eval_dataset"] == "sentiment"
+                                      else "arith")
+        if x["eval_dataset"] == "arith":
+            assert 0.0 <= x["pass@1"] <= 1.0 and x["prompts"] == 8 and x["n"] == 2
+        else:  # arith-trained value models guiding the reference on sentiment, scored by its reward model
+            assert x["mean_reward"] is not None and x["prompts"] == 6
         if x["eta"] == 0.0:
             assert x["kl"] == 0.0  # eta = 0 is the reference itself
+        cell = run / "results" / "cells" / (f"{x['algorithm']}.tiny.{x['train_dataset']}.r{x['round']}."
+                                            f"{x['eval_dataset']}.eta{x['eta']:g}.json")
+        assert json.loads(cell.read_text()) == x
     assert "pass@1" in r.stdout and (run / "results" / "results.csv").exists()
     curve = (run / "jobs" / "QSharp.tiny.arith.r0.train" / "metrics.jsonl").read_text().splitlines()
     assert curve and "loss" in json.loads(curve[0])

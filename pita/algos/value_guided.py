@@ -51,8 +51,9 @@ class ValueGuidedConfig:
     batch_size: int = 32  # sequences per training step at most
     token_budget: int = 8192  # padded tokens per training step at most
     epochs: int = 2
-    lr: float = 5e-4
+    lr: float = 1e-4  # backbone; the head learns 10x faster. 1e-3 washes out the LM prior (see lm_prior)
     head_dim: int = 128
+    lm_prior: float = 1.0  # initial weight of the backbone's LM log-prob in the head; 0 = none
     gradient_checkpointing: bool = False
     bt_beta: float = 1.0  # PITA / Q#-HF preference draws
     proxy_epochs: int = 2  # Q#-HF proxy reward model
@@ -93,15 +94,23 @@ def check_config(algo: str, c) -> list[str]:
             p.append(f"{k}.{key}={getattr(c, key)} must be >= 1")
     if not (c.lr > 0 and c.proxy_lr > 0):
         p.append(f"{k}.lr / proxy_lr must be > 0")
+    if not c.lm_prior >= 0:
+        p.append(f"{k}.lm_prior={c.lm_prior} must be >= 0 (0 starts the head without the LM prior)")
     if c.bt_beta < 0:
         p.append(f"{k}.bt_beta={c.bt_beta} must be >= 0")
     return p
 
 
 # ---------------------------------------------------------------- planning
-def plan(cfg, algo: str, ds, paths: dict, gen, n_train: int, n_test: int, task: str, mem: dict,
+def plan(cfg, algo: str, ds, paths: dict, gen, n_train: int, evals: list, task: str, mem: dict,
          eval_request) -> list[Job]:
-    """Jobs for one (algorithm, family, dataset): ``rounds`` rounds of collect -> train -> evaluate."""
+    """Jobs for one (algorithm, family, dataset): ``rounds`` rounds of collect -> train -> evaluate.
+
+    ``evals``: (dataset config, number of test prompts, task) of every dataset the trained value
+    model is evaluated on (the training dataset itself unless ``eval.datasets_by_train`` says
+    otherwise); the training dataset's evaluation jobs are ``<prefix>.r<r>.eval.*``, another
+    dataset's ``<prefix>.r<r>.eval-<name>.*``.
+    """
     from pita.plans.generation import request_for
 
     c = cfg.algos[algo]
@@ -148,16 +157,18 @@ def plan(cfg, algo: str, ds, paths: dict, gen, n_train: int, n_test: int, task: 
                                 "v_min": c.v_min, "v_max": c.v_max, "head_dim": c.head_dim, "epochs": c.epochs,
                                 "lr": c.lr, "batch_size": c.batch_size, "token_budget": c.token_budget,
                                 "gradient_checkpointing": c.gradient_checkpointing, "beta": c.bt_beta,
-                                "seed": cfg.system.seed + r},
+                                "lm_prior": c.lm_prior, "seed": cfg.system.seed + r},
                         resources=Resources(1, mem["train"]), duration_hint=3.0))
-        ereq = eval_request(ds)
-        ereq["policy"]["guidance"] = {"from_job": train, "mode": mode, "top_k": c.top_k}
-        ereq["etas"] = [float(e) for e in c.etas]
-        ev = gen.plan(ereq, f"{prefix}.r{r}.eval", n_test, deps=[train], memory_gb=mem["gen"], group=g)
-        ev[-1].kind = "eval.merge"
-        ev[-1].params.update(labels={"algorithm": algo, "family": fam, "train_dataset": ds.name, "round": r,
-                                     "eval_dataset": ds.name, "task": task})
-        jobs += ev
+        for eds, n_test, etask in evals:
+            ereq = eval_request(eds)
+            ereq["policy"]["guidance"] = {"from_job": train, "mode": mode, "top_k": c.top_k}
+            ereq["etas"] = [float(e) for e in c.etas]
+            name = f"{prefix}.r{r}.eval" + ("" if eds.name == ds.name else f"-{eds.name}")
+            ev = gen.plan(ereq, name, n_test, deps=[train], memory_gb=mem["gen"], group=g)
+            ev[-1].kind = "eval.merge"
+            ev[-1].params.update(labels={"algorithm": algo, "family": fam, "train_dataset": ds.name, "round": r,
+                                         "eval_dataset": eds.name, "task": etask})
+            jobs += ev
         prev_train = train
     return jobs
 
@@ -273,7 +284,12 @@ def value_train(ctx):
     algo = p["algo"]
     if algo == "PITA":
         examples = []
-        for c, r, tie in _pairs(records, p["seed"], p["beta"]):
+        pairs = _pairs(records, p["seed"], p["beta"])
+        if pairs and all(tie for _c, _r, tie in pairs):
+            raise JobError(f"PITA: all {len(pairs)} preference pairs are ties (equal rewards), so there is no "
+                           f"preference to learn; collect more continuations (algos.PITA.cut_points) or data "
+                           f"(datasets.<name>.toy_train_size / a larger split)")
+        for c, r, tie in pairs:
             examples.append(SeqExample(_ids(c), len(_ids(c)) - len(c["continuation_ids"]), 0.5 if tie else 1.0))
             examples.append(SeqExample(_ids(r), len(_ids(r)) - len(r["continuation_ids"]), 0.5 if tie else 0.0))
     else:
@@ -289,7 +305,7 @@ def value_train(ctx):
         examples = [SeqExample(_ids(r), len(_ids(r)) - len(r["continuation_ids"]), t) for r, t in zip(recs, targets)]
     if not examples:
         raise JobError(f"{algo}: the data collection produced no usable training examples")
-    spec = HeadSpec(p["loss"], p["num_atoms"], 0.0, 1.0, p["head_dim"])
+    spec = HeadSpec(p["loss"], p["num_atoms"], 0.0, 1.0, p["head_dim"], lm_prior=p.get("lm_prior", 1.0))
     if p["loss"] == "mle":
         lo, hi = min(e.target for e in examples), max(e.target for e in examples)
         pad = 0.05 * (hi - lo) if hi > lo else 1.0
@@ -304,7 +320,7 @@ def value_train(ctx):
         ctx.log.info("warm start from %s", prev)
     else:
         vm = ValueModel.create(p["backbone"], loss=p["loss"], num_atoms=p["num_atoms"], v_min=spec.v_min,
-                               v_max=spec.v_max, head_dim=p["head_dim"])
+                               v_max=spec.v_max, head_dim=p["head_dim"], lm_prior=spec.lm_prior)
     settings = TrainSettings(epochs=p["epochs"], lr=p["lr"], token_budget=p["token_budget"],
                              batch_size=p["batch_size"], gradient_checkpointing=p["gradient_checkpointing"],
                              seed=p["seed"])

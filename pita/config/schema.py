@@ -110,6 +110,9 @@ class EvalConfig:
     top_p: float = 1.0
     batch_size: int = 32
     kl_fraction: float = 1.0  # share of the samples the KL estimate uses (stated in the results)
+    # cross-dataset evaluation: training dataset -> the datasets its models are evaluated on
+    # (default: itself), e.g. {gsm8k: [gsm8k, math500]}; each needs a datasets.<name> entry
+    datasets_by_train: Dict[str, List[str]] = field(default_factory=dict)
 
 
 def _value_guided_algos() -> dict:

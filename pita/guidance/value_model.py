@@ -4,9 +4,19 @@ next tokens of the reference model.
     vm = ValueModel.create(backbone_path, loss="bce")            # or "mse", "mle", "bradley_terry"
     out = vm.scores(h, candidates)    # h: [B, H] backbone states, candidates: [B, k] token ids -> [B, k, n_out]
 
-The head reads the backbone's state at s and the embedding of the candidate token a
-(``out = W_o gelu(W_h h_s + W_e E[a])``), so scoring k candidates, or the whole vocabulary,
-costs one small matmul per step and no vocabulary-by-atoms weight matrix. n_out is 1 for
+The head reads the backbone's state at s and the embedding of the candidate token a, plus the
+backbone's own language-model log-probability of a (the *LM prior*):
+
+    out = W_o gelu(W_h h_s + W_e E[a] + (U_h h_s) * (U_e E[a])) + w_lm * log p_LM(a | s)
+
+so scoring k candidates, or the whole vocabulary, costs one small matmul per step and no
+vocabulary-by-atoms weight matrix. ``w_lm`` starts at ``lm_prior`` (bce / mse: the logit starts
+as log p_LM(a|s) plus a learned state term; mle: ``lm_prior * linspace(-1, 1)`` over the atoms,
+so a likelier token starts with more mass on high returns). Starting it at 0 instead leaves the
+head unable to tell a right next token from a wrong one: on the tiny family's arith task the
+weight then stays near 0.07 after training, the head's scores are flat over the candidates,
+and guidance changes nothing (docs/architecture.md, "Value-model head"). The Bradley-Terry
+proxy reward model does not use the prior (its score is read at the last token). n_out is 1 for
 bce / mse / bradley_terry (a logit) and ``num_atoms`` for mle (logits over atoms spanning
 [v_min, v_max]). The backbone shares the reference's tokenizer (checked at plan time).
 
@@ -39,6 +49,7 @@ class HeadSpec:
     head_dim: int = 128
     vocab_size: int = 0
     hidden_size: int = 0
+    lm_prior: float = 1.0  # initial weight of the backbone's LM log-prob of the candidate
 
     @property
     def n_out(self) -> int:
@@ -54,6 +65,8 @@ class HeadSpec:
                 raise ConfigError(f"num_atoms={self.num_atoms} must be >= 2 for the mle loss")
             if self.v_min >= self.v_max:
                 raise ConfigError(f"v_min={self.v_min} must be < v_max={self.v_max}")
+        if not self.lm_prior >= 0:
+            raise ConfigError(f"lm_prior={self.lm_prior} must be >= 0 (0 starts the head without the LM prior)")
 
 
 class ValueModel(nn.Module):
@@ -69,19 +82,25 @@ class ValueModel(nn.Module):
         self.u_h = nn.Linear(H, spec.head_dim, bias=False)
         self.u_e = nn.Linear(E, spec.head_dim, bias=False)
         self.w_o = nn.Linear(spec.head_dim, spec.n_out)
-        self.w_lm = nn.Parameter(torch.zeros(spec.n_out))
         nn.init.normal_(self.w_o.weight, std=0.01)
         nn.init.zeros_(self.w_o.bias)  # start near neutral: p ~ 0.5, near-uniform atoms
+        if spec.loss == "bradley_terry":
+            w_lm = torch.zeros(1)
+        elif spec.loss == "mle":
+            w_lm = spec.lm_prior * torch.linspace(-1.0, 1.0, spec.n_out)
+        else:
+            w_lm = torch.full((1,), float(spec.lm_prior))
+        self.w_lm = nn.Parameter(w_lm)
 
     # ------------------------------------------------------------------ construction
     @classmethod
     def create(cls, backbone_path: str, loss: str = "bce", num_atoms: int = 11, v_min: float = 0.0,
-               v_max: float = 1.0, head_dim: int = 128, dtype=torch.float32) -> "ValueModel":
+               v_max: float = 1.0, head_dim: int = 128, dtype=torch.float32, lm_prior: float = 1.0) -> "ValueModel":
         from transformers import AutoModelForCausalLM
 
         bb = AutoModelForCausalLM.from_pretrained(backbone_path, dtype=dtype)
         spec = HeadSpec(loss, num_atoms, float(v_min), float(v_max), head_dim, bb.config.vocab_size,
-                        bb.config.hidden_size)
+                        bb.config.hidden_size, float(lm_prior))
         return cls(bb, spec)
 
     def save(self, path: str | Path) -> None:

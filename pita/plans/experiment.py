@@ -52,12 +52,31 @@ def experiment_plan(cfg, device_totals: list[int], cuda: bool) -> list[Job]:
         problems.append(f"eval.n={ev.n} must be >= 1")
     if not 0 < ev.kl_fraction <= 1:
         problems.append(f"eval.kl_fraction={ev.kl_fraction} must be in (0, 1]")
-    datasets = []
+    datasets, configs = [], {}
     for name in cfg.experiment.datasets:
         try:
-            datasets.append(dataset_cfg(cfg, name))
+            configs[name] = dataset_cfg(cfg, name)
+            datasets.append(configs[name])
         except ConfigError as e:
             problems += e.problems
+    by_train = {str(k): list(v) for k, v in (ev.datasets_by_train or {}).items()}
+    for train_name, names in by_train.items():
+        key = f"eval.datasets_by_train.{train_name}"
+        if train_name not in cfg.experiment.datasets:
+            problems.append(unknown_name(key.rsplit(".", 1)[0] + " key", train_name, list(cfg.experiment.datasets))
+                            + " (keys are training datasets of experiment.datasets)")
+        if not names:
+            problems.append(f"{key} is empty: list at least one dataset to evaluate on, e.g. [{train_name}]")
+        for n in names:
+            if n in configs:
+                continue
+            if n not in cfg.datasets:
+                problems.append(unknown_name(key, n, list(cfg.datasets)) + " (each needs a datasets.<name> entry)")
+                continue
+            try:
+                configs[n] = dataset_cfg(cfg, n)
+            except ConfigError as e:
+                problems += [f"{key}: {x}" for x in e.problems]
     if problems:
         raise ConfigError(problems)
     paths = resolve_family(cfg.model, cfg.system.cache_dir, cfg.system.seed)
@@ -74,23 +93,34 @@ def experiment_plan(cfg, device_totals: list[int], cuda: bool) -> list[Job]:
     except OSError:
         mem["train"] = 0.0
     eval_request = eval_request_factory(cfg, paths)
-    jobs: list[Job] = []
-    for ds in datasets:
-        train_ex = load_examples(ds, "train")
-        test_ex = load_examples(ds, ev.split)
-        task = train_ex[0].task
-        if task == "reward" and not paths["reward_models"].get(ds.name):
-            raise ConfigError(f"dataset {ds.name} is scored by a reward model but model.reward_models.{ds.name} is "
+    eval_names = {ds.name: by_train.get(ds.name, [ds.name]) for ds in datasets}
+    tests, tasks = {}, {}
+
+    def task_of(name: str, split: str) -> str:
+        task = load_examples(configs[name], split)[0].task
+        if task == "reward" and not paths["reward_models"].get(name):
+            raise ConfigError(f"dataset {name} is scored by a reward model but model.reward_models.{name} is "
                               f"not set for model={cfg.model.name}")
-        base = gen.plan(eval_request(ds), f"base.{cfg.model.name}.{ds.name}.eval", len(test_ex),
+        return task
+
+    train_tasks = {ds.name: task_of(ds.name, "train") for ds in datasets}
+    for name in dict.fromkeys(n for names in eval_names.values() for n in names):  # first-seen order
+        tests[name] = len(load_examples(configs[name], ev.split))
+        tasks[name] = task_of(name, ev.split)
+    jobs: list[Job] = []
+    for name in tests:  # the base model on every dataset something is evaluated on
+        base = gen.plan(eval_request(configs[name]), f"base.{cfg.model.name}.{name}.eval", tests[name],
                         memory_gb=mem["gen"], group="base")
         base[-1].kind = "eval.merge"
-        base[-1].params.update(labels={"algorithm": "base", "family": cfg.model.name, "train_dataset": ds.name,
-                                       "round": 0, "eval_dataset": ds.name, "task": task},
+        base[-1].params.update(labels={"algorithm": "base", "family": cfg.model.name, "train_dataset": name,
+                                       "round": 0, "eval_dataset": name, "task": tasks[name]},
                                kl_fraction=ev.kl_fraction)
         jobs += base
+    for ds in datasets:
+        n_train = len(load_examples(ds, "train"))
+        evals = [(configs[n], tests[n], tasks[n]) for n in eval_names[ds.name]]
         for algo in cfg.experiment.algos:
-            algo_jobs = value_guided.plan(cfg, algo, ds, paths, gen, len(train_ex), len(test_ex), task, mem,
+            algo_jobs = value_guided.plan(cfg, algo, ds, paths, gen, n_train, evals, train_tasks[ds.name], mem,
                                           eval_request)
             for j in algo_jobs:
                 if j.kind == "eval.merge":

@@ -1,5 +1,6 @@
 """Collect every ``eval.merge`` result of a run into results/final_results.json and results.csv,
-and render the table printed at the end of a run."""
+one ``results/cells/<algorithm>.<family>.<train dataset>.r<round>.<eval dataset>.eta<eta>.json``
+per row, and render the table printed at the end of a run."""
 
 from __future__ import annotations
 
@@ -21,11 +22,18 @@ def collect(run: RunPaths) -> list[dict]:
     return rows
 
 
+def cell_name(r: dict) -> str:
+    return (f"{r['algorithm']}.{r['family']}.{r['train_dataset']}.r{r['round']}.{r['eval_dataset']}"
+            f".eta{float(r['eta']):g}")
+
+
 def write(run: RunPaths) -> list[dict]:
     rows = collect(run)
     if not rows:
         return rows
     atomic_write_json(run.results / "final_results.json", rows)
+    for r in rows:
+        atomic_write_json(run.results / "cells" / f"{cell_name(r)}.json", r)
     with open(run.results / "results.csv", "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=COLUMNS, extrasaction="ignore")
         w.writeheader()

@@ -1,0 +1,132 @@
+"""PITA / Q# / Q#-HF on the embedded default: reference vs guided, over seeds.
+
+    python -m bench.value_guided [--json] [--seeds 0 1 2] [--rounds 2] [--cache .cache/pita]
+    python -m bench.value_guided --runs outputs/bench-vg-s0/<time> outputs/bench-vg-s1/<time> ...
+
+Runs ``run_parallel.py experiment.workload=experiment`` once per seed (``system.seed``, which also
+seeds the tiny family: each seed is its own reference model, data and value models), then
+aggregates the runs' ``results/final_results.json``. With ``--runs`` it only aggregates runs
+that already finished. Extra Hydra overrides go after ``--``.
+
+Prints one row per (algorithm, dataset, round, eta): the metric (arith: pass@1 over n samples
+per test prompt; sentiment: mean reward-model score) and KL(policy || reference), both as the
+mean over seeds, with the gain over the same seed's reference (``base``) and its spread, and
+for each (algorithm, dataset) the best mean gain over eta at the last round. Nothing is
+asserted about the numbers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _latest(out: Path, name: str) -> Path:
+    runs = sorted((out / name).iterdir())
+    return runs[-1]
+
+
+def run_seed(seed: int, args, extra: list[str]) -> tuple[Path, float]:
+    name = f"bench-vg-s{seed}"
+    cmd = [sys.executable, str(ROOT / "run_parallel.py"), f"experiment.name={name}",
+           "experiment.workload=experiment", f"experiment.datasets=[{','.join(args.datasets)}]",
+           f"experiment.algos=[{','.join(args.algos)}]", f"experiment.rounds={args.rounds}",
+           f"system.seed={seed}", f"system.cache_dir={args.cache}", f"system.output_dir={args.out}",
+           f"eval.n={args.n}", "executor.progress=off", *extra]
+    t = time.perf_counter()
+    r = subprocess.run(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    wall = time.perf_counter() - t
+    if r.returncode != 0:
+        sys.stderr.write(r.stdout[-4000:])
+        raise SystemExit(f"seed {seed}: the run failed (exit {r.returncode}); see the output above")
+    return _latest(Path(args.out), name), wall
+
+
+def metric_of(row: dict) -> str:
+    return "pass@1" if row.get("pass@1") is not None else "mean_reward"
+
+
+def aggregate(runs: list[Path]) -> dict:
+    """{rows: [...], best: [...]} over the runs (one per seed)."""
+    cells: dict[tuple, list[tuple[float, float, float]]] = {}
+    for run in runs:
+        rows = json.loads((Path(run) / "results" / "final_results.json").read_text())
+        base = {r["eval_dataset"]: r for r in rows if r["algorithm"] == "base"}
+        for r in rows:
+            m = metric_of(r)
+            b = base.get(r["eval_dataset"])
+            gain = r[m] - b[m] if b is not None else float("nan")
+            key = (r["algorithm"], r["eval_dataset"], r["round"] if r["algorithm"] != "base" else "-",
+                   float(r["eta"]), m)
+            cells.setdefault(key, []).append((r[m], r.get("kl") or 0.0, gain))
+    out = []
+    for (algo, ds, rnd, eta, m), vals in sorted(cells.items(), key=lambda kv: tuple(map(str, kv[0]))):
+        v, kl, g = zip(*vals)
+        out.append({"algorithm": algo, "dataset": ds, "round": rnd, "eta": eta, "metric": m, "seeds": len(vals),
+                    "value": statistics.mean(v), "value_sd": statistics.stdev(v) if len(v) > 1 else 0.0,
+                    "kl": statistics.mean(kl), "gain": statistics.mean(g),
+                    "gain_sd": statistics.stdev(g) if len(g) > 1 else 0.0})
+    best = []
+    for algo, ds in sorted({(r["algorithm"], r["dataset"]) for r in out if r["algorithm"] != "base"}):
+        rows = [r for r in out if (r["algorithm"], r["dataset"]) == (algo, ds)]
+        last = max(r["round"] for r in rows)
+        top = max((r for r in rows if r["round"] == last), key=lambda r: r["gain"])
+        best.append({"algorithm": algo, "dataset": ds, "round": last, "eta": top["eta"], "metric": top["metric"],
+                     "gain": top["gain"], "gain_sd": top["gain_sd"], "kl": top["kl"]})
+    return {"runs": [str(r) for r in runs], "rows": out, "best": best}
+
+
+def render(res: dict) -> str:
+    lines = [f"{'algorithm':<10} {'dataset':<10} {'round':>5} {'eta':>5} {'metric':>11} {'value':>7} {'sd':>6} "
+             f"{'gain':>7} {'sd':>6} {'KL':>7}"]
+    for r in res["rows"]:
+        lines.append(f"{r['algorithm']:<10} {r['dataset']:<10} {r['round']!s:>5} {r['eta']:>5.2f} {r['metric']:>11} "
+                     f"{r['value']:>7.3f} {r['value_sd']:>6.3f} {r['gain']:>+7.3f} {r['gain_sd']:>6.3f} {r['kl']:>7.3f}")
+    lines.append("")
+    lines.append("best mean gain over eta at the last round:")
+    for b in res["best"]:
+        lines.append(f"  {b['algorithm']:<10} {b['dataset']:<10} round {b['round']} eta {b['eta']:.2f}: "
+                     f"{b['metric']} {b['gain']:+.3f} (sd {b['gain_sd']:.3f}), KL {b['kl']:.3f}")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    extra = argv[argv.index("--") + 1:] if "--" in argv else []
+    argv = argv[:argv.index("--")] if "--" in argv else argv
+    ap = argparse.ArgumentParser(prog="python -m bench.value_guided", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--json", action="store_true")
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--algos", nargs="+", default=["PITA", "QSharp", "QSharp-HF"])
+    ap.add_argument("--datasets", nargs="+", default=["arith", "sentiment"])
+    ap.add_argument("--n", type=int, default=4, help="samples per test prompt (eval.n)")
+    ap.add_argument("--cache", default=".cache/pita")
+    ap.add_argument("--out", default="outputs")
+    ap.add_argument("--runs", nargs="+", help="aggregate these finished runs instead of running")
+    args = ap.parse_args(argv)
+    walls = {}
+    if args.runs:
+        runs = [Path(r) for r in args.runs]
+    else:
+        runs = []
+        for s in args.seeds:
+            run, wall = run_seed(s, args, extra)
+            runs.append(run)
+            walls[s] = round(wall, 1)
+            print(f"seed {s}: {run} in {wall:.0f}s", file=sys.stderr, flush=True)
+    res = aggregate(runs)
+    res["wall_s"] = walls
+    print(json.dumps(res, indent=2) if args.json else render(res))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
