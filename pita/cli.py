@@ -46,6 +46,8 @@ def _check_key(key: str, base: DictConfig) -> str | None:
         if not isinstance(node, DictConfig):
             return None  # below a leaf of type Any: nothing more to check
         if part not in node:
+            if node._metadata.object_type is dict and walked:
+                return None  # a map with open keys (e.g. +eval.datasets_by_train.<name>): Hydra checks the value
             where = ".".join(walked) or "top level"
             return (f"unknown key {'.'.join(walked + [part])!r}{suggest(part, list(node.keys()))}; "
                     f"keys at {where}: {', '.join(node.keys())}")

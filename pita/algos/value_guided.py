@@ -275,7 +275,7 @@ def _write_curve(ctx, curve) -> None:
 
 @job_kind("algo.value_train")
 def value_train(ctx):
-    from pita.guidance.train import SeqExample, TrainSettings, train
+    from pita.guidance.train import SeqExample, TrainSettings, calibrate, train
     from pita.guidance.value_model import HeadSpec, ValueModel
 
     p = ctx.params
@@ -298,6 +298,11 @@ def value_train(ctx):
             pvm = ValueModel.load(ctx.dep_result(p["proxy"])["checkpoint"], device=dev).eval()
             targets = _score_sequences(pvm, [_ids(r) for r in recs], dev)
             del pvm
+            # a Bradley-Terry reward is defined up to a constant and each round's proxy is trained
+            # afresh: centre its scores so that rounds share the atoms of round 0
+            mean = sum(targets) / len(targets)
+            targets = [t - mean for t in targets]
+            ctx.log.info("proxy rewards centred (mean was %.3f)", mean)
         elif p["task"] == "math":
             targets = [float(bool(r["correct"])) for r in recs]
         else:
@@ -321,6 +326,7 @@ def value_train(ctx):
     else:
         vm = ValueModel.create(p["backbone"], loss=p["loss"], num_atoms=p["num_atoms"], v_min=spec.v_min,
                                v_max=spec.v_max, head_dim=p["head_dim"], lm_prior=spec.lm_prior)
+        ctx.log.info("head calibrated to the targets: %s", calibrate(vm, examples, device=dev, seed=p["seed"]))
     settings = TrainSettings(epochs=p["epochs"], lr=p["lr"], token_budget=p["token_budget"],
                              batch_size=p["batch_size"], gradient_checkpointing=p["gradient_checkpointing"],
                              seed=p["seed"])

@@ -194,6 +194,8 @@ def summarize(groups: Groups, task: str, kl_fraction: float = 1.0) -> dict:
             out.update(reward_metrics(groups))
     else:
         out.update(reward_metrics(groups))
+        out["n"] = min((len(g) for g in groups), default=0)
+        out["prompts"] = len(groups)
     if any("logp" in s for s in flat):
         out.update(kl_metrics(flat, kl_fraction))
     return out

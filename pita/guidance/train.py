@@ -106,6 +106,46 @@ def _clip(ids: list[int], start: int, max_len: int) -> tuple[list[int], int]:
     return ids[cut:], start - cut
 
 
+@torch.no_grad()
+def calibrate(vm, examples: list[SeqExample], pad_id: int = 0, device: str = "cpu", sample: int = 256,
+              max_len: int = 512, seed: int = 0) -> dict:
+    """Set the head's output bias so that, before training, its mean prediction over the training
+    positions matches the targets: bce / mse ``logit(mean target) - mean(w_lm * log p_LM)``;
+    mle ``log(mean two-hot histogram) - w_lm * mean log p_LM`` per atom.
+
+    The LM prior makes the initial logit log p_LM(a|s), which is calibrated for nothing in
+    particular (PITA's targets centre on 0.5, Q#'s on the success rate); the head's small
+    learning rate would take many epochs to move the bias there, and until it does the loss is
+    worse than a constant guess. Only a new head is calibrated, not a warm start.
+    """
+    from pita.losses.value import two_hot
+
+    spec = vm.spec
+    rng = random.Random(seed)
+    picked = examples if len(examples) <= sample else rng.sample(examples, sample)
+    lps, tg = [], []
+    vm.to(device).eval()
+    for k in range(0, len(picked), 32):
+        batch = [_clip(e.ids, e.start, max_len) + (e.target,) for e in picked[k:k + 32]]
+        ids, mask = pad_right([b[0] for b in batch], pad_id, device)
+        h, _ = vm.hidden(ids, mask)
+        lp = torch.log_softmax(vm.backbone.lm_head(h[:, :-1]).float(), -1).gather(-1, ids[:, 1:].unsqueeze(-1))[..., 0]
+        for row, (seq, start, target) in enumerate(batch):
+            lps.append(lp[row, start - 1:len(seq) - 1])
+            tg.append(torch.full((len(seq) - start,), float(target)))
+    lp_mean = float(torch.cat(lps).mean())
+    targets = torch.cat(tg)
+    w = vm.w_lm.detach().float().cpu()
+    if spec.loss == "mle":
+        hist = two_hot(targets, spec.v_min, spec.v_max, spec.num_atoms).mean(0)
+        bias = torch.log(hist.clamp_min(1e-3)) - w * lp_mean
+    else:
+        m = float(targets.mean().clamp(1e-3, 1 - 1e-3))
+        bias = torch.full((1,), math.log(m / (1 - m))) - w * lp_mean
+    vm.w_o.bias.copy_(bias.to(vm.w_o.bias))
+    return {"mean_lm_logprob": lp_mean, "bias": [round(float(b), 4) for b in bias]}
+
+
 def train(vm, examples: list, s: TrainSettings, logger: logging.Logger = log, pad_id: int = 0,
           device: str = "cpu") -> list[dict]:
     """Train in place; returns the loss curve [{"epoch", "step", "loss"}]."""
