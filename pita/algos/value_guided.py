@@ -56,8 +56,27 @@ class ValueGuidedConfig:
     lm_prior: float = 1.0  # initial weight of the backbone's LM log-prob in the head; 0 = none
     gradient_checkpointing: bool = False
     bt_beta: float = 1.0  # PITA / Q#-HF preference draws
-    proxy_epochs: int = 2  # Q#-HF proxy reward model
+    proxy_epochs: int = 2  # Q#-HF / GRPO-HF proxy reward model
     proxy_lr: float = 5e-4
+    # ---- DPO / GRPO / GRPO-HF (pita/algos/baselines.py); batch_size is the effective batch there
+    beta: float = 0.1  # KL coefficient: DPO's beta, GRPO's beta (KL to the reference)
+    max_steps: int = 100  # GRPO optimizer steps per round
+    gradient_accumulation_steps: int = 1
+    devices: int = 1  # devices per training job (data-parallel through accelerate when > 1)
+    max_length: int = 256  # DPO: prompt + completion tokens kept
+    ref_policy: str = "original"  # DPO reference policy in later rounds: original | previous
+    num_generations: int = 4  # GRPO completions per prompt (>= 2; divides batch_size)
+    temperature: float = 1.0  # GRPO sampling temperature
+    max_completion_length: Optional[int] = None  # GRPO; null = data_collection.max_new_tokens
+    lora_r: int = 0  # LoRA rank through peft; 0 = full fine-tuning
+    lora_alpha: int = 16
+    lora_target_modules: List[str] = field(default_factory=lambda: ["q_proj", "v_proj"])
+    use_vllm: bool = False  # GRPO generation through vLLM (GPU only, needs vllm installed)
+    vllm_mode: str = "colocate"
+    vllm_gpu_memory_utilization: float = 0.3
+
+
+AlgoConfig = ValueGuidedConfig  # the settings of any algorithm under algos.<name>
 
 
 def losses_for(algo: str, c, task: str) -> tuple[str, str]:
@@ -221,17 +240,35 @@ def _ids(r) -> list[int]:
     return list(r["prompt_ids"]) + list(r["prefix_ids"]) + list(r["continuation_ids"])
 
 
+def text_ids(tok, prompt: str, completion: str) -> list[int]:
+    """The chat-formatted prompt, the completion and EOS, as token ids: how the proxy reward model
+    sees a text pair at training and a GRPO-HF completion at scoring."""
+    chat = tok.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True) \
+        if getattr(tok, "chat_template", None) else prompt
+    return (tok(chat, add_special_tokens=False)["input_ids"] + tok(completion, add_special_tokens=False)["input_ids"]
+            + [tok.eos_token_id])
+
+
 @job_kind("algo.proxy_train")
 def proxy_train(ctx):
     from pita.guidance.train import PairExample, TrainSettings, train
     from pita.guidance.value_model import ValueModel
 
     p = ctx.params
-    pairs = [(c, r) for c, r, tie in _pairs(_tag_rounds(ctx, p["data"]), p["seed"], p["beta"]) if not tie]
-    if not pairs:
-        raise JobError("Q#-HF: no preference pairs with different rewards to train the proxy reward model on")
+    records = _tag_rounds(ctx, p["data"])
+    if records and "chosen" in records[0]:  # preference_pairs records (GRPO-HF): text, tokenized here
+        from transformers import AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(p.get("tokenizer") or p["backbone"])
+        examples = [PairExample(text_ids(tok, r["prompt"], r["chosen"]), text_ids(tok, r["prompt"], r["rejected"]))
+                    for r in records if r["chosen_reward"] != r["rejected_reward"]]
+    else:
+        examples = [PairExample(_ids(c), _ids(r))
+                    for c, r, tie in _pairs(records, p["seed"], p["beta"]) if not tie]
+    if not examples:
+        raise JobError(f"no preference pairs with different rewards among {len(records)} records to train the "
+                       f"proxy reward model on; collect more data (a larger train split, more samples per prompt)")
     vm = ValueModel.create(p["backbone"], loss="bradley_terry", head_dim=p["head_dim"])
-    examples = [PairExample(_ids(c), _ids(r)) for c, r in pairs]
     dev = default_device()
     curve = train(vm, examples, TrainSettings(epochs=p["epochs"], lr=p["lr"], token_budget=p["token_budget"],
                                               batch_size=p["batch_size"], seed=p["seed"]), ctx.log, pad_id=0,

@@ -37,6 +37,8 @@ class SystemConfig:
     cache_dir: str = ".cache/pita"  # models built or converted locally
     seed: int = 0
     attn_impl: str = "sdpa"  # sdpa | eager | flash_attention_2 (used by model-loading jobs)
+    tf32: bool = True  # CUDA: TF32 matmuls in generation and training jobs
+    compile: bool = False  # torch.compile the model in generation and training jobs
 
 
 @dataclass
@@ -115,8 +117,12 @@ class EvalConfig:
     datasets_by_train: Dict[str, List[str]] = field(default_factory=dict)
 
 
-def _value_guided_algos() -> dict:
-    return {"PITA": ValueGuidedConfig(), "QSharp": ValueGuidedConfig(), "QSharp-HF": ValueGuidedConfig()}
+def _algos() -> dict:
+    # baselines: settings for the tiny embedded default; real models want smaller learning rates
+    return {"PITA": ValueGuidedConfig(), "QSharp": ValueGuidedConfig(), "QSharp-HF": ValueGuidedConfig(),
+            "DPO": ValueGuidedConfig(lr=1e-4, beta=0.1, epochs=2, batch_size=16),
+            "GRPO": ValueGuidedConfig(lr=5e-5, beta=0.04, max_steps=60, batch_size=16, num_generations=4),
+            "GRPO-HF": ValueGuidedConfig(lr=5e-5, beta=0.04, max_steps=60, batch_size=16, num_generations=4)}
 
 
 @dataclass
@@ -128,7 +134,7 @@ class PitaConfig:
     model: FamilyConfig = field(default_factory=FamilyConfig)  # group: conf/model/<name>.yaml
     datasets: Dict[str, DatasetConfig] = field(default_factory=dict)  # group: conf/dataset/<name>.yaml
     data_collection: DataCollectionConfig = field(default_factory=DataCollectionConfig)
-    algos: Dict[str, ValueGuidedConfig] = field(default_factory=_value_guided_algos)
+    algos: Dict[str, ValueGuidedConfig] = field(default_factory=_algos)
     eval: EvalConfig = field(default_factory=EvalConfig)
     resume_from: Optional[str] = None  # an earlier run folder: re-run only its unfinished jobs
     resume_force: bool = False  # resume even if overrides change the job graph

@@ -43,7 +43,16 @@ def shard(ctx):
         from pita.models.lm import default_device
 
         dev = default_device()
-        lm = LM.load(pol["model"], device=dev, dtype=pol.get("dtype", "float32"), attn_impl=req.get("attn_impl", "sdpa"))
+        model = pol["model"]
+        if pol.get("model_from_job"):  # a policy trained by an earlier job (DPO / GRPO rounds, their evaluation)
+            model = ctx.dep_result(pol["model_from_job"])["checkpoint"]
+            ctx.log.info("policy: %s (trained by %s)", model, pol["model_from_job"])
+        lm = LM.load(model, device=dev, dtype=pol.get("dtype", "float32"), attn_impl=req.get("attn_impl", "sdpa"),
+                     tf32=req.get("tf32", True), compile=req.get("compile", False))
+        if pol.get("reference") and req["recipe"] == "eval" and pol.get("model_from_job"):
+            # KL to the reference: its log-probs of the policy's samples, processed identically
+            req["_ref_lm"] = LM.load(pol["reference"], device=dev, dtype=pol.get("dtype", "float32"),
+                                     attn_impl=req.get("attn_impl", "sdpa"), tf32=req.get("tf32", True))
         if pol.get("guidance"):
             # the reference guided by an earlier job's value model; a failure here fails the job
             from pita.guidance.decode import GuidedDecoder

@@ -18,8 +18,9 @@ value_rollouts    value-guided collection: a roll-in from the policy, ``cut_poin
 
 eval              evaluation: for each η in ``etas``, n samples per test prompt from the policy
                   (the reference guided by the value model when one is given; η = 0 is the
-                  reference itself), scored, with each sample's log-prob under the sampling
-                  distribution and under the identically processed reference (for KL).
+                  reference itself; or a trained policy, DPO / GRPO), scored, with each sample's
+                  log-prob under the sampling distribution and under the identically processed
+                  reference (the same temperature and top-p; for KL).
     {id, eta, sample, completion, finish, n_tokens, reward, correct, extracted, reason, logp, logp_ref}
 
 Scores: math tasks use the correctness verifier (``reward = rm_score + bonus * correct``, the RM
@@ -165,6 +166,13 @@ def run_eval(lm, examples, req, scorer) -> list[dict]:
         flat_ex = [e for e, samples in zip(examples, outs) for _ in samples]
         flat = [smp for samples in outs for smp in samples]
         scores = scorer(flat_ex, [smp.text for smp in flat])
+        ref = req.get("_ref_lm")
+        if ref is not None and g["temperature"] > 0:
+            enc = dict(zip([e.id for e in examples], ref.encode([ref.chat_prompt(e.prompt) for e in examples])))
+            for smp, lr in zip(flat, ref.sequence_logprobs(
+                    [enc[e.id] for e in flat_ex], [smp.token_ids for smp in flat], batch_size=g["batch_size"],
+                    add_eos=[smp.finish == "eos" for smp in flat], temperature=g["temperature"], top_p=g["top_p"])):
+                smp.meta["logp_ref"] = lr
         for e, smp, sc, j in zip(flat_ex, flat, scores, [j for samples in outs for j in range(len(samples))]):
             recs.append({"id": e.id, "eta": float(eta), "sample": j, "completion": smp.text, "finish": smp.finish,
                          "n_tokens": len(smp.token_ids), **sc, "logp": smp.meta["logp"],

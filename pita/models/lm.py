@@ -287,12 +287,16 @@ class LM:
     # ------------------------------------------------------------------ scoring
     @torch.no_grad()
     def sequence_logprobs(self, prompt_ids: list[list[int]], completion_ids: list[list[int]],
-                          batch_size: int = 16, add_eos: bool = False) -> list[float]:
-        """log π(completion | prompt) summed over completion tokens (plus EOS when ``add_eos``)."""
+                          batch_size: int = 16, add_eos: bool | Sequence[bool] = False, temperature: float = 1.0,
+                          top_p: float = 1.0) -> list[float]:
+        """log π(completion | prompt) summed over completion tokens (plus EOS when ``add_eos``, one flag
+        or one per row), with the logits divided by ``temperature`` and restricted to the top-``top_p``
+        nucleus as the sampler does (a token outside the nucleus gives -inf)."""
         outs: list[float] = []
+        eos_flags = [bool(add_eos)] * len(prompt_ids) if isinstance(add_eos, bool) else [bool(x) for x in add_eos]
         for s in range(0, len(prompt_ids), batch_size):
             P, C = prompt_ids[s:s + batch_size], completion_ids[s:s + batch_size]
-            C = [list(c) + ([self.eos_ids[0]] if add_eos else []) for c in C]
+            C = [list(c) + ([self.eos_ids[0]] if e else []) for c, e in zip(C, eos_flags[s:s + batch_size])]
             seqs = [list(p) + list(c) for p, c in zip(P, C)]
             L = max(len(x) for x in seqs)
             ids = torch.full((len(seqs), L), self.pad_id, dtype=torch.long)
@@ -301,7 +305,9 @@ class LM:
                 ids[i, :len(x)] = torch.tensor(x)
                 mask[i, :len(x)] = 1
             ids, mask = ids.to(self.device), mask.to(self.device)
-            logp = torch.log_softmax(self.model(input_ids=ids, attention_mask=mask).logits.float(), -1)
+            logp = torch.log_softmax(self.model(input_ids=ids, attention_mask=mask).logits.float() / (temperature or 1.0), -1)
+            if top_p < 1.0:
+                logp = torch.log_softmax(logp.masked_fill(~nucleus(logp, top_p), float("-inf")), -1)
             for i, (p, c) in enumerate(zip(P, C)):
                 if not c:
                     outs.append(0.0)

@@ -37,12 +37,18 @@ def experiment_plan(cfg, device_totals: list[int], cuda: bool) -> list[Job]:
     from pita.models.families import check_tokenizers, resolve_family
     from pita.plans.generation import dataset_cfg, estimate_memory_gb
 
+    from pita.algos import baselines
+
     problems = []
+    known = value_guided.VALUE_GUIDED + baselines.BASELINES
+    n_devices = len(device_totals)
     for a in cfg.experiment.algos:
-        if a not in value_guided.VALUE_GUIDED:
-            problems.append(unknown_name("experiment.algos", a, value_guided.VALUE_GUIDED))
+        if a not in known:
+            problems.append(unknown_name("experiment.algos", a, known))
         elif a not in cfg.algos:
             problems.append(f"experiment.algos lists {a} but algos.{a} has no settings")
+        elif a in baselines.BASELINES:
+            problems += baselines.check_config(a, cfg.algos[a], cfg, n_devices)
         else:
             problems += value_guided.check_config(a, cfg.algos[a])
     if cfg.experiment.rounds < 1:
@@ -81,6 +87,10 @@ def experiment_plan(cfg, device_totals: list[int], cuda: bool) -> list[Job]:
         raise ConfigError(problems)
     paths = resolve_family(cfg.model, cfg.system.cache_dir, cfg.system.seed)
     check_tokenizers(paths["reference"], paths["guidance"])
+    lora = [x for a in cfg.experiment.algos if a in baselines.BASELINES
+            for x in baselines.check_lora_targets(a, cfg.algos[a], paths["reference"])]
+    if lora:
+        raise ConfigError(lora)
     gen = ParallelDataGenerator(device_totals)
     dc = cfg.data_collection
     mem = {"gen": dc.memory_gb if dc.memory_gb is not None else
@@ -92,6 +102,11 @@ def experiment_plan(cfg, device_totals: list[int], cuda: bool) -> list[Job]:
         mem["train"] = training_bytes(shape, "float32", 32, 256, cuda=cuda) / 1e9
     except OSError:
         mem["train"] = 0.0
+    try:
+        shape = ModelShape.from_hf_config(AutoConfig.from_pretrained(paths["reference"]))
+        mem["policy_train"] = training_bytes(shape, "float32", 16, 256 + dc.max_new_tokens, cuda=cuda) / 1e9
+    except OSError:
+        mem["policy_train"] = 0.0
     eval_request = eval_request_factory(cfg, paths)
     eval_names = {ds.name: by_train.get(ds.name, [ds.name]) for ds in datasets}
     tests, tasks = {}, {}
@@ -120,7 +135,8 @@ def experiment_plan(cfg, device_totals: list[int], cuda: bool) -> list[Job]:
         n_train = len(load_examples(ds, "train"))
         evals = [(configs[n], tests[n], tasks[n]) for n in eval_names[ds.name]]
         for algo in cfg.experiment.algos:
-            algo_jobs = value_guided.plan(cfg, algo, ds, paths, gen, n_train, evals, train_tasks[ds.name], mem,
+            planner = baselines.plan if algo in baselines.BASELINES else value_guided.plan
+            algo_jobs = planner(cfg, algo, ds, paths, gen, n_train, evals, train_tasks[ds.name], mem,
                                           eval_request)
             for j in algo_jobs:
                 if j.kind == "eval.merge":

@@ -45,7 +45,7 @@ def request_for(cfg, ds, policy_model: str, reward_model: str | None) -> dict:
         "recipe": dc.recipe, "dataset": OmegaConf.to_container(OmegaConf.structured(ds)), "split": dc.split,
         "policy": {"model": policy_model, "dtype": cfg.model.dtype, "guidance": None},
         "n": dc.samples_per_prompt, "chunk_size": dc.chunk_size, "seed": cfg.system.seed,
-        "attn_impl": cfg.system.attn_impl,
+        "attn_impl": cfg.system.attn_impl, "tf32": cfg.system.tf32, "compile": cfg.system.compile,
         "sampling": {"max_new_tokens": dc.max_new_tokens, "temperature": dc.temperature, "top_p": dc.top_p,
                      "top_k": dc.top_k, "batch_size": dc.batch_size},
         "scoring": {"reward_model": reward_model, "reward_batch_size": dc.reward_batch_size,

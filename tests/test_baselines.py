@@ -1,0 +1,154 @@
+"""DPO / GRPO / GRPO-HF: the plan, the checks before launch, KL of a trained policy, one short round of each."""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from helpers import cli
+from pita.core.errors import ConfigError, JobError
+
+pytestmark = pytest.mark.integration
+
+
+def compose(tiny_cache, *overrides):
+    from hydra import compose as hc, initialize_config_dir
+
+    from pita.cli import CONF_DIR
+
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
+        return hc(config_name="config", overrides=["experiment.workload=experiment", "experiment.datasets=[arith]",
+                                                    "experiment.algos=[DPO,GRPO,GRPO-HF]",
+                                                    f"system.cache_dir={tiny_cache}", "datasets.arith.toy_train_size=40",
+                                                    "datasets.arith.toy_test_size=16", *overrides])
+
+
+def test_rounds_chain_policies_and_evaluate_the_trained_model(tiny_cache):
+    from pita.core.graph import JobGraph
+    from pita.plans import build_plan
+
+    jobs = build_plan(compose(tiny_cache, "experiment.rounds=2", "algos.GRPO.devices=2"), [int(8e9)] * 2)
+    by = JobGraph(jobs).validate([int(8e9)] * 2).by_id
+    for algo in ("DPO", "GRPO", "GRPO-HF"):
+        p = f"{algo}.tiny.arith"
+        assert by[f"{p}.r0.train"].params["policy_from"] is None
+        assert by[f"{p}.r1.train"].params["policy_from"] == f"{p}.r0.train"
+        assert f"{p}.r0.train" in by[f"{p}.r1.train"].deps
+        ev = by[f"{p}.r1.eval.s0"].params["request"]["policy"]
+        assert ev["model_from_job"] == f"{p}.r1.train" and ev["reference"].endswith("reference")
+        assert by[f"{p}.r1.eval.merge"].params["labels"]["algorithm"] == algo
+    assert by["DPO.tiny.arith.r1.gen.s0"].params["request"]["policy"]["model_from_job"] == "DPO.tiny.arith.r0.train"
+    assert by["DPO.tiny.arith.r1.gen.s0"].params["request"]["recipe"] == "preference_pairs"
+    assert by["DPO.tiny.arith.r1.train"].params["data"] == "DPO.tiny.arith.r1.gen.merge"
+    assert by["GRPO-HF.tiny.arith.r1.proxy"].params["data"] == ["GRPO-HF.tiny.arith.r0.gen.merge",
+                                                               "GRPO-HF.tiny.arith.r1.gen.merge"]
+    assert by["GRPO-HF.tiny.arith.r1.train"].params["proxy"] == "GRPO-HF.tiny.arith.r1.proxy"
+    assert by["GRPO.tiny.arith.r0.train"].resources.devices == 2  # a k-device training job
+    assert not any(j.startswith("GRPO.tiny.arith.r0.gen") for j in by)  # GRPO generates online
+
+
+@pytest.mark.parametrize("override,needle", [
+    ("algos.GRPO.batch_size=10", "algos.GRPO.batch_size=10 must be divisible by algos.GRPO.num_generations=4"),
+    ("algos.GRPO.num_generations=1", "algos.GRPO.num_generations=1 must be >= 2"),
+    ("algos.DPO.beta=-0.5", "algos.DPO.beta=-0.5 must be >= 0"),
+    ("algos.DPO.gradient_accumulation_steps=3", "algos.DPO.batch_size=16 must be divisible by algos.DPO.devices x "
+                                                "algos.DPO.gradient_accumulation_steps = 1 x 3 = 3"),
+    ("algos.GRPO-HF.devices=4", "algos.GRPO-HF.devices=4 but this machine has 2 device"),
+    ("data_collection.samples_per_prompt=1", "data_collection.samples_per_prompt=1 must be >= 2 for DPO"),
+    ("algos.DPO.ref_policy=orignal", "did you mean 'original'"),
+    ("algos.DPO.lora_r=-1", "algos.DPO.lora_r=-1 must be >= 0"),
+])
+def test_bad_baseline_settings_are_refused_before_work(tiny_cache, override, needle):
+    from pita.plans import build_plan
+
+    with pytest.raises(ConfigError) as e:
+        build_plan(compose(tiny_cache, override), [int(8e9)] * 2)
+    assert needle in str(e.value)
+
+
+def test_lora_on_modules_the_model_does_not_have_is_refused_with_the_ones_it_has(tiny_cache):
+    from pita.plans import build_plan
+
+    with pytest.raises(ConfigError) as e:
+        build_plan(compose(tiny_cache, "algos.DPO.lora_r=4", "algos.DPO.lora_target_modules=[c_attn]"), [int(8e9)])
+    msg = str(e.value)
+    assert "algos.DPO.lora_target_modules: c_attn not found" in msg and "q_proj" in msg
+
+
+def test_an_all_tied_preference_set_fails_dpo_before_training(tmp_path, monkeypatch):
+    from datasets import Dataset
+
+    from pita.algos import baselines
+
+    data = tmp_path / "pairs"
+    Dataset.from_list([{"id": "a", "prompt": "p", "chosen": "x", "rejected": "y", "chosen_reward": 1.0,
+                        "rejected_reward": 1.0, "p_chosen": 0.5}]).save_to_disk(str(data))
+    ctx = SimpleNamespace(params={"data": "m"}, dep_result=lambda j: {"path": str(data)})
+    with pytest.raises(JobError, match="none of the 1 preference pairs has different rewards"):
+        baselines.dpo_train(ctx)
+
+
+def test_reference_log_probs_of_samples_match_the_sampler_under_temperature_and_top_p(tiny):
+    """A trained policy's KL is estimated with the reference's log-probs of its samples, processed
+    identically; with the reference itself as the policy the estimate is 0 to float precision."""
+    from pita.generation.recipes import Scorer, run_eval
+    from pita.datasets.config import dataset_config
+    from pita.datasets.loading import load_examples
+    from pita.models.lm import LM
+
+    lm = LM.load(tiny["reference"])
+    ex = load_examples(dataset_config("arith", toy_test_size=6), "test")
+    req = {"sampling": {"max_new_tokens": 32, "temperature": 0.7, "top_p": 0.9, "top_k": 0, "batch_size": 4},
+           "policy": {}, "n": 3, "seed": 0, "_ref_lm": lm}
+    recs = run_eval(lm, ex, req, Scorer("math"))
+    assert len(recs) == 18 and any(r["finish"] == "eos" for r in recs)
+    for r in recs:
+        assert r["logp"] <= 0
+        assert r["logp_ref"] == pytest.approx(r["logp"], abs=1e-3)
+
+
+def test_one_short_round_of_each_trainer_end_to_end(tmp_path, tiny_cache):
+    r = cli(["experiment.name=bl", "experiment.workload=experiment", "experiment.datasets=[arith]",
+             "experiment.algos=[DPO,GRPO,GRPO-HF]", "experiment.rounds=1", f"system.cache_dir={tiny_cache}",
+             "datasets.arith.toy_train_size=24", "datasets.arith.toy_test_size=8", "eval.n=2",
+             "algos.DPO.epochs=1", "algos.DPO.batch_size=8", "algos.GRPO.max_steps=2", "algos.GRPO.batch_size=8",
+             "algos.GRPO-HF.max_steps=2", "algos.GRPO-HF.batch_size=8", "algos.GRPO-HF.proxy_epochs=1",
+             "data_collection.max_new_tokens=24"], tmp_path, timeout=900)
+    assert r.returncode == 0, r.stderr[-3000:]
+    [run] = list((tmp_path / "bl").iterdir())
+    rows = json.loads((run / "results" / "final_results.json").read_text())
+    assert {x["algorithm"] for x in rows} == {"base", "DPO", "GRPO", "GRPO-HF"}
+    for x in rows:
+        assert 0.0 <= x["pass@1"] <= 1.0 and x["prompts"] == 8 and x["n"] == 2
+        assert x["kl"] is not None and torch.isfinite(torch.tensor(x["kl"]))
+    for algo, key in (("DPO", "loss"), ("GRPO", "reward"), ("GRPO-HF", "reward")):
+        job = run / "jobs" / f"{algo}.tiny.arith.r0.train"
+        res = json.loads((job / "result.json").read_text())
+        assert (job / "artifacts" / "policy" / "config.json").exists()
+        hist = [json.loads(line) for line in (job / "metrics.jsonl").read_text().splitlines()]
+        assert any(key in h for h in hist), (algo, hist[:2])
+        assert res["steps"] >= 1
+
+
+def test_a_two_device_training_job_runs_data_parallel_with_the_configured_effective_batch(tmp_path, tiny_cache):
+    """algos.DPO.devices=2 on CPU: the job holds both logical devices and runs two gloo DDP
+    processes; 8 sequences per optimizer step in all (4 per process)."""
+    import math
+
+    r = cli(["experiment.name=ddp", "experiment.workload=experiment", "experiment.datasets=[arith]",
+             "experiment.algos=[DPO]", "experiment.rounds=1", f"system.cache_dir={tiny_cache}",
+             "system.cpu_devices=2", "datasets.arith.toy_train_size=24", "datasets.arith.toy_test_size=8",
+             "eval.n=2", "algos.DPO.epochs=1", "algos.DPO.batch_size=8", "algos.DPO.devices=2",
+             "data_collection.max_new_tokens=24"], tmp_path, timeout=900)
+    assert r.returncode == 0, r.stderr[-3000:]
+    [run] = list((tmp_path / "ddp").iterdir())
+    job = run / "jobs" / "DPO.tiny.arith.r0.train"
+    log = (job / "job.log").read_text()
+    assert "data-parallel over 2 processes" in log and "[rank 0]" in log and "[rank 1]" in log
+    res = json.loads((job / "result.json").read_text())
+    assert res["steps"] == math.ceil(res["pairs"] / 8)
+    state = json.loads((run / "state.json").read_text())
+    assert len(state["jobs"]["DPO.tiny.arith.r0.train"]["devices"]) == 2
