@@ -41,7 +41,9 @@ class ValueGuidedConfig:
     loss: Optional[str] = None  # null: bce for PITA and math Q#, mle for reward-task Q# and Q#-HF
     mode: Optional[str] = None  # null: bernoulli for bce/mse, mle for mle
     eta: float = 2.0  # guidance strength when round r+1 collects data with round r's model
-    etas: List[float] = field(default_factory=lambda: [0.5, 1.0, 2.0, 4.0])  # evaluation sweep
+    # evaluation sweep; eta 0 is the reference restricted to the same top_k candidates, the baseline
+    # the guided rows should be read against (the base row samples from the whole vocabulary)
+    etas: List[float] = field(default_factory=lambda: [0.0, 0.5, 1.0, 2.0, 4.0])
     top_k: int = 20  # candidates scored per step (-1 = the whole vocabulary)
     num_atoms: int = 11  # mle: atoms over [v_min, v_max]
     v_min: Optional[float] = None  # mle: null = from the data (min over round-0 returns)
