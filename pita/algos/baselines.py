@@ -115,6 +115,7 @@ def check_lora_targets(algo: str, c, model_path: str) -> list[str]:
 # ---------------------------------------------------------------- planning
 def plan(cfg, algo: str, ds, paths: dict, gen, n_train: int, evals: list, task: str, mem: dict,
          eval_request) -> list[Job]:
+    from pita.algos.value_guided import plan_evals
     from pita.plans.generation import request_for
 
     c = cfg.algos[algo]
@@ -164,16 +165,8 @@ def plan(cfg, algo: str, ds, paths: dict, gen, n_train: int, evals: list, task: 
                         params={**train_params, "policy_from": prev, "data": merges[-1] if algo == "DPO" else None,
                                 "proxy": proxy, "seed": cfg.system.seed * 1000 + r},
                         resources=Resources(c.devices, mem["policy_train"]), duration_hint=4.0))
-        for eds, n_test, etask in evals:
-            ereq = eval_request(eds)
-            ereq["policy"]["model_from_job"] = train
-            ereq["policy"]["reference"] = paths["reference"]
-            name = f"{prefix}.r{r}.eval" + ("" if eds.name == ds.name else f"-{eds.name}")
-            ev = gen.plan(ereq, name, n_test, deps=[train], memory_gb=mem["gen"], group=g)
-            ev[-1].kind = "eval.merge"
-            ev[-1].params.update(labels={"algorithm": algo, "family": fam, "train_dataset": ds.name, "round": r,
-                                         "eval_dataset": eds.name, "task": etask})
-            jobs += ev
+        jobs += plan_evals(gen, eval_request, evals, algo, fam, ds.name, r, train, mem["gen"],
+                           policy={"model_from_job": train, "reference": paths["reference"]})
         prev = train
     return jobs
 
@@ -234,6 +227,16 @@ def _save_policy(ctx, trainer, tok, lora: bool) -> str:
     return str(out)
 
 
+def _train(ctx, trainer, tok, p: dict, key: str) -> tuple[dict, list[dict]]:
+    """Train, write the log history and the policy; the common result and the logged rows with ``key``."""
+    out = trainer.train()
+    hist = trainer.state.log_history
+    _write_history(ctx, hist)
+    ckpt = _save_policy(ctx, trainer, tok, p["lora_r"] > 0)
+    return ({"checkpoint": ckpt, "train_loss": out.training_loss, "steps": out.global_step},
+            [h for h in hist if key in h])
+
+
 def _write_history(ctx, history: list[dict]) -> None:
     if not is_rank0():
         return
@@ -284,13 +287,9 @@ def dpo_train(ctx):
                  len(records), "original" if ref_model is not None or not p["policy_from"] else "previous", p["beta"])
     trainer = DPOTrainer(model=model, ref_model=ref_model, args=args, train_dataset=ds, processing_class=tok,
                          peft_config=_peft(p))
-    out = trainer.train()
-    hist = trainer.state.log_history
-    _write_history(ctx, hist)
-    ckpt = _save_policy(ctx, trainer, tok, p["lora_r"] > 0)
-    steps = [h for h in hist if "loss" in h]
-    return {"checkpoint": ckpt, "pairs": len(pairs), "train_loss": out.training_loss, "steps": out.global_step,
-            "loss_first": steps[0]["loss"] if steps else None, "loss_last": steps[-1]["loss"] if steps else None,
+    res, steps = _train(ctx, trainer, tok, p, "loss")
+    return {**res, "pairs": len(pairs), "loss_first": steps[0]["loss"] if steps else None,
+            "loss_last": steps[-1]["loss"] if steps else None,
             "reward_accuracy_last": steps[-1].get("rewards/accuracies") if steps else None}
 
 
@@ -330,17 +329,14 @@ class _Rewards:
         return [float(s["reward"]) for s in scorer(exs, texts)]
 
     def _proxy_scores(self, exs, texts) -> list[float]:
-        from pita.algos.value_guided import _score_sequences
-        from pita.models.lm import LM
+        from pita.algos.value_guided import _score_sequences, text_ids
 
-        lm = getattr(self, "_lm", None)
-        if lm is None:
+        if getattr(self, "_tok", None) is None:
             from transformers import AutoTokenizer
 
-            lm = self._lm = LM(None, AutoTokenizer.from_pretrained(self.p["reference"]), "cpu")
-        seqs = [lm.encode([lm.chat_prompt(e.prompt)])[0] + lm.encode([t])[0] + [lm.tok.eos_token_id]
-                for e, t in zip(exs, texts)]
-        return _score_sequences(self.proxy, seqs, self.device)
+            self._tok = AutoTokenizer.from_pretrained(self.p["reference"])
+        return _score_sequences(self.proxy, [text_ids(self._tok, e.prompt, t) for e, t in zip(exs, texts)],
+                                self.device)
 
 
 @job_kind("algo.grpo_train")
@@ -374,11 +370,6 @@ def grpo_train(ctx):
                  p["beta"], "proxy " + proxy if proxy else ("reward model" if reward.rm else "verifier"))
     trainer = GRPOTrainer(model=model, reward_funcs=[reward], args=args, train_dataset=ds, processing_class=tok,
                           peft_config=_peft(p))
-    out = trainer.train()
-    hist = trainer.state.log_history
-    _write_history(ctx, hist)
-    ckpt = _save_policy(ctx, trainer, tok, p["lora_r"] > 0)
-    steps = [h for h in hist if "reward" in h]
-    return {"checkpoint": ckpt, "train_loss": out.training_loss, "steps": out.global_step,
-            "reward_first": steps[0]["reward"] if steps else None, "reward_last": steps[-1]["reward"] if steps else None,
+    res, steps = _train(ctx, trainer, tok, p, "reward")
+    return {**res, "reward_first": steps[0]["reward"] if steps else None, "reward_last": steps[-1]["reward"] if steps else None,
             "kl_last": steps[-1].get("kl") if steps else None}

@@ -180,17 +180,30 @@ def plan(cfg, algo: str, ds, paths: dict, gen, n_train: int, evals: list, task: 
                                 "gradient_checkpointing": c.gradient_checkpointing, "beta": c.bt_beta,
                                 "lm_prior": c.lm_prior, "seed": cfg.system.seed + r},
                         resources=Resources(1, mem["train"]), duration_hint=3.0))
-        for eds, n_test, etask in evals:
-            ereq = eval_request(eds)
-            ereq["policy"]["guidance"] = {"from_job": train, "mode": mode, "top_k": c.top_k}
-            ereq["etas"] = [float(e) for e in c.etas]
-            name = f"{prefix}.r{r}.eval" + ("" if eds.name == ds.name else f"-{eds.name}")
-            ev = gen.plan(ereq, name, n_test, deps=[train], memory_gb=mem["gen"], group=g)
-            ev[-1].kind = "eval.merge"
-            ev[-1].params.update(labels={"algorithm": algo, "family": fam, "train_dataset": ds.name, "round": r,
-                                         "eval_dataset": eds.name, "task": etask})
-            jobs += ev
+        jobs += plan_evals(gen, eval_request, evals, algo, fam, ds.name, r, train, mem["gen"],
+                           policy={"guidance": {"from_job": train, "mode": mode, "top_k": c.top_k}},
+                           etas=[float(e) for e in c.etas])
         prev_train = train
+    return jobs
+
+
+def plan_evals(gen, eval_request, evals: list, algo: str, fam: str, train_ds: str, r: int, train: str,
+               memory_gb: float, policy: dict, etas: list[float] | None = None) -> list[Job]:
+    """Round r's evaluation jobs of the model trained by job ``train``, on every dataset of ``evals``;
+    ``policy`` says how the evaluated policy is made from it (guidance, or a trained checkpoint)."""
+    jobs: list[Job] = []
+    prefix = f"{algo}.{fam}.{train_ds}.r{r}.eval"
+    for eds, n_test, etask in evals:
+        ereq = eval_request(eds)
+        ereq["policy"].update(policy)
+        if etas is not None:
+            ereq["etas"] = etas
+        name = prefix + ("" if eds.name == train_ds else f"-{eds.name}")
+        ev = gen.plan(ereq, name, n_test, deps=[train], memory_gb=memory_gb, group=f"round {r}")
+        ev[-1].kind = "eval.merge"
+        ev[-1].params.update(labels={"algorithm": algo, "family": fam, "train_dataset": train_ds, "round": r,
+                                     "eval_dataset": eds.name, "task": etask})
+        jobs += ev
     return jobs
 
 
