@@ -34,7 +34,7 @@ def _latest(out: Path, name: str) -> Path:
 
 
 def run_seed(seed: int, args, extra: list[str]) -> tuple[Path, float]:
-    name = f"bench-vg-s{seed}"
+    name = f"{args.name}-s{seed}"
     cmd = [sys.executable, str(ROOT / "run_parallel.py"), f"experiment.name={name}",
            "experiment.workload=experiment", f"experiment.datasets=[{','.join(args.datasets)}]",
            f"experiment.algos=[{','.join(args.algos)}]", f"experiment.rounds={args.rounds}",
@@ -97,20 +97,22 @@ def render(res: dict) -> str:
     return "\n".join(lines)
 
 
-def main(argv=None) -> int:
+def main(argv=None, algos=("PITA", "QSharp", "QSharp-HF"), name="bench-vg", prog="python -m bench.value_guided",
+         doc=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     extra = argv[argv.index("--") + 1:] if "--" in argv else []
     argv = argv[:argv.index("--")] if "--" in argv else argv
-    ap = argparse.ArgumentParser(prog="python -m bench.value_guided", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog=prog, description=(doc or __doc__).split("\n\n")[0])
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--algos", nargs="+", default=["PITA", "QSharp", "QSharp-HF"])
+    ap.add_argument("--algos", nargs="+", default=list(algos))
     ap.add_argument("--datasets", nargs="+", default=["arith", "sentiment"])
     ap.add_argument("--n", type=int, default=4, help="samples per test prompt (eval.n)")
     ap.add_argument("--cache", default=".cache/pita")
     ap.add_argument("--out", default="outputs")
     ap.add_argument("--runs", nargs="+", help="aggregate these finished runs instead of running")
+    ap.add_argument("--name", default=name, help="run names are NAME-s<seed>")
     args = ap.parse_args(argv)
     walls = {}
     if args.runs:

@@ -210,3 +210,22 @@ def test_smoke_experiment_writes_results_for_every_algorithm_and_eta(tmp_path, t
     assert "pass@1" in r.stdout and (run / "results" / "results.csv").exists()
     curve = (run / "jobs" / "QSharp.tiny.arith.r0.train" / "metrics.jsonl").read_text().splitlines()
     assert curve and "loss" in json.loads(curve[0])
+
+
+def test_pita_pairs_every_two_continuations_of_a_cut_and_the_training_leaves_ties_out():
+    from pita.algos.value_guided import _pairs
+
+    def rec(i, cut, reward):
+        return {"id": "x", "cut": cut, "reward": reward, "prompt_ids": [1], "prefix_ids": [], "continuation_ids": [i]}
+
+    recs = [rec(2, 0, 4.0), rec(3, 0, 0.0), rec(4, 0, 0.0), rec(5, 0, 0.0), rec(6, 1, 0.0), rec(7, 1, 0.0)]
+    pairs = _pairs(recs, seed=0, beta=50.0)  # beta 50: the draw follows the reward
+    assert [(c["continuation_ids"], r["continuation_ids"], tie) for c, r, tie in pairs] == [
+        ([2], [3], False), ([4], [5], True), ([6], [7], True)]
+
+
+def test_pita_needs_an_even_number_of_continuations(tmp_path):
+    from pita.algos.value_guided import ValueGuidedConfig, check_config
+
+    assert any("continuations=3 must be even" in p for p in check_config("PITA", ValueGuidedConfig(continuations=3)))
+    assert not any("even" in p for p in check_config("QSharp", ValueGuidedConfig(continuations=3)))

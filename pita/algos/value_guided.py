@@ -9,9 +9,9 @@ Per (algorithm, family, dataset) and round r:
     eval[r]: the reference guided by train[r] at every eta of algos.<A>.etas on the test split
 
 Targets (each sequence's continuation tokens all get its target; pita/guidance/train.py):
-    PITA   two sampled continuations per cut, a Bradley-Terry draw on their rewards (correctness
-           bonus included for math) picks the preferred one: target 1 for it, 0 for the other
-           (0.5 for both when the rewards tie); loss bce, mode bernoulli
+    PITA   the sampled continuations of each cut in disjoint pairs; a Bradley-Terry draw on their
+           rewards (correctness bonus included for math) picks the preferred one: target 1 for it,
+           0 for the other; tied pairs carry no preference and are left out; loss bce, mode bernoulli
     Q#     the return of each sampled continuation: 0/1 correctness for math (bce, bernoulli),
            the reward model's score for reward tasks (mle over atoms spanning the data, mle)
     Q#-HF  the proxy reward model rescores every roll-out (batched, full sequences), then Q# with
@@ -48,7 +48,7 @@ class ValueGuidedConfig:
     num_atoms: int = 11  # mle: atoms over [v_min, v_max]
     v_min: Optional[float] = None  # mle: null = from the data (min over round-0 returns)
     v_max: Optional[float] = None
-    continuations: int = 4  # Q#: sampled continuations per cut (PITA uses 2: a pair)
+    continuations: int = 4  # sampled continuations per cut (PITA: an even number, paired 1-2, 3-4, ...)
     cut_points: int = 2  # roll-in cut positions (the prompt itself is cut 0)
     batch_size: int = 32  # sequences per training step at most
     token_budget: int = 8192  # padded tokens per training step at most
@@ -119,6 +119,9 @@ def check_config(algo: str, c) -> list[str]:
         p.append(f"{k}.lm_prior={c.lm_prior} must be >= 0 (0 starts the head without the LM prior)")
     if c.bt_beta < 0:
         p.append(f"{k}.bt_beta={c.bt_beta} must be >= 0")
+    if algo == "PITA" and c.continuations % 2:
+        p.append(f"{k}.continuations={c.continuations} must be even: PITA pairs the continuations of each cut "
+                 f"(1-2, 3-4, ...); set e.g. {k}.continuations={max(2, c.continuations + 1)}")
     return p
 
 
@@ -151,7 +154,7 @@ def plan(cfg, algo: str, ds, paths: dict, gen, n_train: int, evals: list, task: 
         g = f"round {r}"
         req = request_for(cfg, ds, paths["reference"], paths["reward_models"].get(ds.name))
         req["recipe"] = "value_rollouts"
-        req["rollouts"] = {"cut_points": c.cut_points, "continuations": 2 if algo == "PITA" else c.continuations,
+        req["rollouts"] = {"cut_points": c.cut_points, "continuations": c.continuations,
                            "mode": "sampled"}
         req["seed"] = cfg.system.seed * 1000 + r
         if prev_train:
@@ -234,20 +237,21 @@ def _tag_rounds(ctx, merges):
 
 
 def _pairs(records, seed: int, beta: float):
-    """(chosen, rejected, tie) per cut, by a Bradley-Terry draw on the rewards."""
+    """(chosen, rejected, tie) for each disjoint pair of continuations of a cut (1-2, 3-4, ...),
+    by a Bradley-Terry draw on the rewards."""
     from pita.rewards.preferences import sample_preference
 
     out = []
     for key, grp in sorted(_groups(records).items(), key=lambda kv: str(kv[0])):
         grp = [g for g in grp if g["continuation_ids"]]
-        if len(grp) < 2:
-            continue
-        a, b = grp[0], grp[1]
-        if a["reward"] == b["reward"]:
-            out.append((a, b, True))
-            continue
-        c, rj, _p = sample_preference([a["reward"], b["reward"]], seed, "/".join(map(str, key)), beta)
-        out.append(((a, b)[c], (a, b)[rj], False))
+        for i in range(0, len(grp) - 1, 2):
+            a, b = grp[i], grp[i + 1]
+            if a["reward"] == b["reward"]:
+                out.append((a, b, True))
+                continue
+            tag = "/".join(map(str, key)) + ("" if i == 0 else f"/{i // 2}")
+            c, rj, _p = sample_preference([a["reward"], b["reward"]], seed, tag, beta)
+            out.append(((a, b)[c], (a, b)[rj], False))
     return out
 
 
@@ -341,9 +345,13 @@ def value_train(ctx):
             raise JobError(f"PITA: all {len(pairs)} preference pairs are ties (equal rewards), so there is no "
                            f"preference to learn; collect more continuations (algos.PITA.cut_points) or data "
                            f"(datasets.<name>.toy_train_size / a larger split)")
-        for c, r, tie in pairs:
-            examples.append(SeqExample(_ids(c), len(_ids(c)) - len(c["continuation_ids"]), 0.5 if tie else 1.0))
-            examples.append(SeqExample(_ids(r), len(_ids(r)) - len(r["continuation_ids"]), 0.5 if tie else 0.0))
+        # a tied pair states no preference; labelled 0.5 (the old rule) they were most of the data on
+        # 0/1 rewards and held the head at 0.5 everywhere (docs/architecture.md)
+        decisive = [(c, r) for c, r, tie in pairs if not tie]
+        ctx.log.info("PITA: %d preference pairs, %d ties left out", len(decisive), len(pairs) - len(decisive))
+        for c, r in decisive:
+            examples.append(SeqExample(_ids(c), len(_ids(c)) - len(c["continuation_ids"]), 1.0))
+            examples.append(SeqExample(_ids(r), len(_ids(r)) - len(r["continuation_ids"]), 0.0))
     else:
         recs = [r for r in records if r["continuation_ids"]]
         if algo == "QSharp-HF":

@@ -92,7 +92,9 @@ class DataCollectionConfig:
     batch_size: int = 16  # sequences generated together (halved on CUDA OOM)
     chunk_size: int = 32  # examples per checkpointed chunk; also the unit shards are made of
     reward_batch_size: int = 32  # reward-model scoring batch
-    correctness_bonus: float = 1.0  # math: reward = rm score + bonus * correct
+    # math: reward = rm score + bonus * correct. 4 makes a Bradley-Terry draw (bt_beta 1) prefer a
+    # correct answer to a wrong one 98% of the time (sigmoid(4)); at 1 it was 73%, too noisy for PITA
+    correctness_bonus: float = 4.0
     bt_beta: float = 1.0  # Bradley-Terry: P(a > b) = sigmoid(beta * (r_a - r_b))
     bradley_terry_sampling: bool = True  # false: the higher reward is always chosen
     cut_points: int = 2  # value_rollouts: cut positions per roll-in
