@@ -1,4 +1,4 @@
-"""``python -m pita status RUN_DIR``."""
+"""``python -m pita status RUN_DIR`` / ``python -m pita report RUN_DIR``."""
 
 import sys
 

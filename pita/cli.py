@@ -3,6 +3,7 @@
     python run_parallel.py experiment.name=NAME [key=value ...]     (Hydra main -> run_experiment)
     python run_parallel.py resume_from=outputs/NAME/<time>          (re-run unfinished jobs)
     python -m pita status outputs/NAME/<time>                       (jobs by state, live or not)
+    python -m pita report outputs/NAME/<time>                       (re-render results/report.md)
 
 Exit codes: 0 all jobs completed; 1 some job failed or was skipped; 2 bad configuration or input
 (nothing ran); 130 interrupted (state saved; resume with resume_from=).
@@ -253,8 +254,35 @@ def _run(cfg: DictConfig, overrides: list[str]) -> int:
     if rows:
         print("\n" + table(rows))
         print(f"results: {run.results / 'results.csv'}")
+    _write_report(run, rows)
     _print_summary(summary, run)
     return summary.exit_code
+
+
+def _write_report(run, rows) -> None:
+    """The report is a view of saved results: a failure to draw it is said, and loses nothing."""
+    from pita.report.report import render
+
+    try:
+        print(f"report: {render(run, rows or None)}")
+    except Exception as e:  # noqa: BLE001 - the run's results are already on disk
+        log.warning("the report could not be rendered (%s: %s); results are in %s; retry with: "
+                    "python -m pita report %s", type(e).__name__, e, run.results, run.root)
+
+
+def report_main(run_dir: str) -> int:
+    from pita.core.paths import RunPaths
+    from pita.report.report import render
+    from pita.report.results import write
+
+    try:
+        run = RunPaths.open_existing(run_dir)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    rows = write(run)
+    print(render(run, rows or None))
+    return 0
 
 
 def _print_summary(summary, run) -> None:
@@ -299,7 +327,11 @@ def console_main(argv: list[str] | None = None) -> int:
     sub = ap.add_subparsers(dest="cmd", required=True)
     st = sub.add_parser("status", help="jobs by state, devices, failures and their logs")
     st.add_argument("run_dir")
+    rp = sub.add_parser("report", help="re-render results/report.md and its plots from the saved results")
+    rp.add_argument("run_dir")
     args = ap.parse_args(argv)
     if args.cmd == "status":
         return status_main(args.run_dir)
+    if args.cmd == "report":
+        return report_main(args.run_dir)
     return 2

@@ -116,7 +116,7 @@ def test_one_short_round_of_each_trainer_end_to_end(tmp_path, tiny_cache):
              "datasets.arith.toy_train_size=24", "datasets.arith.toy_test_size=8", "eval.n=2",
              "algos.DPO.epochs=1", "algos.DPO.batch_size=8", "algos.GRPO.max_steps=2", "algos.GRPO.batch_size=8",
              "algos.GRPO-HF.max_steps=2", "algos.GRPO-HF.batch_size=8", "algos.GRPO-HF.proxy_epochs=1",
-             "data_collection.max_new_tokens=24"], tmp_path, timeout=900)
+             "algos.GRPO.lora_r=4", "data_collection.max_new_tokens=24"], tmp_path, timeout=900)
     assert r.returncode == 0, r.stderr[-3000:]
     [run] = list((tmp_path / "bl").iterdir())
     rows = json.loads((run / "results" / "final_results.json").read_text())
@@ -131,6 +131,11 @@ def test_one_short_round_of_each_trainer_end_to_end(tmp_path, tiny_cache):
         hist = [json.loads(line) for line in (job / "metrics.jsonl").read_text().splitlines()]
         assert any(key in h for h in hist), (algo, hist[:2])
         assert res["steps"] >= 1
+    # GRPO trained LoRA adapters (merged into the saved policy, which loads as a plain model)
+    log = (run / "jobs" / "GRPO.tiny.arith.r0.train" / "job.log").read_text()
+    assert "LoRA r=4" in log
+    saved = sorted(p.name for p in (run / "jobs" / "GRPO.tiny.arith.r0.train" / "artifacts" / "policy").iterdir())
+    assert not any("adapter" in n for n in saved), saved
 
 
 def test_a_two_device_training_job_runs_data_parallel_with_the_configured_effective_batch(tmp_path, tiny_cache):

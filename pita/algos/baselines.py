@@ -84,9 +84,12 @@ def check_config(algo: str, c, cfg, n_devices: int) -> list[str]:
         p.append(f"{k}.lora_r={c.lora_r} must be >= 0 (0 = full fine-tuning)")
     if c.lora_r > 0 and not c.lora_target_modules:
         p.append(f"{k}.lora_target_modules is empty; name the modules LoRA adapts, e.g. [q_proj,v_proj]")
-    if c.use_vllm:
-        import importlib.util
+    import importlib.util
 
+    if c.lora_r > 0 and importlib.util.find_spec("peft") is None:
+        p.append(f"{k}.lora_r={c.lora_r} needs peft, which is not installed: pip install -e '.[lora]' "
+                 f"(or set {k}.lora_r=0 for full fine-tuning)")
+    if c.use_vllm:
         if importlib.util.find_spec("vllm") is None:
             p.append(f"{k}.use_vllm=true but vllm is not installed (GPU only: pip install vllm); "
                      f"or set {k}.use_vllm=false")
@@ -206,10 +209,13 @@ def _load_policy(ctx, p: dict, cuda: bool):
     return path, model, tok
 
 
-def _peft(p: dict):
+def _peft(p: dict, log):
     if p["lora_r"] <= 0:
         return None
     from peft import LoraConfig
+
+    log.info("LoRA r=%d alpha=%d on %s (merged into the saved policy)", p["lora_r"], p["lora_alpha"],
+             ",".join(p["lora_target_modules"]))
 
     return LoraConfig(r=p["lora_r"], lora_alpha=p["lora_alpha"], target_modules=list(p["lora_target_modules"]),
                       lora_dropout=0.0, task_type="CAUSAL_LM")
@@ -286,7 +292,7 @@ def dpo_train(ctx):
     ctx.log.info("DPO from %s on %d pairs (of %d; ties dropped), reference policy %s, beta %s", path, len(pairs),
                  len(records), "original" if ref_model is not None or not p["policy_from"] else "previous", p["beta"])
     trainer = DPOTrainer(model=model, ref_model=ref_model, args=args, train_dataset=ds, processing_class=tok,
-                         peft_config=_peft(p))
+                         peft_config=_peft(p, ctx.log))
     res, steps = _train(ctx, trainer, tok, p, "loss")
     return {**res, "pairs": len(pairs), "loss_first": steps[0]["loss"] if steps else None,
             "loss_last": steps[-1]["loss"] if steps else None,
@@ -369,7 +375,7 @@ def grpo_train(ctx):
                  p["max_steps"], p["batch_size"], p["batch_size"] // p["num_generations"], p["num_generations"],
                  p["beta"], "proxy " + proxy if proxy else ("reward model" if reward.rm else "verifier"))
     trainer = GRPOTrainer(model=model, reward_funcs=[reward], args=args, train_dataset=ds, processing_class=tok,
-                          peft_config=_peft(p))
+                          peft_config=_peft(p, ctx.log))
     res, steps = _train(ctx, trainer, tok, p, "reward")
     return {**res, "reward_first": steps[0]["reward"] if steps else None, "reward_last": steps[-1]["reward"] if steps else None,
             "kl_last": steps[-1].get("kl") if steps else None}

@@ -259,6 +259,9 @@ class LM:
                 guide.advance(feed, mask, next_pos.unsqueeze(-1))
             next_pos = next_pos + 1
         lp, lr = logp.tolist(), logp_ref.tolist()
+        # compute accounting: tokens sampled by this model (EOS included), read by the generation job
+        self.tokens_generated = getattr(self, "tokens_generated", 0) + sum(
+            len(o) + (f == "eos") for o, f in zip(out, finish))
         return [(out[i], finish[i], lp[i], lr[i]) for i in range(B)]
 
     def generate(self, prompts: Sequence[str], n: int = 1, max_new_tokens: int | Sequence[int] = 64,
