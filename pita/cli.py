@@ -26,11 +26,12 @@ log = logging.getLogger("pita")
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 RESUME_KEYS = ("resume_from", "resume_force")
-GROUPS = ("model", "dataset")  # Hydra config groups under conf/
+GROUPS = ("model", "dataset", "gpu", "experiment")  # Hydra config groups under conf/
 # Keys that change how a run executes but not what it computes: free to change on resume.
 EXECUTION_KEYS = ("executor.", "system.devices", "system.cpu_devices", "system.gpu_summary_interval_s",
-                  "system.output_dir", "data_collection.batch_size", "data_collection.reward_batch_size",
-                  "data_collection.memory_gb", "system.attn_impl")
+                  "system.output_dir", "system.min_free_gb", "data_collection.batch_size", "data_collection.reward_batch_size",
+                  "data_collection.memory_gb", "system.attn_impl", "system.use_parallel_execution",
+                  "system.clear_cache_interval")
 
 
 # ---------------------------------------------------------------- overrides
@@ -203,6 +204,8 @@ def _run(cfg: DictConfig, overrides: list[str]) -> int:
     cpu_n = min(os.cpu_count() or 1, 2) if sy.cpu_devices == "auto" else int(sy.cpu_devices)
     devices = sy.devices if isinstance(sy.devices, str) else list(sy.devices)
     gpus = GPUManager.detect(devices, cpu_devices=cpu_n)
+    if not sy.use_parallel_execution:  # one job at a time: the first device only, one job on it
+        gpus.devices = gpus.devices[:1]
     totals = [d.total_bytes for d in gpus.devices]
     graph = JobGraph(build_plan(cfg, totals, cuda=not gpus.is_cpu)).validate(totals, ex.memory_margin)
 
@@ -227,7 +230,7 @@ def _run(cfg: DictConfig, overrides: list[str]) -> int:
                 if j in graph.by_id:
                     run.job(j).clear_for_rerun()
     else:
-        run = RunPaths.create(sy.output_dir, cfg.experiment.name)
+        run = RunPaths.create(sy.output_dir, cfg.experiment.name, min_free_bytes=sy.min_free_gb * 2**30)
     try:
         atomic_write(run.config, OmegaConf.to_yaml(cfg, resolve=True) if not resume else OmegaConf.to_yaml(cfg))
     except OSError as e:
@@ -235,16 +238,21 @@ def _run(cfg: DictConfig, overrides: list[str]) -> int:
                           f"system.output_dir") from e
     setup_logging(run.run_log)
     log.info("run folder: %s", run.root)
+    if not sy.use_parallel_execution:
+        log.info("system.use_parallel_execution=false: one job at a time on %s", gpus.devices[0].label)
     if resume:
         log.info("resuming %s%s", run.root, f" with changed keys: {', '.join(changed)}" if changed else "")
     settings = ExecutorSettings(
         oom_retries=ex.oom_retries, crash_retries=ex.crash_retries, job_timeout_s=ex.job_timeout_s,
         kill_grace_s=ex.kill_grace_s, poll_interval_s=ex.poll_interval_s, memory_margin=ex.memory_margin,
-        max_jobs_per_device=ex.max_jobs_per_device if ex.max_jobs_per_device is not None else (1 if gpus.is_cpu else None),
-        max_cpu_jobs=ex.max_cpu_jobs or (os.cpu_count() or 1), starvation_passes=ex.starvation_passes,
+        max_jobs_per_device=1 if not sy.use_parallel_execution else (
+            ex.max_jobs_per_device if ex.max_jobs_per_device is not None else (1 if gpus.is_cpu else None)),
+        max_cpu_jobs=1 if not sy.use_parallel_execution else (ex.max_cpu_jobs or (os.cpu_count() or 1)),
+        starvation_passes=ex.starvation_passes,
         gpu_summary_interval_s=sy.gpu_summary_interval_s, progress=ex.progress,
         progress_interval_s=ex.progress_interval_s,
-        threads_per_job=max(1, (os.cpu_count() or 1) // len(gpus.devices)) if gpus.is_cpu else None)
+        threads_per_job=max(1, (os.cpu_count() or 1) // len(gpus.devices)) if gpus.is_cpu else None,
+        max_running=None if sy.use_parallel_execution else 1)
     backend = make_backend(ex.backend, kill_grace_s=ex.kill_grace_s) if ex.backend == "local" else make_backend(ex.backend)
     config_dict = OmegaConf.to_container(cfg, resolve=True)
     summary = Executor(graph, gpus, backend, run, settings, config_dict).run()

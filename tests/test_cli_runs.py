@@ -167,3 +167,13 @@ def test_hydra_cfg_flag_prints_the_config(tmp_path):
     r = cli(["--cfg", "job"], tmp_path)
     assert r.returncode == 0, r.stderr
     assert "oom_retries: 2" in r.stdout
+
+
+def test_without_parallel_execution_jobs_run_one_at_a_time_on_one_device(tmp_path):
+    r = cli(["experiment.name=serial", "experiment.workload=synthetic", "synthetic.job_seconds=0.05",
+             "system.use_parallel_execution=false", "system.cpu_devices=2", *SMALL], tmp_path)
+    assert r.returncode == 0, r.stderr
+    jobs = json.loads((only_run(tmp_path, "serial") / "state.json").read_text())["jobs"]
+    spans = sorted((e["started"], e["finished"]) for e in jobs.values())
+    assert all(a[1] <= b[0] + 1e-3 for a, b in zip(spans, spans[1:])), "two jobs overlapped"
+    assert {d["label"] for e in jobs.values() for d in e["devices"]} <= {"cpu0"}

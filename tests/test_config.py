@@ -117,3 +117,83 @@ def test_run_experiment_bad_config_exits_2_and_creates_nothing(tmp_path, capsys)
     assert err.startswith("error: ")
     assert "executor.backend" in err
     assert list(tmp_path.iterdir()) == []
+
+
+# ---------------------------------------------------------------- the user guide's keys, presets
+GUIDE_KEYS = ["system.attn_impl=eager", "system.clear_cache_interval=10", "system.use_parallel_execution=true",
+              "training.micro_batch_size=4", "training.gradient_checkpointing=true",
+              "data_collection.reward_batch_size=32", "algos.PITA.batch_size=24", "algos.PITA.num_workers=4"]
+
+
+def test_the_user_guide_keys_are_accepted():
+    check_overrides(GUIDE_KEYS)
+
+
+def _compose(*overrides):
+    from hydra import compose, initialize_config_dir
+
+    from pita.cli import CONF_DIR
+
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
+        return compose(config_name="config", overrides=list(overrides))
+
+
+@pytest.mark.parametrize("preset, batch, micro, gc", [("a100_40gb", 16, 2, True), ("a100_80gb", 32, 4, False),
+                                                      ("h100_80gb", 32, 4, False)])
+def test_gpu_presets_set_batches_micro_batches_and_checkpointing(preset, batch, micro, gc):
+    cfg = _compose(f"gpu={preset}")
+    assert cfg.algos.PITA.batch_size == cfg.algos.QSharp.batch_size == batch
+    assert cfg.training.micro_batch_size == micro and cfg.training.gradient_checkpointing is gc
+    assert _compose(f"gpu={preset}", "training.micro_batch_size=1").training.micro_batch_size == 1  # overrides win
+
+
+def test_the_smoke_preset_is_the_whole_pipeline_at_its_smallest_and_keeps_a_chosen_name():
+    cfg = _compose("experiment=smoke", "experiment.name=mine")
+    assert cfg.experiment.name == "mine" and cfg.experiment.workload == "experiment"
+    assert list(cfg.experiment.algos) == ["PITA", "QSharp", "QSharp-HF", "DPO", "GRPO", "GRPO-HF"]
+    assert cfg.experiment.rounds == 1 and list(cfg.experiment.datasets) == ["arith"]
+
+
+@pytest.mark.parametrize("override, needle", [("gpu=a100", "did you mean 'a100_80gb'"),
+                                              ("experiment=smok", "did you mean 'smoke'"),
+                                              ("trainng.micro_batch_size=2", "did you mean 'training'")])
+def test_preset_typos_say_what_to_type(override, needle):
+    with pytest.raises(ConfigError, match=needle):
+        check_overrides([override])
+
+
+def test_gpu_auto_picks_the_largest_micro_batch_the_memory_estimate_fits(tiny):
+    from pita.core.memory import ModelShape, training_bytes
+    from pita.plans.experiment import resolve_auto_training
+    from transformers import AutoConfig
+
+    cfg = _compose("gpu=auto", "experiment.algos=[PITA,DPO]", "algos.DPO.batch_size=16")
+    shape = ModelShape.from_hf_config(AutoConfig.from_pretrained(tiny["reference"]))
+    seq = 256 + cfg.data_collection.max_new_tokens
+    need4 = training_bytes(shape, "float32", 4, seq, cuda=True)
+    need8 = training_bytes(shape, "float32", 8, seq, cuda=True)
+    total = int((need4 + need8) / 2 / (1 - cfg.executor.memory_margin))  # 4 fits, 8 does not
+    paths = {"reference": tiny["reference"], "guidance": tiny["guidance"]}
+    resolve_auto_training(cfg, paths, [total, 2 * total], cuda=True)
+    assert cfg.training.micro_batch_size == 4 and cfg.training.gradient_checkpointing is False
+    tiny_gpu = _compose("gpu=auto")
+    with pytest.raises(ConfigError, match="not even a micro-batch of 1"):
+        resolve_auto_training(tiny_gpu, paths, [1024], cuda=True)
+
+
+def test_a_run_refuses_to_start_without_disk_space_and_creates_nothing(tmp_path):
+    from pita.core.paths import RunPaths
+
+    with pytest.raises(ConfigError, match=r"system.min_free_gb"):
+        RunPaths.create(tmp_path / "out", "x", min_free_bytes=1e18)
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_readme_configuration_reference_matches_the_schema():
+    from pathlib import Path
+
+    from pita.config.reference import block_of, render
+
+    readme = Path(__file__).resolve().parents[1] / "README.md"
+    assert block_of(readme.read_text()) == render().strip(), \
+        "README's configuration reference is stale: python -m pita.config.reference --write README.md"

@@ -229,3 +229,24 @@ def test_pita_needs_an_even_number_of_continuations(tmp_path):
 
     assert any("continuations=3 must be even" in p for p in check_config("PITA", ValueGuidedConfig(continuations=3)))
     assert not any("even" in p for p in check_config("QSharp", ValueGuidedConfig(continuations=3)))
+
+
+@pytest.mark.parametrize("loss", ["bce", "mle"])
+def test_micro_batches_accumulate_to_the_same_step_as_the_whole_batch(tiny, loss):
+    """training.micro_batch_size splits a batch into parts whose gradients add up (each weighted
+    by its share of the masked tokens) to the whole batch's: the same weights after training."""
+    from pita.guidance.train import SeqExample, TrainSettings, train
+    from pita.guidance.value_model import ValueModel
+
+    ex = [SeqExample([5, 6, 7] + [20 + i] * (1 + i % 3) + [9], 3, float(i % 2)) for i in range(12)]
+    got = []
+    for micro in (0, 5):
+        torch.manual_seed(0)
+        vm = ValueModel.create(tiny["guidance"], loss=loss, v_min=0.0, v_max=1.0)
+        curve = train(vm, ex, TrainSettings(epochs=1, lr=1e-3, batch_size=12, token_budget=4096,
+                                            micro_batch_size=micro), pad_id=0)
+        got.append((curve, [p.detach().clone() for p in vm.parameters()]))
+    (c0, w0), (c1, w1) = got
+    assert len(c0) == len(c1) == 1 and c0[0]["loss"] == pytest.approx(c1[0]["loss"], rel=1e-5)
+    for a, b in zip(w0, w1):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)

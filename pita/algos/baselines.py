@@ -56,11 +56,20 @@ def check_config(algo: str, c, cfg, n_devices: int) -> list[str]:
         from pita.core.names import unknown_name
 
         p.append(unknown_name(f"{k}.ref_policy", c.ref_policy, ("original", "previous")))
-    step = c.devices * c.gradient_accumulation_steps
-    if c.batch_size >= 1 and step >= 1 and c.batch_size % step:
-        p.append(f"{k}.batch_size={c.batch_size} must be divisible by {k}.devices x "
-                 f"{k}.gradient_accumulation_steps = {c.devices} x {c.gradient_accumulation_steps} = {step} "
-                 f"(it is the effective batch; each device gets batch_size / {step} per micro-step)")
+    micro = cfg.training.micro_batch_size
+    micro = micro if isinstance(micro, int) and not isinstance(micro, bool) else -1  # auto: chosen to divide
+    if micro > 0:
+        per = c.devices * micro
+        if c.batch_size >= 1 and c.devices >= 1 and c.batch_size % per:
+            p.append(f"{k}.batch_size={c.batch_size} must be divisible by {k}.devices x training.micro_batch_size "
+                     f"= {c.devices} x {micro} = {per} (the effective batch is made of micro-batches of "
+                     f"{micro} per device; accumulation steps are derived)")
+    elif micro == 0:  # a negative value is reported once, by the plan
+        step = c.devices * c.gradient_accumulation_steps
+        if c.batch_size >= 1 and step >= 1 and c.batch_size % step:
+            p.append(f"{k}.batch_size={c.batch_size} must be divisible by {k}.devices x "
+                     f"{k}.gradient_accumulation_steps = {c.devices} x {c.gradient_accumulation_steps} = {step} "
+                     f"(it is the effective batch; each device gets batch_size / {step} per micro-step)")
     if algo == "DPO":
         if cfg.data_collection.samples_per_prompt < 2:
             p.append(f"data_collection.samples_per_prompt={cfg.data_collection.samples_per_prompt} must be >= 2 "
@@ -118,7 +127,7 @@ def check_lora_targets(algo: str, c, model_path: str) -> list[str]:
 # ---------------------------------------------------------------- planning
 def plan(cfg, algo: str, ds, paths: dict, gen, n_train: int, evals: list, task: str, mem: dict,
          eval_request) -> list[Job]:
-    from pita.algos.value_guided import plan_evals
+    from pita.algos.value_guided import plan_evals, training_params
     from pita.plans.generation import request_for
 
     c = cfg.algos[algo]
@@ -131,9 +140,9 @@ def plan(cfg, algo: str, ds, paths: dict, gen, n_train: int, evals: list, task: 
         "algo": algo, "task": task, "dataset": _dataset_dict(ds), "reference": paths["reference"],
         "reward_model": rm, "correctness_bonus": cfg.data_collection.correctness_bonus,
         "lr": c.lr, "beta": c.beta, "epochs": c.epochs, "max_steps": c.max_steps, "batch_size": c.batch_size,
-        "gradient_accumulation_steps": c.gradient_accumulation_steps, "devices": c.devices,
+        "gradient_accumulation_steps": accumulation_steps(c, cfg), "devices": c.devices,
         "max_length": c.max_length, "ref_policy": c.ref_policy, "lora_r": c.lora_r, "lora_alpha": c.lora_alpha,
-        "lora_target_modules": list(c.lora_target_modules), "gradient_checkpointing": c.gradient_checkpointing,
+        "lora_target_modules": list(c.lora_target_modules), **training_params(cfg, c), "num_workers": c.num_workers,
         "num_generations": c.num_generations, "temperature": c.temperature,
         "max_completion_length": c.max_completion_length or cfg.data_collection.max_new_tokens,
         "use_vllm": c.use_vllm, "vllm_mode": c.vllm_mode, "vllm_gpu_memory_utilization": c.vllm_gpu_memory_utilization,
@@ -174,6 +183,15 @@ def plan(cfg, algo: str, ds, paths: dict, gen, n_train: int, evals: list, task: 
     return jobs
 
 
+def accumulation_steps(c, cfg) -> int:
+    """Gradient accumulation per optimizer step: derived from training.micro_batch_size when that
+    is set (batch_size / (devices x micro)), else algos.<A>.gradient_accumulation_steps."""
+    micro = int(cfg.training.micro_batch_size)
+    if micro > 0:
+        return max(1, c.batch_size // (c.devices * micro))
+    return c.gradient_accumulation_steps
+
+
 def _dataset_dict(ds) -> dict:
     from omegaconf import OmegaConf
 
@@ -192,6 +210,7 @@ def _training_args(cls, p: dict, out: str, cuda: bool, **extra):
                gradient_accumulation_steps=p["gradient_accumulation_steps"], learning_rate=p["lr"], beta=p["beta"],
                gradient_checkpointing=bool(p["gradient_checkpointing"]), seed=p["seed"], data_seed=p["seed"],
                logging_steps=1, report_to=[], save_strategy="no", disable_tqdm=True,
+               dataloader_num_workers=int(p.get("num_workers", 0)),
                ddp_find_unused_parameters=False if p["devices"] > 1 else None, **extra)
 
 

@@ -37,7 +37,7 @@ VALUE_GUIDED = ("PITA", "QSharp", "QSharp-HF")
 
 @dataclass
 class ValueGuidedConfig:
-    enabled: bool = True
+    enabled: bool = True  # kept for configs written for other tools; experiment.algos picks what runs
     loss: Optional[str] = None  # null: bce for PITA and math Q#, mle for reward-task Q# and Q#-HF
     mode: Optional[str] = None  # null: bernoulli for bce/mse, mle for mle
     eta: float = 2.0  # guidance strength when round r+1 collects data with round r's model
@@ -47,23 +47,25 @@ class ValueGuidedConfig:
     top_k: int = 20  # candidates scored per step (-1 = the whole vocabulary)
     num_atoms: int = 11  # mle: atoms over [v_min, v_max]
     v_min: Optional[float] = None  # mle: null = from the data (min over round-0 returns)
-    v_max: Optional[float] = None
+    v_max: Optional[float] = None  # mle: null = from the data (max over round-0 returns)
     continuations: int = 4  # sampled continuations per cut (PITA: an even number, paired 1-2, 3-4, ...)
     cut_points: int = 2  # roll-in cut positions (the prompt itself is cut 0)
     batch_size: int = 32  # sequences per training step at most
     token_budget: int = 8192  # padded tokens per training step at most
-    epochs: int = 2
+    epochs: int = 2  # value model: passes over the data per round; DPO: epochs per round
     lr: float = 1e-4  # backbone; the head learns 10x faster. 1e-3 washes out the LM prior (see lm_prior)
-    head_dim: int = 128
+    head_dim: int = 128  # hidden width of the value head
     lm_prior: float = 1.0  # initial weight of the backbone's LM log-prob in the head; 0 = none
-    gradient_checkpointing: bool = False
+    gradient_checkpointing: Optional[bool] = None  # null: training.gradient_checkpointing
+    num_workers: int = 0  # DPO / GRPO data-loader workers (value training batches in-process)
     bt_beta: float = 1.0  # PITA / Q#-HF preference draws
     proxy_epochs: int = 2  # Q#-HF / GRPO-HF proxy reward model
-    proxy_lr: float = 5e-4
+    proxy_lr: float = 5e-4  # learning rate of the proxy reward model
     # ---- DPO / GRPO / GRPO-HF (pita/algos/baselines.py); batch_size is the effective batch there
+
     beta: float = 0.1  # KL coefficient: DPO's beta, GRPO's beta (KL to the reference)
     max_steps: int = 100  # GRPO optimizer steps per round
-    gradient_accumulation_steps: int = 1
+    gradient_accumulation_steps: int = 1  # DPO / GRPO (ignored when training.micro_batch_size is set)
     devices: int = 1  # devices per training job (data-parallel through accelerate when > 1)
     max_length: int = 256  # DPO: prompt + completion tokens kept
     ref_policy: str = "original"  # DPO reference policy in later rounds: original | previous
@@ -71,14 +73,21 @@ class ValueGuidedConfig:
     temperature: float = 1.0  # GRPO sampling temperature
     max_completion_length: Optional[int] = None  # GRPO; null = data_collection.max_new_tokens
     lora_r: int = 0  # LoRA rank through peft; 0 = full fine-tuning
-    lora_alpha: int = 16
-    lora_target_modules: List[str] = field(default_factory=lambda: ["q_proj", "v_proj"])
+    lora_alpha: int = 16  # LoRA scaling
+    lora_target_modules: List[str] = field(default_factory=lambda: ["q_proj", "v_proj"])  # module names LoRA adapts
     use_vllm: bool = False  # GRPO generation through vLLM (GPU only, needs vllm installed)
-    vllm_mode: str = "colocate"
-    vllm_gpu_memory_utilization: float = 0.3
+    vllm_mode: str = "colocate"  # TRL vLLM mode: colocate | server
+    vllm_gpu_memory_utilization: float = 0.3  # colocate: the GPU share vLLM may take
 
 
 AlgoConfig = ValueGuidedConfig  # the settings of any algorithm under algos.<name>
+
+
+def training_params(cfg, c) -> dict:
+    """The shared training settings a training job reads (training.*, system.clear_cache_interval)."""
+    gc = c.gradient_checkpointing if c.gradient_checkpointing is not None else cfg.training.gradient_checkpointing
+    return {"gradient_checkpointing": bool(gc), "micro_batch_size": int(cfg.training.micro_batch_size),
+            "clear_cache_interval": int(cfg.system.clear_cache_interval)}
 
 
 def losses_for(algo: str, c, task: str) -> tuple[str, str]:
@@ -171,7 +180,7 @@ def plan(cfg, algo: str, ds, paths: dict, gen, n_train: int, evals: list, task: 
                             params={"data": list(merges), "backbone": paths["guidance"], "epochs": c.proxy_epochs,
                                     "lr": c.proxy_lr, "beta": c.bt_beta, "seed": cfg.system.seed + r,
                                     "batch_size": c.batch_size, "token_budget": c.token_budget,
-                                    "head_dim": c.head_dim},
+                                    "head_dim": c.head_dim, **training_params(cfg, c)},
                             resources=Resources(1, mem["train"]), duration_hint=2.0))
             train_deps.append(proxy)
         train = f"{prefix}.r{r}.train"
@@ -180,8 +189,8 @@ def plan(cfg, algo: str, ds, paths: dict, gen, n_train: int, evals: list, task: 
                                 "warm_start": prev_train, "proxy": proxy, "loss": loss, "num_atoms": c.num_atoms,
                                 "v_min": c.v_min, "v_max": c.v_max, "head_dim": c.head_dim, "epochs": c.epochs,
                                 "lr": c.lr, "batch_size": c.batch_size, "token_budget": c.token_budget,
-                                "gradient_checkpointing": c.gradient_checkpointing, "beta": c.bt_beta,
-                                "lm_prior": c.lm_prior, "seed": cfg.system.seed + r},
+                                "beta": c.bt_beta, "lm_prior": c.lm_prior, "seed": cfg.system.seed + r,
+                                **training_params(cfg, c)},
                         resources=Resources(1, mem["train"]), duration_hint=3.0))
         jobs += plan_evals(gen, eval_request, evals, algo, fam, ds.name, r, train, mem["gen"],
                            policy={"guidance": {"from_job": train, "mode": mode, "top_k": c.top_k}},
@@ -268,6 +277,12 @@ def text_ids(tok, prompt: str, completion: str) -> list[int]:
             + [tok.eos_token_id])
 
 
+def _shared(p: dict) -> dict:
+    return {"gradient_checkpointing": bool(p.get("gradient_checkpointing", False)),
+            "micro_batch_size": int(p.get("micro_batch_size", 0)),
+            "clear_cache_interval": int(p.get("clear_cache_interval", 0))}
+
+
 @job_kind("algo.proxy_train")
 def proxy_train(ctx):
     from pita.guidance.train import PairExample, TrainSettings, train
@@ -290,8 +305,8 @@ def proxy_train(ctx):
     vm = ValueModel.create(p["backbone"], loss="bradley_terry", head_dim=p["head_dim"])
     dev = default_device()
     curve = train(vm, examples, TrainSettings(epochs=p["epochs"], lr=p["lr"], token_budget=p["token_budget"],
-                                              batch_size=p["batch_size"], seed=p["seed"]), ctx.log, pad_id=0,
-                  device=dev)
+                                              batch_size=p["batch_size"], seed=p["seed"], **_shared(p)),
+                  ctx.log, pad_id=0, device=dev)
     out = ctx.paths.artifacts / "model"
     vm.save(out)
     _write_curve(ctx, curve)
@@ -388,7 +403,7 @@ def value_train(ctx):
                                v_max=spec.v_max, head_dim=p["head_dim"], lm_prior=spec.lm_prior)
         ctx.log.info("head calibrated to the targets: %s", calibrate(vm, examples, device=dev, seed=p["seed"]))
     settings = TrainSettings(epochs=p["epochs"], lr=p["lr"], token_budget=p["token_budget"],
-                             batch_size=p["batch_size"], gradient_checkpointing=p["gradient_checkpointing"],
+                             batch_size=p["batch_size"], **_shared(p),
                              seed=p["seed"])
     ctx.log.info("%s: %d examples (%s loss), targets mean %.3f", algo, len(examples), p["loss"],
                  sum(e.target for e in examples) / len(examples))

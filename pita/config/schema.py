@@ -25,7 +25,7 @@ class ExperimentConfig:
     workload: str = "synthetic"
     datasets: List[str] = field(default_factory=lambda: ["arith", "sentiment"])  # names under datasets.*
     algos: List[str] = field(default_factory=lambda: ["PITA", "QSharp", "QSharp-HF"])  # settings: algos.<name>
-    rounds: int = 2
+    rounds: int = 2  # value-guided: data collection + training per round; baselines: policy rounds
 
 
 @dataclass
@@ -33,12 +33,28 @@ class SystemConfig:
     devices: Any = "auto"  # auto | cpu | list of visible device indices, e.g. [0,1]
     cpu_devices: Any = "auto"  # CPU mode: logical devices (auto = min(cores, 2))
     gpu_summary_interval_s: float = 60.0  # device memory summary to run.log while the run is active
-    output_dir: str = "outputs"
+    output_dir: str = "outputs"  # runs go to <output_dir>/<experiment.name>/<time>/
+    min_free_gb: float = 1.0  # refuse to start a run with less free disk under output_dir; 0 = no check
     cache_dir: str = ".cache/pita"  # models built or converted locally
-    seed: int = 0
+    seed: int = 0  # everything: data, sampling, training, and the tiny family's weights
     attn_impl: str = "sdpa"  # sdpa | eager | flash_attention_2 (used by model-loading jobs)
     tf32: bool = True  # CUDA: TF32 matmuls in generation and training jobs
     compile: bool = False  # torch.compile the model in generation and training jobs
+    clear_cache_interval: int = 0  # CUDA: empty the allocator cache every N training steps; 0 = never
+    # false: one job at a time on one device (debugging; the plan and results are the same)
+    use_parallel_execution: bool = True
+
+
+@dataclass
+class TrainingConfig:
+    """Settings shared by every training job (value models, proxies, DPO / GRPO policies)."""
+
+    # rows per forward/backward pass, gradients accumulated up to the algorithm's batch_size;
+    # 0 = the whole batch at once. DPO / GRPO: the per-device batch (accumulation steps derived)
+    # auto (gpu=auto): the largest that the memory estimate fits on the smallest device
+    micro_batch_size: Any = 0
+    # recompute activations in backward: less memory, ~30% slower; auto: only if no micro-batch fits
+    gradient_checkpointing: Any = False
 
 
 @dataclass
@@ -53,7 +69,7 @@ class ExecutorConfig:
     crash_retries: int = 0  # worker died (signal, exit without report): re-run this often
     job_timeout_s: Optional[float] = None  # kill and fail a job running longer (null = no limit)
     kill_grace_s: float = 10.0  # TERM, then KILL after this many seconds
-    poll_interval_s: float = 0.1
+    poll_interval_s: float = 0.1  # how often the executor checks workers and starts jobs
     memory_margin: float = 0.05  # fraction of each device never reserved
     max_jobs_per_device: Optional[int] = None  # null = as many as memory allows (CPU mode: 1)
     max_cpu_jobs: Optional[int] = None  # jobs that hold no device (merges) at once; null = cores
@@ -67,14 +83,14 @@ class ExecutorConfig:
 class SyntheticConfig:
     """The synthetic workload (pita/plans/synthetic.py): the real grid's shape, sleeping jobs."""
 
-    algos: List[str] = field(default_factory=lambda: list(ALGOS))
-    families: List[str] = field(default_factory=lambda: ["tiny"])
-    datasets: List[str] = field(default_factory=lambda: ["arith", "sentiment"])
-    rounds: int = 2
-    gen_shards: int = 2
-    eval_shards: int = 2
-    job_seconds: float = 0.2
-    memory_gb: float = 0.5
+    algos: List[str] = field(default_factory=lambda: list(ALGOS))  # stand-in algorithms of the grid
+    families: List[str] = field(default_factory=lambda: ["tiny"])  # model families (names only)
+    datasets: List[str] = field(default_factory=lambda: ["arith", "sentiment"])  # dataset names (names only)
+    rounds: int = 2  # rounds per (algorithm, family, dataset)
+    gen_shards: int = 2  # generation shards per round (one per device in the real plans)
+    eval_shards: int = 2  # evaluation shards per round
+    job_seconds: float = 0.2  # each stand-in job sleeps this long
+    memory_gb: float = 0.5  # each stand-in job's memory estimate
     fail: List[str] = field(default_factory=list)  # job ids that raise (to see failure handling)
 
 
@@ -84,10 +100,10 @@ class DataCollectionConfig:
 
     recipe: str = "samples"  # samples | preference_pairs | prompts | value_rollouts (workload=generate)
     split: str = "train"  # train | test | held_out
-    samples_per_prompt: int = 4
-    max_new_tokens: int = 48
+    samples_per_prompt: int = 4  # samples / preference_pairs: completions per prompt
+    max_new_tokens: int = 48  # completion length limit
     temperature: float = 1.0  # 0 = greedy
-    top_p: float = 1.0
+    top_p: float = 1.0  # nucleus sampling; 1 = off
     top_k: int = 0  # 0 = off
     batch_size: int = 16  # sequences generated together (halved on CUDA OOM)
     chunk_size: int = 32  # examples per checkpointed chunk; also the unit shards are made of
@@ -108,11 +124,11 @@ class EvalConfig:
     """Evaluation jobs (pita/eval/): n samples per test prompt at every eta of the algorithm."""
 
     n: int = 8  # samples per prompt: pass@1 is their mean correctness, maj@n their majority vote
-    split: str = "test"
-    max_new_tokens: int = 48
-    temperature: float = 1.0
-    top_p: float = 1.0
-    batch_size: int = 32
+    split: str = "test"  # test | train | held_out
+    max_new_tokens: int = 48  # completion length limit
+    temperature: float = 1.0  # sampling temperature of every evaluated policy (and its reference)
+    top_p: float = 1.0  # nucleus sampling; 1 = off
+    batch_size: int = 32  # sequences generated together (halved on CUDA OOM)
     kl_fraction: float = 1.0  # share of the samples the KL estimate uses (stated in the results)
     # cross-dataset evaluation: training dataset -> the datasets its models are evaluated on
     # (default: itself), e.g. {gsm8k: [gsm8k, math500]}; each needs a datasets.<name> entry
@@ -132,11 +148,12 @@ class PitaConfig:
     experiment: ExperimentConfig = field(default_factory=ExperimentConfig)
     system: SystemConfig = field(default_factory=SystemConfig)
     executor: ExecutorConfig = field(default_factory=ExecutorConfig)
+    training: TrainingConfig = field(default_factory=TrainingConfig)
     synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
     model: FamilyConfig = field(default_factory=FamilyConfig)  # group: conf/model/<name>.yaml
     datasets: Dict[str, DatasetConfig] = field(default_factory=dict)  # group: conf/dataset/<name>.yaml
     data_collection: DataCollectionConfig = field(default_factory=DataCollectionConfig)
-    algos: Dict[str, ValueGuidedConfig] = field(default_factory=_algos)
+    algos: Dict[str, ValueGuidedConfig] = field(default_factory=_algos)  # per algorithm: PITA, QSharp, QSharp-HF, DPO, GRPO, GRPO-HF
     eval: EvalConfig = field(default_factory=EvalConfig)
     resume_from: Optional[str] = None  # an earlier run folder: re-run only its unfinished jobs
     resume_force: bool = False  # resume even if overrides change the job graph

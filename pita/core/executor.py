@@ -56,6 +56,7 @@ class ExecutorSettings:
     progress: str = "auto"
     progress_interval_s: float = 30.0
     threads_per_job: int | None = None
+    max_running: int | None = None  # jobs running at once in all (system.use_parallel_execution=false: 1)
 
 
 @dataclass
@@ -80,7 +81,8 @@ class Executor:
         self.config = config or {}
         self.state = StateStore(run.state)
         self.sched = Scheduler(graph, [d.total_bytes for d in gpus.devices], settings.memory_margin,
-                               settings.max_jobs_per_device, settings.max_cpu_jobs, settings.starvation_passes)
+                               settings.max_jobs_per_device, settings.max_cpu_jobs, settings.starvation_passes,
+                               max_running=settings.max_running)
         self.params = {j.id: copy.deepcopy(j.params) for j in graph.jobs}
         self.attempts: dict[str, int] = {}
         self.oom_count: Counter = Counter()

@@ -89,6 +89,24 @@ class JobPaths:
                 pass
 
 
+def check_free_space(output_dir: Path | str, need_bytes: float) -> None:
+    """ConfigError when the file system of ``output_dir`` (or its nearest existing parent) has
+    less than ``need_bytes`` free."""
+    import shutil
+
+    if need_bytes <= 0:
+        return
+    probe = Path(output_dir).resolve()
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    free = shutil.disk_usage(probe).free
+    if free < need_bytes:
+        raise ConfigError(f"system.output_dir={str(output_dir)!r}: only {free / 2**30:.2f} GiB free on the file "
+                          f"system of {probe}, and a run needs at least system.min_free_gb="
+                          f"{need_bytes / 2**30:g} GiB; free space there, point system.output_dir at a larger "
+                          f"disk, or lower system.min_free_gb")
+
+
 class RunPaths:
     STAMP = "%Y-%m-%d_%H-%M-%S"
 
@@ -125,9 +143,14 @@ class RunPaths:
                               f"or leading '-'); for example experiment.name=my_experiment")
 
     @classmethod
-    def create(cls, output_dir: Path | str, experiment: str, now: float | None = None) -> "RunPaths":
-        """Make a new run folder ``<output_dir>/<experiment>/<stamp>`` (suffix _1, _2, ... on a clash)."""
+    def create(cls, output_dir: Path | str, experiment: str, now: float | None = None,
+               min_free_bytes: float = 0) -> "RunPaths":
+        """Make a new run folder ``<output_dir>/<experiment>/<stamp>`` (suffix _1, _2, ... on a clash).
+
+        With ``min_free_bytes``, refuse (before creating anything) when the file system that would
+        hold the run has less free space."""
         cls.check_name(experiment)
+        check_free_space(output_dir, min_free_bytes)
         base = Path(output_dir) / experiment
         stamp = time.strftime(cls.STAMP, time.localtime(now if now is not None else time.time()))
         try:

@@ -49,8 +49,9 @@ class DeviceLoad:
 class Scheduler:
     def __init__(self, graph: JobGraph, device_totals: list[int], memory_margin: float = 0.05,
                  max_jobs_per_device: int | None = None, max_cpu_jobs: int | None = None,
-                 starvation_passes: int | None = 50):
+                 starvation_passes: int | None = 50, max_running: int | None = None):
         self.graph = graph
+        self.max_running = max_running  # jobs running at once in all (None = no cap)
         self.devices = [DeviceLoad(int(t), int(t * memory_margin)) for t in device_totals]
         self.max_jobs_per_device = max_jobs_per_device
         self.max_cpu_jobs = max_cpu_jobs
@@ -145,7 +146,10 @@ class Scheduler:
         held: set[int] = set()
         blocked: list[tuple[int, str]] = []  # (position in priority order, job)
         last_device_start = -1
+        running = sum(1 for s in self.state.values() if s == JobState.RUNNING)
         for pos, jid in enumerate(self.ready()):
+            if self.max_running is not None and running + len(started) >= self.max_running:
+                break
             job = self.graph[jid]
             k, need = job.resources.devices, job.resources.memory_bytes
             if k == 0:

@@ -37,13 +37,13 @@ class DatasetConfig:
     # has a "split" column (rows are then picked by train_split / test_split).
     path: Optional[str] = None
     train_split: Optional[str] = "train"  # null: the dataset has no train split (evaluation sets)
-    test_split: Optional[str] = "test"
-    question_field: str = "question"
+    test_split: Optional[str] = "test"  # the split evaluated
+    question_field: str = "question"  # the column holding the question (or the prompt of a reward task)
     answer_field: Optional[str] = "answer"  # null for reward tasks (no gold answer)
     # The prompt given to the model, with a {question} placeholder; null = the adapter's template.
     prompt_template: Optional[str] = None
     train_cap: Optional[int] = None  # at most this many train examples (after shuffling); null = all
-    test_cap: Optional[int] = None
+    test_cap: Optional[int] = None  # at most this many test examples; null = all
     held_out: int = 0  # train examples set aside (after the seeded shuffle) as the "held_out" split
     seed: int = 0  # shuffling, and generation of the toy tasks
     # How the verifier extracts a final answer from model outputs on this dataset; stored in every

@@ -36,6 +36,8 @@ class TrainSettings:
     head_lr_scale: float = 10.0  # the new head learns this much faster than the pre-trained backbone
     grad_clip: float = 1.0
     gradient_checkpointing: bool = False
+    micro_batch_size: int = 0  # rows per forward/backward (gradient accumulation); 0 = the whole batch
+    clear_cache_interval: int = 0  # CUDA: empty the allocator cache every N optimizer steps; 0 = never
     seed: int = 0
     max_len: int = 512  # longer sequences are cut from the left of the prompt, with a warning
 
@@ -173,37 +175,23 @@ def train(vm, examples: list, s: TrainSettings, logger: logging.Logger = log, pa
     for epoch in range(s.epochs):
         total, count = 0.0, 0
         for batch in _batches(lengths, s.token_budget, rng, s.batch_size):
-            with torch.autocast("cuda", dtype=amp, enabled=cuda):
-                if pairs:
-                    ids, mask = pad_right([examples[i].chosen for i in batch] + [examples[i].rejected for i in batch],
-                                     pad_id, device)
-                    r = vm.sequence_reward(ids, mask).float()
-                    n = len(batch)
-                    loss = bradley_terry_loss(r[:n], r[n:])
-                else:
-                    seqs = [clipped[i][0] for i in batch]
-                    ids, mask = pad_right(seqs, pad_id, device)
-                    out = vm.token_scores(ids, mask).float()  # [B, T-1, n_out]
-                    pos_mask = torch.zeros(out.shape[:2], device=device)
-                    for row, i in enumerate(batch):
-                        start, n_tok = clipped[i][1], len(clipped[i][0])
-                        pos_mask[row, start - 1:n_tok - 1] = 1
-                    tgt = torch.tensor([examples[i].target for i in batch], device=device).unsqueeze(-1)
-                    tgt = tgt.expand(out.shape[:2])
-                    if spec.loss == "bce":
-                        loss = bce_loss(out[..., 0], tgt, pos_mask)
-                    elif spec.loss == "mse":
-                        loss = mse_loss(out[..., 0], tgt, pos_mask)
-                    elif spec.loss == "mle":
-                        loss = mle_loss(out, tgt, pos_mask, spec.v_min, spec.v_max)
-                    else:
-                        raise JobError(f"loss {spec.loss} trains on pairs, but the examples are sequences")
+            # micro-batches: gradients accumulate, each part weighted by its share of the batch's
+            # loss units (masked tokens, or pairs), so the step equals the whole batch's
+            micro = s.micro_batch_size if s.micro_batch_size > 0 else len(batch)
+            parts = [batch[k:k + micro] for k in range(0, len(batch), micro)]
+            units = [len(part) if pairs else sum(len(clipped[i][0]) - clipped[i][1] for i in part) for part in parts]
             opt.zero_grad(set_to_none=True)
-            loss.backward()
+            lv = 0.0
+            for part, u in zip(parts, units):
+                with torch.autocast("cuda", dtype=amp, enabled=cuda):
+                    loss = _loss(vm, examples, clipped if not pairs else None, part, pairs, pad_id, device)
+                (loss * (u / sum(units))).backward()
+                lv += float(loss.detach()) * u / sum(units)
             torch.nn.utils.clip_grad_norm_(vm.parameters(), s.grad_clip)
             opt.step()
+            if cuda and s.clear_cache_interval > 0 and (step + 1) % s.clear_cache_interval == 0:
+                torch.cuda.empty_cache()
             step += 1
-            lv = float(loss.detach())
             if not math.isfinite(lv):
                 raise JobError(f"the training loss became {lv} at epoch {epoch} step {step}; lower the learning rate")
             total += lv * len(batch)
@@ -212,3 +200,29 @@ def train(vm, examples: list, s: TrainSettings, logger: logging.Logger = log, pa
         logger.info("epoch %d: mean loss %.4f over %d examples", epoch, total / max(count, 1), count)
     vm.eval()
     return curve
+
+
+def _loss(vm, examples, clipped, batch: list[int], pairs: bool, pad_id: int, device) -> torch.Tensor:
+    spec = vm.spec
+    if pairs:
+        ids, mask = pad_right([examples[i].chosen for i in batch] + [examples[i].rejected for i in batch],
+                              pad_id, device)
+        r = vm.sequence_reward(ids, mask).float()
+        n = len(batch)
+        return bradley_terry_loss(r[:n], r[n:])
+    seqs = [clipped[i][0] for i in batch]
+    ids, mask = pad_right(seqs, pad_id, device)
+    out = vm.token_scores(ids, mask).float()  # [B, T-1, n_out]
+    pos_mask = torch.zeros(out.shape[:2], device=device)
+    for row, i in enumerate(batch):
+        start, n_tok = clipped[i][1], len(clipped[i][0])
+        pos_mask[row, start - 1:n_tok - 1] = 1
+    tgt = torch.tensor([examples[i].target for i in batch], device=device).unsqueeze(-1)
+    tgt = tgt.expand(out.shape[:2])
+    if spec.loss == "bce":
+        return bce_loss(out[..., 0], tgt, pos_mask)
+    if spec.loss == "mse":
+        return mse_loss(out[..., 0], tgt, pos_mask)
+    if spec.loss == "mle":
+        return mle_loss(out, tgt, pos_mask, spec.v_min, spec.v_max)
+    raise JobError(f"loss {spec.loss} trains on pairs, but the examples are sequences")

@@ -26,12 +26,12 @@ CONF_MODEL = Path(__file__).resolve().parent.parent.parent / "conf" / "model"
 
 @dataclass
 class FamilyConfig:
-    name: str = "tiny"
-    reference: str = "builtin:tiny/reference"
-    guidance: str = "builtin:tiny/guidance"
-    dtype: str = "float32"
-    reward_models: Dict[str, str] = field(default_factory=dict)
-    gguf_file: Optional[str] = None
+    name: str = "tiny"  # the family (conf/model/<name>.yaml)
+    reference: str = "builtin:tiny/reference"  # the reference policy: hub id, local folder, or builtin:
+    guidance: str = "builtin:tiny/guidance"  # the value model's backbone (same tokenizer as the reference)
+    dtype: str = "float32"  # float32 | bfloat16 | float16
+    reward_models: Dict[str, str] = field(default_factory=dict)  # dataset name -> reward model (reward tasks)
+    gguf_file: Optional[str] = None  # load the reference from this GGUF file inside the repo
 
 
 def family_names() -> list[str]:

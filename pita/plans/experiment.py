@@ -7,11 +7,15 @@ model's evaluation, all in one job graph (see pita/algos/value_guided.py for one
 
 from __future__ import annotations
 
-from omegaconf import OmegaConf
+import logging
+
+from omegaconf import OmegaConf, open_dict
 
 from pita.core.errors import ConfigError
 from pita.core.job import Job
 from pita.core.names import unknown_name
+
+log = logging.getLogger(__name__)
 
 
 def eval_request_factory(cfg, paths):
@@ -53,6 +57,9 @@ def experiment_plan(cfg, device_totals: list[int], cuda: bool) -> list[Job]:
             problems += value_guided.check_config(a, cfg.algos[a])
     if cfg.experiment.rounds < 1:
         problems.append(f"experiment.rounds={cfg.experiment.rounds} must be >= 1")
+    problems += check_training(cfg.training)
+    if cfg.system.clear_cache_interval < 0:
+        problems.append(f"system.clear_cache_interval={cfg.system.clear_cache_interval} must be >= 0 (0 = never)")
     ev = cfg.eval
     if ev.n < 1:
         problems.append(f"eval.n={ev.n} must be >= 1")
@@ -93,18 +100,23 @@ def experiment_plan(cfg, device_totals: list[int], cuda: bool) -> list[Job]:
         raise ConfigError(lora)
     gen = ParallelDataGenerator(device_totals)
     dc = cfg.data_collection
+    resolve_auto_training(cfg, paths, device_totals, cuda)
     mem = {"gen": dc.memory_gb if dc.memory_gb is not None else
            estimate_memory_gb(paths["reference"], cfg.model.dtype, dc.batch_size, 256 + dc.max_new_tokens, cuda)}
     try:
         from transformers import AutoConfig
 
         shape = ModelShape.from_hf_config(AutoConfig.from_pretrained(paths["guidance"]))
-        mem["train"] = training_bytes(shape, "float32", 32, 256, cuda=cuda) / 1e9
+        micro = int(cfg.training.micro_batch_size) or 32
+        mem["train"] = training_bytes(shape, "float32", min(32, micro), 256, cuda=cuda,
+                                      gradient_checkpointing=bool(cfg.training.gradient_checkpointing)) / 1e9
     except OSError:
         mem["train"] = 0.0
     try:
         shape = ModelShape.from_hf_config(AutoConfig.from_pretrained(paths["reference"]))
-        mem["policy_train"] = training_bytes(shape, "float32", 16, 256 + dc.max_new_tokens, cuda=cuda) / 1e9
+        micro = int(cfg.training.micro_batch_size) or 16
+        mem["policy_train"] = training_bytes(shape, "float32", min(16, micro), 256 + dc.max_new_tokens, cuda=cuda,
+                                             gradient_checkpointing=bool(cfg.training.gradient_checkpointing)) / 1e9
     except OSError:
         mem["policy_train"] = 0.0
     eval_request = eval_request_factory(cfg, paths)
@@ -143,3 +155,65 @@ def experiment_plan(cfg, device_totals: list[int], cuda: bool) -> list[Job]:
                     j.params["kl_fraction"] = ev.kl_fraction
             jobs += algo_jobs
     return jobs
+
+
+def check_training(t) -> list[str]:
+    p = []
+    m, gc = t.micro_batch_size, t.gradient_checkpointing
+    if not (m == "auto" or (isinstance(m, int) and not isinstance(m, bool) and m >= 0)):
+        p.append(f"training.micro_batch_size={m!r} must be an integer >= 0 (0 = the whole batch at once) or auto")
+    if not (gc == "auto" or isinstance(gc, bool)):
+        p.append(f"training.gradient_checkpointing={gc!r} must be true, false or auto")
+    return p
+
+
+def resolve_auto_training(cfg, paths: dict, device_totals: list[int], cuda: bool) -> None:
+    """``training.micro_batch_size=auto`` / ``gradient_checkpointing=auto`` (the gpu=auto preset):
+    the largest micro-batch whose training-memory estimate (weights, gradients, AdamW states,
+    activations, logits) fits on the smallest device with executor.memory_margin to spare,
+    dividing every baseline's per-device batch; checkpointing only when no micro-batch fits
+    without it. Written into the config, so the run's config.yaml shows what was chosen."""
+    from transformers import AutoConfig
+
+    from pita.core.memory import ModelShape, training_bytes
+
+    t = cfg.training
+    if t.micro_batch_size != "auto" and t.gradient_checkpointing != "auto":
+        return
+    shapes = []
+    for key in ("reference", "guidance"):
+        try:
+            shapes.append(ModelShape.from_hf_config(AutoConfig.from_pretrained(paths[key])))
+        except OSError:
+            pass
+    seq = 256 + cfg.data_collection.max_new_tokens
+    budget = min(device_totals) * (1 - cfg.executor.memory_margin) if device_totals else 0
+    batches = [cfg.algos[a].batch_size // max(1, cfg.algos[a].devices) for a in cfg.experiment.algos if a in cfg.algos]
+    cap = min(batches) if batches else 32
+
+    def fits(micro: int, gc: bool) -> bool:
+        return all(training_bytes(sh, "float32", micro, seq, gradient_checkpointing=gc, cuda=cuda) <= budget
+                   for sh in shapes)
+
+    def choose(gc: bool) -> int:
+        fixed = t.micro_batch_size if t.micro_batch_size != "auto" else None
+        if fixed is not None:
+            return fixed if fixed == 0 or fits(fixed, gc) else -1
+        ok = [m for m in range(cap, 0, -1) if all(b % m == 0 for b in batches) and fits(m, gc)]
+        return ok[0] if ok else -1
+
+    options = [False, True] if t.gradient_checkpointing == "auto" else [bool(t.gradient_checkpointing)]
+    for gc in options:
+        micro = choose(gc)
+        if micro >= 0:
+            break
+    else:
+        raise ConfigError(f"training.micro_batch_size=auto: not even a micro-batch of 1 sequence of {seq} tokens "
+                          f"fits the training-memory estimate on the smallest device "
+                          f"({min(device_totals) / 2**30:.1f} GiB); train with LoRA (algos.<A>.lora_r), a smaller "
+                          f"model, or shorter sequences (data_collection.max_new_tokens)")
+    with open_dict(cfg):
+        cfg.training.micro_batch_size = micro
+        cfg.training.gradient_checkpointing = gc
+    log.info("gpu=auto: training.micro_batch_size=%d, training.gradient_checkpointing=%s (smallest device %.1f GiB)",
+             micro, gc, min(device_totals) / 2**30 if device_totals else 0)
