@@ -305,7 +305,10 @@ def _print_summary(summary, run) -> None:
 
 
 # ---------------------------------------------------------------- pita status
-def status_main(run_dir: str) -> int:
+def status_main(run_dir: str, show_all: bool = False) -> int:
+    """Jobs by state and by group (round), what runs where and for how long, failures with their
+    logs; reads state.json under its lock, so it works on a live run."""
+    import time
     from collections import Counter
 
     from pita.core.paths import RunPaths
@@ -318,13 +321,46 @@ def status_main(run_dir: str) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     jobs = data["jobs"]
+    now = time.time()
     counts = Counter(j.get("state", "PENDING") for j in jobs.values())
-    print(f"{run.root}: {len(jobs)} jobs; " + ", ".join(f"{k.lower()} {v}" for k, v in sorted(counts.items())))
-    for jid, j in sorted(jobs.items()):
-        if j.get("state") in ("RUNNING", "FAILED"):
-            devs = ",".join(d.get("label", "?") for d in j.get("devices", [])) or "host"
-            extra = f": {j.get('error')}  log: {j.get('log')}" if j.get("state") == "FAILED" else ""
-            print(f"  {j['state']:<8} {jid} on {devs}, attempt {j.get('attempt', '?')}{extra}")
+    live = "finished" if data.get("finished") else ("interrupted" if data.get("interrupted") else "live or stopped")
+    print(f"{run.root} ({live}): {len(jobs)} jobs; " + ", ".join(f"{k.lower()} {v}" for k, v in sorted(counts.items())))
+    groups: dict[str, Counter] = {}
+    for j in jobs.values():
+        groups.setdefault(j.get("group") or "-", Counter())[j.get("state", "PENDING")] += 1
+    for g, c in sorted(groups.items()):
+        print(f"  {g:<10} " + ", ".join(f"{k.lower()} {v}" for k, v in sorted(c.items())))
+
+    def devs(j):
+        return ",".join(d.get("label", "?") for d in j.get("devices", [])) or "host"
+
+    def line(jid, j):
+        st = j.get("state", "PENDING")
+        n = max(int(j.get("attempt") or 0), len(j.get("attempts", [])))
+        if st == "RUNNING":
+            took = f"running {now - (j.get('started') or now):.0f}s"
+        elif j.get("duration_s") is not None:
+            took = f"{j['duration_s']:.1f}s"
+        else:
+            took = ""
+        extra = ""
+        if st == "FAILED":
+            extra = f"\n           error: {j.get('error')}\n           log: {j.get('log')}"
+        elif st == "SKIPPED":
+            extra = f"  ({j.get('reason') or 'a dependency failed'})"
+        return f"  {st:<9} {jid}  on {devs(j)}, attempt{'s' if n != 1 else ''} {n}, {took}{extra}"
+
+    shown = [(jid, j) for jid, j in sorted(jobs.items())
+             if show_all or j.get("state") in ("RUNNING", "FAILED", "SKIPPED")]
+    if shown:
+        print("jobs:" if show_all else "running, failed and skipped jobs:")
+        for jid, j in shown:
+            print(line(jid, j))
+    busy = Counter(d.get("label", "?") for j in jobs.values() if j.get("state") == "RUNNING"
+                   for d in j.get("devices", []))
+    if busy:
+        print("devices: " + ", ".join(f"{k} {v} job{'s' if v != 1 else ''}" for k, v in sorted(busy.items())))
+    print(f"log: {run.run_log}")
     return 0
 
 
@@ -335,11 +371,12 @@ def console_main(argv: list[str] | None = None) -> int:
     sub = ap.add_subparsers(dest="cmd", required=True)
     st = sub.add_parser("status", help="jobs by state, devices, failures and their logs")
     st.add_argument("run_dir")
+    st.add_argument("--all", action="store_true", help="every job, not only running / failed / skipped ones")
     rp = sub.add_parser("report", help="re-render results/report.md and its plots from the saved results")
     rp.add_argument("run_dir")
     args = ap.parse_args(argv)
     if args.cmd == "status":
-        return status_main(args.run_dir)
+        return status_main(args.run_dir, show_all=args.all)
     if args.cmd == "report":
         return report_main(args.run_dir)
     return 2

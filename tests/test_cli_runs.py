@@ -78,6 +78,13 @@ def test_failure_exit_code_and_summary(tmp_path):
     assert "FAILED PITA.tiny.arith.r0.train" in r.stdout and "job.log" in r.stdout
     st = final_state(only_run(tmp_path, "f"))
     assert st["PITA.tiny.arith.r1.train"][0] == "SKIPPED" and st["DPO.tiny.arith.r1.train"][0] == "COMPLETED"
+    # pita status: counts by state and round, the failure with its error and log, what was skipped
+    s = subprocess.run([sys.executable, "-m", "pita", "status", str(only_run(tmp_path, "f"))], cwd=ROOT,
+                       capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    assert s.returncode == 0, s.stderr
+    assert "failed 1" in s.stdout and "round 1" in s.stdout
+    assert "FAILED    PITA.tiny.arith.r0.train  on cpu" in s.stdout and "jobs/PITA.tiny.arith.r0.train/job.log" in s.stdout
+    assert "SKIPPED   PITA.tiny.arith.r1.train" in s.stdout
 
 
 def _start(tmp_path, name, extra=()):
