@@ -90,7 +90,8 @@ def test_failure_exit_code_and_summary(tmp_path):
 def _start(tmp_path, name, extra=()):
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     return subprocess.Popen([sys.executable, str(ROOT / "run_parallel.py"), f"system.output_dir={tmp_path}",
-                             "executor.progress=plain", f"experiment.name={name}", *extra], cwd=ROOT, env=env,
+                             "executor.progress=plain", "experiment.workload=synthetic", f"experiment.name={name}",
+                             *extra], cwd=ROOT, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
