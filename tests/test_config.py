@@ -197,3 +197,12 @@ def test_the_readme_configuration_reference_matches_the_schema():
     readme = Path(__file__).resolve().parents[1] / "README.md"
     assert block_of(readme.read_text()) == render().strip(), \
         "README's configuration reference is stale: python -m pita.config.reference --write README.md"
+
+
+@pytest.mark.parametrize("preset", ["paper_math", "paper_reward"])
+def test_paper_grid_presets_compose_and_validate(preset):
+    cfg = _compose(f"experiment={preset}", "model=qwen3-sm")
+    validate_config(cfg)
+    assert cfg.experiment.workload == "experiment" and len(cfg.experiment.algos) == 6
+    for d in list(cfg.experiment.datasets) + [x for v in cfg.eval.datasets_by_train.values() for x in v]:
+        assert d in cfg.datasets
