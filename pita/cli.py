@@ -203,7 +203,11 @@ def _run(cfg: DictConfig, overrides: list[str]) -> int:
     sy, ex = cfg.system, cfg.executor
     cpu_n = min(os.cpu_count() or 1, 2) if sy.cpu_devices == "auto" else int(sy.cpu_devices)
     devices = sy.devices if isinstance(sy.devices, str) else list(sy.devices)
-    gpus = GPUManager.detect(devices, cpu_devices=cpu_n)
+    ray_backend = None
+    if ex.backend == "ray":
+        gpus, ray_backend = _ray_inventory(ex, cpu_n)
+    else:
+        gpus = GPUManager.detect(devices, cpu_devices=cpu_n)
     if not sy.use_parallel_execution:  # one job at a time: the first device only, one job on it
         gpus.devices = gpus.devices[:1]
     totals = [d.total_bytes for d in gpus.devices]
@@ -253,7 +257,12 @@ def _run(cfg: DictConfig, overrides: list[str]) -> int:
         progress_interval_s=ex.progress_interval_s,
         threads_per_job=max(1, (os.cpu_count() or 1) // len(gpus.devices)) if gpus.is_cpu else None,
         max_running=None if sy.use_parallel_execution else 1)
-    backend = make_backend(ex.backend, kill_grace_s=ex.kill_grace_s) if ex.backend == "local" else make_backend(ex.backend)
+    if ex.backend == "local":
+        backend = make_backend("local", kill_grace_s=ex.kill_grace_s)
+    elif ex.backend == "ray":
+        backend = ray_backend
+    else:
+        backend = make_backend(ex.backend)
     config_dict = OmegaConf.to_container(cfg, resolve=True)
     summary = Executor(graph, gpus, backend, run, settings, config_dict).run()
     from pita.report.results import table, write
@@ -265,6 +274,26 @@ def _run(cfg: DictConfig, overrides: list[str]) -> int:
     _write_report(run, rows)
     _print_summary(summary, run)
     return summary.exit_code
+
+
+def _ray_inventory(ex, cpu_n: int):
+    """Join (or start) Ray and start the backend's per-GPU actors; the executor plans with one
+    device per cluster GPU (memory from executor.ray.gpu_memory_gb, else this node's first GPU,
+    else 80 GiB), or with CPU devices when the cluster has no GPU."""
+    from pita.core.backends.ray import RayBackend, connect
+    from pita.core.gpu_manager import GPUManager
+
+    rc = ex.ray
+    owns = connect(rc.address, rc.num_gpus, rc.num_cpus)
+    backend = RayBackend(owns_ray=owns, kill_grace_s=ex.kill_grace_s)
+    if not backend.gpu_runners:
+        return GPUManager.cpu_inventory(cpu_n), backend
+    if rc.gpu_memory_gb:
+        total = int(rc.gpu_memory_gb * 2**30)
+    else:
+        local = GPUManager.detect("auto", cpu_devices=1)
+        total = local.devices[0].total_bytes if not local.is_cpu else int(80 * 2**30)
+    return GPUManager(backend.devices(total), source="ray"), backend
 
 
 def _write_report(run, rows) -> None:

@@ -60,6 +60,11 @@ class TrainingConfig:
 @dataclass
 class RayConfig:
     address: Optional[str] = None  # auto | host:port | null (start a local instance)
+    # a local instance: logical GPUs to declare (null = those Ray detects); CPU tests use e.g. 4
+    num_gpus: Optional[int] = None
+    num_cpus: Optional[int] = None  # a local instance: CPUs to declare (null = the machine's)
+    # memory per cluster GPU for the executor's admission; null = this node's first GPU (80 if none)
+    gpu_memory_gb: Optional[float] = None
 
 
 @dataclass

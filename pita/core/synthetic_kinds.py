@@ -39,7 +39,7 @@ def work(ctx):
     digest = _digest({"id": ctx.job.id, "params": {k: v for k, v in p.items() if k != "batch_size"}, "deps": deps})
     ctx.paths.artifacts.mkdir(parents=True, exist_ok=True)
     (ctx.paths.artifacts / "output.txt").write_text(digest + "\n")
-    return {"digest": digest, "stage": p.get("stage")}
+    return {"digest": digest, "stage": p.get("stage"), "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")}
 
 
 @job_kind("synthetic.merge")

@@ -105,8 +105,9 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     launch_path = Path(argv[0])
     launch = json.loads(launch_path.read_text())
-    if launch.get("parent_pid"):
-        _die_with_parent(int(launch["parent_pid"]))
+    parent = launch.get("parent_pid") or os.environ.get("PITA_PARENT_PID")  # the ray backend's task process
+    if parent:
+        _die_with_parent(int(parent))
     logging.basicConfig(level=logging.INFO, stream=sys.stdout, force=True,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logger = logging.getLogger("pita.job")

@@ -2,6 +2,7 @@
 
     local   one spawned process per job attempt (default)
     inline  in this process, one at a time (debugging, fast tests)
+    ray     a Ray task per job attempt, on any node of a Ray cluster (pip install -e '.[ray]')
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from pita.core.backends.base import Backend, Finished, Launch
 from pita.core.names import unknown_name
 from pita.core.errors import ConfigError
 
-BACKEND_NAMES = ("local", "inline")
+BACKEND_NAMES = ("local", "inline", "ray")
 
 
 def make_backend(name: str, **kwargs) -> Backend:
@@ -22,6 +23,10 @@ def make_backend(name: str, **kwargs) -> Backend:
         from pita.core.backends.inline import InlineBackend
 
         return InlineBackend()
+    if name == "ray":
+        from pita.core.backends.ray import RayBackend
+
+        return RayBackend(**kwargs)
     raise ConfigError(unknown_name("executor.backend", name, BACKEND_NAMES))
 
 

@@ -40,6 +40,37 @@ def _signal_name(code: int) -> str:
         return f"signal {-code}"
 
 
+def finished_from(launch: Launch, rc: int | None, started: float, forced_status: str | None = None,
+                  forced_reason: str = "", extra: dict | None = None) -> Finished:
+    """How a worker ended, from its exit code and the outcome it wrote (attempt-N.json).
+    Shared by the backends that run ``python -m pita.core.worker``."""
+    job_id = launch.job_id
+    outcome = {}
+    path = launch.paths.attempt(launch.attempt)
+    if path.exists():
+        try:
+            outcome = json.loads(path.read_text())
+        except json.JSONDecodeError:
+            outcome = {}
+    more = {k: v for k, v in outcome.items() if k not in ("status", "error", "traceback")}
+    more.update(extra or {})
+    more.setdefault("duration_s", time.time() - started)
+    if forced_status:
+        return Finished(job_id, launch.attempt, forced_status, rc, forced_reason, extra=more)
+    if rc == EXIT_OK and outcome.get("status") == "ok":
+        return Finished(job_id, launch.attempt, "ok", rc, extra=more)
+    if rc in (EXIT_ERROR, EXIT_OOM) and outcome.get("status") in ("error", "oom", "cancelled"):
+        return Finished(job_id, launch.attempt, outcome["status"], rc, outcome.get("error", ""),
+                        outcome.get("traceback", ""), more)
+    if rc is None:
+        why = "the worker is gone without an exit code"
+    elif rc < 0:
+        why = f"worker killed by {_signal_name(rc)}"
+    else:
+        why = f"worker exited with code {rc} without reporting a result"
+    return Finished(job_id, launch.attempt, "died", rc, why, extra=more)
+
+
 class LocalBackend(Backend):
     name = "local"
 
@@ -95,29 +126,8 @@ class LocalBackend(Backend):
         proc.term_sent = time.time()
 
     def _collect(self, job_id: str, proc: _Proc, rc: int) -> Finished:
-        launch = proc.launch
         proc.log_file.close()
-        outcome = {}
-        path = launch.paths.attempt(launch.attempt)
-        if path.exists():
-            try:
-                outcome = json.loads(path.read_text())
-            except json.JSONDecodeError:
-                outcome = {}
-        extra = {k: v for k, v in outcome.items() if k not in ("status", "error", "traceback")}
-        extra.setdefault("duration_s", time.time() - proc.started)
-        if proc.forced_status:
-            return Finished(job_id, launch.attempt, proc.forced_status, rc, proc.forced_reason, extra=extra)
-        if rc == EXIT_OK and outcome.get("status") == "ok":
-            return Finished(job_id, launch.attempt, "ok", rc, extra=extra)
-        if rc in (EXIT_ERROR, EXIT_OOM) and outcome.get("status") in ("error", "oom", "cancelled"):
-            return Finished(job_id, launch.attempt, outcome["status"], rc, outcome.get("error", ""),
-                            outcome.get("traceback", ""), extra)
-        if rc < 0:
-            why = f"worker killed by {_signal_name(rc)}"
-        else:
-            why = f"worker exited with code {rc} without reporting a result"
-        return Finished(job_id, launch.attempt, "died", rc, why, extra=extra)
+        return finished_from(proc.launch, rc, proc.started, proc.forced_status, proc.forced_reason)
 
     def poll(self, timeout: float = 0.0) -> list[Finished]:
         deadline = time.time() + timeout
