@@ -185,3 +185,20 @@ def test_without_parallel_execution_jobs_run_one_at_a_time_on_one_device(tmp_pat
     spans = sorted((e["started"], e["finished"]) for e in jobs.values())
     assert all(a[1] <= b[0] + 1e-3 for a, b in zip(spans, spans[1:])), "two jobs overlapped"
     assert {d["label"] for e in jobs.values() for d in e["devices"]} <= {"cpu0"}
+
+
+def test_the_smoke_preset_runs_all_six_algorithms_and_writes_the_report(tmp_path, tiny_cache):
+    """experiment=smoke: the whole pipeline at its smallest (tiny family, arith, six algorithms,
+    one round, base evaluation), ending with the results table and the report with its plots."""
+    r = cli(["experiment=smoke", f"system.cache_dir={tiny_cache}"], tmp_path, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    run = only_run(tmp_path, "smoke")
+    rows = json.loads((run / "results" / "final_results.json").read_text())
+    assert {x["algorithm"] for x in rows} == {"base", "PITA", "QSharp", "QSharp-HF", "DPO", "GRPO", "GRPO-HF"}
+    report = (run / "results" / "report.md").read_text()
+    for png in ("frontier_arith", "rounds_arith", "timeline"):
+        assert (run / "results" / "plots" / f"{png}.png").exists() and f"plots/{png}.png" in report
+    assert "| generation |" in report and "report: " in r.stdout and "pass@1" in r.stdout
+    tokens = sum(json.loads((j / "result.json").read_text()).get("tokens", 0)
+                 for j in (run / "jobs").glob("*.gen.s*") if (j / "result.json").exists())
+    assert tokens > 0

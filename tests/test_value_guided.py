@@ -21,6 +21,7 @@ def compose(tiny_cache, *overrides):
 
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
         return hc(config_name="config", overrides=["experiment.workload=experiment", "experiment.datasets=[arith]",
+                                                    "experiment.algos=[PITA,QSharp,QSharp-HF]",
                                                     f"system.cache_dir={tiny_cache}", "datasets.arith.toy_train_size=40",
                                                     "datasets.arith.toy_test_size=16", *overrides])
 
@@ -184,6 +185,7 @@ def test_an_all_tied_pita_pair_set_fails_the_value_job_with_a_reason(monkeypatch
 
 def test_smoke_experiment_writes_results_for_every_algorithm_and_eta(tmp_path, tiny_cache):
     r = cli(["experiment.name=vg", "experiment.workload=experiment", "experiment.datasets=[arith]",
+             "experiment.algos=[PITA,QSharp,QSharp-HF]",
              "experiment.rounds=1", f"system.cache_dir={tiny_cache}", "datasets.arith.toy_train_size=24",
              "datasets.arith.toy_test_size=8", "eval.n=2", "algos.PITA.etas=[0.0,2.0]",
              "algos.QSharp.etas=[0.0,2.0]", "algos.QSharp-HF.etas=[0.0,2.0]",

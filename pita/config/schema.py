@@ -22,9 +22,9 @@ class ExperimentConfig:
     name: str = "default"  # run folder: <system.output_dir>/<name>/<YYYY-MM-DD_HH-MM-SS>
     # synthetic (stand-in jobs shaped like the grid) | generate (data generation only)
     # | experiment (algorithms x datasets x rounds + base-model evaluation)
-    workload: str = "synthetic"
+    workload: str = "experiment"
     datasets: List[str] = field(default_factory=lambda: ["arith", "sentiment"])  # names under datasets.*
-    algos: List[str] = field(default_factory=lambda: ["PITA", "QSharp", "QSharp-HF"])  # settings: algos.<name>
+    algos: List[str] = field(default_factory=lambda: ["PITA", "QSharp", "QSharp-HF", "DPO", "GRPO", "GRPO-HF"])  # settings: algos.<name>
     rounds: int = 2  # value-guided: data collection + training per round; baselines: policy rounds
 
 
