@@ -82,3 +82,26 @@ def test_pita_report_rerenders_from_the_command_line_and_refuses_a_missing_run(r
     r = subprocess.run([sys.executable, "-m", "pita", "report", str(tmp_path / "nope")], capture_output=True,
                        text=True)
     assert r.returncode == 2 and "nope" in r.stderr
+
+
+def test_each_row_carries_the_compute_behind_it():
+    from pita.report.results import add_compute
+
+    def job(kind, dur, ndev=1):
+        return {"kind": kind, "state": "COMPLETED",
+                "attempts": [{"duration_s": dur, "devices": [{}] * ndev}]}
+
+    state = {"jobs": {
+        "PITA.tiny.arith.r0.gen.s0": job("generation.shard", 10), "PITA.tiny.arith.r0.gen.merge": job("generation.merge", 1, 0),
+        "PITA.tiny.arith.r0.train": job("algo.value_train", 20), "PITA.tiny.arith.r1.gen.s0": job("generation.shard", 30),
+        "PITA.tiny.arith.r1.train": job("algo.value_train", 40, 2),
+        "PITA.tiny.arith.r1.eval.s0": job("generation.shard", 12), "PITA.tiny.arith.r1.eval-sentiment.s0": job("generation.shard", 99),
+        "base.tiny.arith.eval.s0": job("generation.shard", 7)}}
+    rows = [_row("PITA", 1, 0.0, 0.3, 0.0), _row("PITA", 1, 2.0, 0.3, 0.1), _row("PITA", 0, 2.0, 0.3, 0.1),
+            _row("base", 0, 0.0, 0.25, 0.0)]
+    tokens = {"PITA.tiny.arith.r0.gen.s0": 100, "PITA.tiny.arith.r1.gen.s0": 50}
+    add_compute(rows, state, lambda jid: {"tokens": tokens.get(jid, 0)})
+    assert rows[0]["train_device_s"] == 10 + 1 + 20 + 30 + 80 and rows[0]["tokens"] == 150
+    assert rows[0]["eval_device_s"] == 6.0  # 12 device-s over the two etas evaluated together
+    assert rows[2]["train_device_s"] == 31 and rows[2]["tokens"] == 100 and rows[2]["eval_device_s"] == 0
+    assert rows[3]["train_device_s"] == 0 and rows[3]["eval_device_s"] == 7

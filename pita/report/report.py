@@ -198,9 +198,10 @@ def render(run: RunPaths, rows: list[dict] | None = None) -> Path:
             m = metric_of(r)
             tab.append([r["algorithm"], r["family"], r["train_dataset"], r["round"], r["eval_dataset"],
                         _f(float(r["eta"]), 2), m, _f(r.get(m)), _f(r.get(m + "_stderr")),
-                        _f(r.get("maj@n")), _f(r.get("kl")), _f(r.get("kl_stderr")), r.get("n", "")])
+                        _f(r.get("maj@n")), _f(r.get("kl")), _f(r.get("kl_stderr")), r.get("n", ""),
+                        _f(r.get("train_device_s"), 0), _f(r.get("eval_device_s"), 0)])
         lines.append(_md_table(["algorithm", "family", "train", "round", "eval", "eta", "metric", "value", "stderr",
-                                "maj@n", "KL", "KL stderr", "n"], tab))
+                                "maj@n", "KL", "KL stderr", "n", "train dev-s", "eval dev-s"], tab))
         lines.append("")
         lines.append("KL is a Monte Carlo estimate over the evaluated samples of log pi(y|x) - log pi_ref(y|x) "
                      "(0 for the base model); value-guided rows at eta 0 are the reference restricted to the "

@@ -10,7 +10,8 @@ import json
 from pita.core.paths import RunPaths, atomic_write_json
 
 COLUMNS = ["algorithm", "family", "train_dataset", "round", "eval_dataset", "eta", "pass@1", "pass@1_stderr",
-           "maj@n", "first_sample_acc", "mean_reward", "mean_reward_stderr", "kl", "kl_stderr", "n", "prompts"]
+           "maj@n", "first_sample_acc", "mean_reward", "mean_reward_stderr", "kl", "kl_stderr", "n", "prompts",
+           "train_device_s", "eval_device_s", "tokens"]
 
 
 def collect(run: RunPaths) -> list[dict]:
@@ -19,7 +20,38 @@ def collect(run: RunPaths) -> list[dict]:
     for jid, e in sorted(state["jobs"].items()):
         if e.get("kind") == "eval.merge" and e.get("state") == "COMPLETED":
             rows += run.job(jid).read_result().get("results", [])
+    add_compute(rows, state, lambda jid: run.job(jid).read_result())
     return rows
+
+
+def _device_s(e: dict) -> float:
+    return sum(float(a.get("duration_s") or 0.0) * max(1, len(a.get("devices") or [])) for a in e.get("attempts", []))
+
+
+def add_compute(rows: list[dict], state: dict, result_of) -> None:
+    """Compute behind each row (a job without devices counts as one): ``train_device_s``
+    (device-seconds of the data collection and
+    training jobs of its algorithm, family and training dataset, rounds 0..round), ``tokens``
+    (sampled by those data-collection jobs), ``eval_device_s`` (its evaluation jobs' device-seconds,
+    shared equally among the etas they evaluated)."""
+    jobs = state.get("jobs", {})
+    etas: dict[tuple, int] = {}
+    for r in rows:
+        key = (r["algorithm"], r["family"], r["train_dataset"], r["round"], r["eval_dataset"])
+        etas[key] = etas.get(key, 0) + 1
+    for r in rows:
+        a, fam, tr, rnd, ev = r["algorithm"], r["family"], r["train_dataset"], r["round"], r["eval_dataset"]
+        if a == "base":
+            eval_prefix, train_ids = f"base.{fam}.{ev}.eval.", []
+        else:
+            eval_prefix = f"{a}.{fam}.{tr}.r{rnd}.eval{'' if ev == tr else '-' + ev}."
+            train_ids = [j for j in jobs if j.startswith(f"{a}.{fam}.{tr}.r") and ".eval" not in j
+                         and int(j[len(f"{a}.{fam}.{tr}.r"):].split(".", 1)[0]) <= int(rnd)]
+        r["train_device_s"] = round(sum(_device_s(jobs[j]) for j in train_ids), 1)
+        r["tokens"] = sum(int((result_of(j) or {}).get("tokens") or 0) for j in train_ids
+                          if jobs[j].get("kind") == "generation.shard" and jobs[j].get("state") == "COMPLETED")
+        ev_s = sum(_device_s(e) for j, e in jobs.items() if j.startswith(eval_prefix))
+        r["eval_device_s"] = round(ev_s / etas[(a, fam, tr, rnd, ev)], 1)
 
 
 def cell_name(r: dict) -> str:
