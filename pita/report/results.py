@@ -29,11 +29,11 @@ def _device_s(e: dict) -> float:
 
 
 def add_compute(rows: list[dict], state: dict, result_of) -> None:
-    """Compute behind each row (a job without devices counts as one): ``train_device_s``
-    (device-seconds of the data collection and
-    training jobs of its algorithm, family and training dataset, rounds 0..round), ``tokens``
-    (sampled by those data-collection jobs), ``eval_device_s`` (its evaluation jobs' device-seconds,
-    shared equally among the etas they evaluated)."""
+    """Compute behind each row (a job without devices counts as one device): ``train_device_s``
+    (device-seconds of the data collection and training jobs of its algorithm, family and
+    training dataset, rounds 0..round), ``tokens`` (sampled by those data-collection jobs),
+    ``eval_device_s`` (its evaluation jobs' device-seconds, shared equally among the etas they
+    evaluated)."""
     jobs = state.get("jobs", {})
     etas: dict[tuple, int] = {}
     for r in rows:
