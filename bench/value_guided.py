@@ -1,6 +1,7 @@
 """PITA / Q# / Q#-HF on the embedded default: reference vs guided, over seeds.
 
     python -m bench.value_guided [--json] [--seeds 0 1 2] [--rounds 2] [--cache .cache/pita]
+                                 [--train-size 1000] [--test-size 200] [--n 4]
     python -m bench.value_guided --runs outputs/bench-vg-s0/<time> outputs/bench-vg-s1/<time> ...
 
 Runs ``run_parallel.py experiment.workload=experiment`` once per seed (``system.seed``, which also
@@ -39,7 +40,9 @@ def run_seed(seed: int, args, extra: list[str]) -> tuple[Path, float]:
            "experiment.workload=experiment", f"experiment.datasets=[{','.join(args.datasets)}]",
            f"experiment.algos=[{','.join(args.algos)}]", f"experiment.rounds={args.rounds}",
            f"system.seed={seed}", f"system.cache_dir={args.cache}", f"system.output_dir={args.out}",
-           f"eval.n={args.n}", "executor.progress=off", *extra]
+           f"eval.n={args.n}", "executor.progress=off",
+           *[f"datasets.{d}.toy_{split}_size={size}" for d in args.datasets if d in ("arith", "sentiment")
+             for split, size in (("train", args.train_size), ("test", args.test_size))], *extra]
     t = time.perf_counter()
     r = subprocess.run(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     wall = time.perf_counter() - t
@@ -109,6 +112,8 @@ def main(argv=None, algos=("PITA", "QSharp", "QSharp-HF"), name="bench-vg", prog
     ap.add_argument("--algos", nargs="+", default=list(algos))
     ap.add_argument("--datasets", nargs="+", default=["arith", "sentiment"])
     ap.add_argument("--n", type=int, default=4, help="samples per test prompt (eval.n)")
+    ap.add_argument("--train-size", type=int, default=1000, help="toy tasks: training prompts")
+    ap.add_argument("--test-size", type=int, default=200, help="toy tasks: test prompts")
     ap.add_argument("--cache", default=".cache/pita")
     ap.add_argument("--out", default="outputs")
     ap.add_argument("--runs", nargs="+", help="aggregate these finished runs instead of running")
