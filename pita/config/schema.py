@@ -111,7 +111,7 @@ class DataCollectionConfig:
     top_p: float = 1.0  # nucleus sampling; 1 = off
     top_k: int = 0  # 0 = off
     batch_size: int = 16  # sequences generated together (halved on CUDA OOM)
-    chunk_size: int = 32  # examples per checkpointed chunk; also the unit shards are made of
+    chunk_size: int = 64  # examples per checkpointed chunk; also the unit shards are made of
     reward_batch_size: int = 32  # reward-model scoring batch
     # math: reward = rm score + bonus * correct. 4 makes a Bradley-Terry draw (bt_beta 1) prefer a
     # correct answer to a wrong one 98% of the time (sigmoid(4)); at 1 it was 73%, too noisy for PITA
