@@ -34,7 +34,7 @@ def cli(args, cwd, timeout=120, **kw):
     """Run run_parallel.py in a subprocess (from the repo root, outputs under ``cwd``)."""
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     if not any(a.startswith(("experiment.workload=", "experiment=", "resume_from=", "--")) for a in args):
-        args = ["experiment.workload=synthetic", *args]  # the default is the real (much longer) experiment
+        args = [*args, "experiment.workload=synthetic"]  # the default is the real (much longer) experiment
     return subprocess.run([sys.executable, str(ROOT / "run_parallel.py"), *args, f"system.output_dir={cwd}",
                            "executor.progress=plain"], cwd=ROOT, env=env, capture_output=True, text=True,
                           timeout=timeout, **kw)

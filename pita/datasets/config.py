@@ -53,8 +53,8 @@ class DatasetConfig:
     n_ops: int = 2  # arith: operations per problem
     max_operand: int = 20  # arith: operands drawn from 1..max_operand
     ops: str = "+-"  # arith: a subset of "+-*"
-    toy_train_size: int = 2000  # arith / sentiment: generated train examples
-    toy_test_size: int = 200  # arith / sentiment: generated test examples
+    toy_train_size: int = 128  # arith / sentiment: generated train examples (the demo's size)
+    toy_test_size: int = 32  # arith / sentiment: generated test examples
 
 
 FIELDS = [f.name for f in dataclasses.fields(DatasetConfig)]
