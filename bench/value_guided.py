@@ -26,6 +26,8 @@ import sys
 import time
 from pathlib import Path
 
+from pita.report.report import metric_of
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -50,10 +52,6 @@ def run_seed(seed: int, args, extra: list[str]) -> tuple[Path, float]:
         sys.stderr.write(r.stdout[-4000:])
         raise SystemExit(f"seed {seed}: the run failed (exit {r.returncode}); see the output above")
     return _latest(Path(args.out), name), wall
-
-
-def metric_of(row: dict) -> str:
-    return "pass@1" if row.get("pass@1") is not None else "mean_reward"
 
 
 def aggregate(runs: list[Path]) -> dict:

@@ -155,7 +155,6 @@ def train(vm, examples: list, s: TrainSettings, logger: logging.Logger = log, pa
         raise JobError("no training examples: the data collection produced nothing usable")
     torch.manual_seed(s.seed)
     rng = random.Random(s.seed)
-    spec = vm.spec
     vm.to(device).train()
     if s.gradient_checkpointing:
         vm.backbone.gradient_checkpointing_enable()

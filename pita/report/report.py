@@ -20,9 +20,6 @@ from pathlib import Path
 
 from pita.core.paths import RunPaths
 
-PHASES = {"generation.shard": "generation", "generation.merge": "merge", "eval.merge": "merge"}
-
-
 def metric_of(row: dict) -> str:
     return "pass@1" if row.get("pass@1") is not None else "mean_reward"
 
@@ -65,41 +62,45 @@ def _plt():
     return plt
 
 
-def plot_frontier(rows: list[dict], eval_ds: str, out: Path) -> Path:
+def _dataset_axes(rows: list[dict], eval_ds: str, figsize, base_label):
+    """(plt, fig, ax, the dataset's rows, its metric), with the base model drawn as a line."""
     plt = _plt()
     rows = [r for r in rows if r["eval_dataset"] == eval_ds]
     m = metric_of(rows[0])
-    fig, ax = plt.subplots(figsize=(8.5, 4.5))
+    fig, ax = plt.subplots(figsize=figsize)
     for b in [r for r in rows if r["algorithm"] == "base"]:
-        ax.axhline(b[m], color="grey", ls="--", lw=1, label=f"base ({b[m]:.3f})")
-    series: dict[tuple, list[dict]] = {}
-    for r in rows:
-        if r["algorithm"] != "base":
-            series.setdefault((r["algorithm"], r["round"]), []).append(r)
-    for (algo, rnd), pts in sorted(series.items(), key=lambda kv: (kv[0][0], kv[0][1])):
-        pts = sorted(pts, key=lambda r: float(r["eta"]))
-        xs, ys = [float(r.get("kl") or 0.0) for r in pts], [r[m] for r in pts]
-        style = "o-" if len(pts) > 1 else "s"
-        ax.plot(xs, ys, style, ms=4, label=f"{algo} r{rnd}")
-    ax.set_xlabel("KL(policy || reference), nats per sequence")
-    ax.set_ylabel(m)
-    ax.set_title(f"{eval_ds}: {m} vs KL (value-guided lines run over eta)")
+        ax.axhline(b[m], color="grey", ls="--", lw=1, label=base_label(b[m]))
+    return plt, fig, ax, rows, m
+
+
+def _save(plt, fig, ax, path: Path, xlabel: str, ylabel: str, title: str) -> Path:
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     ax.grid(alpha=0.3)
-    path = out / f"frontier_{eval_ds}.png"
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
 
 
+def plot_frontier(rows: list[dict], eval_ds: str, out: Path) -> Path:
+    plt, fig, ax, rows, m = _dataset_axes(rows, eval_ds, (8.5, 4.5), lambda v: f"base ({v:.3f})")
+    series: dict[tuple, list[dict]] = {}
+    for r in rows:
+        if r["algorithm"] != "base":
+            series.setdefault((r["algorithm"], r["round"]), []).append(r)
+    for (algo, rnd), pts in sorted(series.items()):
+        pts = sorted(pts, key=lambda r: float(r["eta"]))
+        xs, ys = [float(r.get("kl") or 0.0) for r in pts], [r[m] for r in pts]
+        ax.plot(xs, ys, "o-" if len(pts) > 1 else "s", ms=4, label=f"{algo} r{rnd}")
+    return _save(plt, fig, ax, out / f"frontier_{eval_ds}.png", "KL(policy || reference), nats per sequence", m,
+                 f"{eval_ds}: {m} vs KL (value-guided lines run over eta)")
+
+
 def plot_rounds(rows: list[dict], eval_ds: str, out: Path) -> Path:
-    plt = _plt()
-    rows = [r for r in rows if r["eval_dataset"] == eval_ds]
-    m = metric_of(rows[0])
-    fig, ax = plt.subplots(figsize=(7.5, 4))
-    for b in [r for r in rows if r["algorithm"] == "base"]:
-        ax.axhline(b[m], color="grey", ls="--", lw=1, label="base")
+    plt, fig, ax, rows, m = _dataset_axes(rows, eval_ds, (7.5, 4), lambda v: "base")
     best: dict[str, dict[int, float]] = {}
     for r in rows:
         if r["algorithm"] != "base":
@@ -108,16 +109,8 @@ def plot_rounds(rows: list[dict], eval_ds: str, out: Path) -> Path:
     for algo, by in sorted(best.items()):
         rs = sorted(by)
         ax.plot(rs, [by[x] for x in rs], "o-", label=algo)
-    ax.set_xlabel("round")
-    ax.set_ylabel(f"{m} (value-guided: best eta)")
-    ax.set_title(f"{eval_ds}: {m} by round")
-    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
-    ax.grid(alpha=0.3)
-    path = out / f"rounds_{eval_ds}.png"
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, ax, out / f"rounds_{eval_ds}.png", "round", f"{m} (value-guided: best eta)",
+                 f"{eval_ds}: {m} by round")
 
 
 def plot_timeline(state: dict, out: Path) -> Path | None:
