@@ -285,6 +285,8 @@ def _shared(p: dict) -> dict:
 
 @job_kind("algo.proxy_train")
 def proxy_train(ctx):
+    import torch
+
     from pita.guidance.train import PairExample, TrainSettings, train
     from pita.guidance.value_model import ValueModel
 
@@ -302,6 +304,7 @@ def proxy_train(ctx):
     if not examples:
         raise JobError(f"no preference pairs with different rewards among {len(records)} records to train the "
                        f"proxy reward model on; collect more data (a larger train split, more samples per prompt)")
+    torch.manual_seed(p["seed"])  # the new head's initial weights: same seed, same model
     vm = ValueModel.create(p["backbone"], loss="bradley_terry", head_dim=p["head_dim"])
     dev = default_device()
     curve = train(vm, examples, TrainSettings(epochs=p["epochs"], lr=p["lr"], token_budget=p["token_budget"],
@@ -346,6 +349,8 @@ def _write_curve(ctx, curve) -> None:
 
 @job_kind("algo.value_train")
 def value_train(ctx):
+    import torch
+
     from pita.guidance.train import SeqExample, TrainSettings, calibrate, train
     from pita.guidance.value_model import HeadSpec, ValueModel
 
@@ -399,6 +404,7 @@ def value_train(ctx):
         vm = ValueModel.load(prev, expect=spec, device=dev)
         ctx.log.info("warm start from %s", prev)
     else:
+        torch.manual_seed(p["seed"])  # the new head's initial weights: same seed, same model
         vm = ValueModel.create(p["backbone"], loss=p["loss"], num_atoms=p["num_atoms"], v_min=spec.v_min,
                                v_max=spec.v_max, head_dim=p["head_dim"], lm_prior=spec.lm_prior)
         ctx.log.info("head calibrated to the targets: %s", calibrate(vm, examples, device=dev, seed=p["seed"]))
