@@ -211,60 +211,70 @@ def _run(cfg: DictConfig, overrides: list[str]) -> int:
     if not sy.use_parallel_execution:  # one job at a time: the first device only, one job on it
         gpus.devices = gpus.devices[:1]
     totals = [d.total_bytes for d in gpus.devices]
-    graph = JobGraph(build_plan(cfg, totals, cuda=not gpus.is_cpu)).validate(totals, ex.memory_margin)
+    if ex.backend == "local":  # made now: a warm process imports torch and TRL while the plan is built
+        from pita.core.backends.local import HEAVY_PRELOAD, resolve_worker_start
 
-    if resume:
-        saved_jobs = StateStore(run.state).read()["jobs"]
-        old_fp = {k: v.get("fingerprint") for k, v in saved_jobs.items()}
-        new_fp = graph.fingerprints()
-        differs = sorted(j for j in set(old_fp) | set(new_fp) if old_fp.get(j) != new_fp.get(j))
-        graph_keys = [k for k in changed if not k.startswith(EXECUTION_KEYS)]
-        if differs and not cfg.resume_force:
-            raise ResumeError(
-                f"the overrides change the job graph of {run.root} ({len(differs)} job(s) differ, e.g. "
-                f"{', '.join(differs[:3])}); keys that differ from the saved config: "
-                f"{', '.join(graph_keys or changed) or '(none)'}. Drop those overrides, or pass resume_force=true "
-                f"to re-run the changed jobs and everything after them")
-        if differs:
-            stale = set(differs)
-            for j in differs:
-                if j in graph.by_id:
-                    stale.update(graph.descendants(j))
-            for j in stale:
-                if j in graph.by_id:
-                    run.job(j).clear_for_rerun()
+        start = resolve_worker_start(ex.worker_start, gpus.is_cpu)
+        backend = make_backend("local", kill_grace_s=ex.kill_grace_s, worker_start=start,
+                               preload=HEAVY_PRELOAD if cfg.experiment.workload != "synthetic" else ())
+        how = "forked from a warm process" if start == "forkserver" else "a fresh interpreter per attempt"
+        start_note = f"workers: {how} (executor.worker_start={ex.worker_start})"
     else:
-        run = RunPaths.create(sy.output_dir, cfg.experiment.name, min_free_bytes=sy.min_free_gb * 2**30)
+        backend = ray_backend if ex.backend == "ray" else make_backend(ex.backend)
+        start_note = f"workers: {ex.backend} backend"
     try:
-        atomic_write(run.config, OmegaConf.to_yaml(cfg, resolve=True) if not resume else OmegaConf.to_yaml(cfg))
-    except OSError as e:
-        raise ConfigError(f"cannot write to the run folder {run.root} ({e.strerror}); free space or choose "
-                          f"system.output_dir") from e
-    setup_logging(run.run_log)
-    log.info("run folder: %s", run.root)
-    if not sy.use_parallel_execution:
-        log.info("system.use_parallel_execution=false: one job at a time on %s", gpus.devices[0].label)
-    if resume:
-        log.info("resuming %s%s", run.root, f" with changed keys: {', '.join(changed)}" if changed else "")
-    settings = ExecutorSettings(
-        oom_retries=ex.oom_retries, crash_retries=ex.crash_retries, job_timeout_s=ex.job_timeout_s,
-        kill_grace_s=ex.kill_grace_s, poll_interval_s=ex.poll_interval_s, memory_margin=ex.memory_margin,
-        max_jobs_per_device=1 if not sy.use_parallel_execution else (
-            ex.max_jobs_per_device if ex.max_jobs_per_device is not None else (1 if gpus.is_cpu else None)),
-        max_cpu_jobs=1 if not sy.use_parallel_execution else (ex.max_cpu_jobs or (os.cpu_count() or 1)),
-        starvation_passes=ex.starvation_passes,
-        gpu_summary_interval_s=sy.gpu_summary_interval_s, progress=ex.progress,
-        progress_interval_s=ex.progress_interval_s,
-        threads_per_job=max(1, (os.cpu_count() or 1) // len(gpus.devices)) if gpus.is_cpu else None,
-        max_running=None if sy.use_parallel_execution else 1)
-    if ex.backend == "local":
-        backend = make_backend("local", kill_grace_s=ex.kill_grace_s)
-    elif ex.backend == "ray":
-        backend = ray_backend
-    else:
-        backend = make_backend(ex.backend)
-    config_dict = OmegaConf.to_container(cfg, resolve=True)
-    summary = Executor(graph, gpus, backend, run, settings, config_dict).run()
+        graph = JobGraph(build_plan(cfg, totals, cuda=not gpus.is_cpu)).validate(totals, ex.memory_margin)
+
+        if resume:
+            saved_jobs = StateStore(run.state).read()["jobs"]
+            old_fp = {k: v.get("fingerprint") for k, v in saved_jobs.items()}
+            new_fp = graph.fingerprints()
+            differs = sorted(j for j in set(old_fp) | set(new_fp) if old_fp.get(j) != new_fp.get(j))
+            graph_keys = [k for k in changed if not k.startswith(EXECUTION_KEYS)]
+            if differs and not cfg.resume_force:
+                raise ResumeError(
+                    f"the overrides change the job graph of {run.root} ({len(differs)} job(s) differ, e.g. "
+                    f"{', '.join(differs[:3])}); keys that differ from the saved config: "
+                    f"{', '.join(graph_keys or changed) or '(none)'}. Drop those overrides, or pass resume_force=true "
+                    f"to re-run the changed jobs and everything after them")
+            if differs:
+                stale = set(differs)
+                for j in differs:
+                    if j in graph.by_id:
+                        stale.update(graph.descendants(j))
+                for j in stale:
+                    if j in graph.by_id:
+                        run.job(j).clear_for_rerun()
+        else:
+            run = RunPaths.create(sy.output_dir, cfg.experiment.name, min_free_bytes=sy.min_free_gb * 2**30)
+        try:
+            atomic_write(run.config, OmegaConf.to_yaml(cfg, resolve=True) if not resume else OmegaConf.to_yaml(cfg))
+        except OSError as e:
+            raise ConfigError(f"cannot write to the run folder {run.root} ({e.strerror}); free space or choose "
+                              f"system.output_dir") from e
+        setup_logging(run.run_log)
+        log.info("run folder: %s", run.root)
+        if not sy.use_parallel_execution:
+            log.info("system.use_parallel_execution=false: one job at a time on %s", gpus.devices[0].label)
+        if resume:
+            log.info("resuming %s%s", run.root, f" with changed keys: {', '.join(changed)}" if changed else "")
+        settings = ExecutorSettings(
+            oom_retries=ex.oom_retries, crash_retries=ex.crash_retries, job_timeout_s=ex.job_timeout_s,
+            kill_grace_s=ex.kill_grace_s, poll_interval_s=ex.poll_interval_s, memory_margin=ex.memory_margin,
+            max_jobs_per_device=1 if not sy.use_parallel_execution else (
+                ex.max_jobs_per_device if ex.max_jobs_per_device is not None else (1 if gpus.is_cpu else None)),
+            max_cpu_jobs=1 if not sy.use_parallel_execution else (ex.max_cpu_jobs or (os.cpu_count() or 1)),
+            starvation_passes=ex.starvation_passes,
+            gpu_summary_interval_s=sy.gpu_summary_interval_s, progress=ex.progress,
+            progress_interval_s=ex.progress_interval_s,
+            threads_per_job=max(1, (os.cpu_count() or 1) // len(gpus.devices)) if gpus.is_cpu else None,
+            max_running=None if sy.use_parallel_execution else 1)
+        log.info("%s", start_note)
+        config_dict = OmegaConf.to_container(cfg, resolve=True)
+        summary = Executor(graph, gpus, backend, run, settings, config_dict).run()
+    except BaseException:
+        backend.close()  # nothing ran, or the run is over: no warm process left behind
+        raise
     from pita.report.results import table, write
 
     rows = write(run)

@@ -12,6 +12,7 @@ import tempfile
 from collections import Counter
 
 from pita.core.backends import make_backend
+from pita.core.backends.local import resolve_worker_start
 from pita.core.executor import Executor, ExecutorSettings
 from pita.core.gpu_manager import GPUManager
 from pita.core.graph import JobGraph
@@ -73,7 +74,8 @@ def main(argv: list[str] | None = None) -> int:
     setup_logging(run.run_log, console=False)
     graph = JobGraph(jobs).validate([d.total_bytes for d in gpus.devices])
     settings = ExecutorSettings(max_jobs_per_device=1, progress="off", job_timeout_s=300, kill_grace_s=5)
-    summary = Executor(graph, gpus, make_backend("local"), run, settings).run()
+    start = resolve_worker_start("auto", gpus.is_cpu)  # as a run would start its workers
+    summary = Executor(graph, gpus, make_backend("local", worker_start=start), run, settings).run()
 
     problems = [f"job {f['job']} failed: {f['error']} (log {f['log']})" for f in summary.failures]
     results = {j.id: run.job(j.id).read_result() for j in jobs}
@@ -107,6 +109,7 @@ def main(argv: list[str] | None = None) -> int:
             problems.append(f"workers ran on device ordinals {used}, expected one on each of 0..{n - 1}")
     got = sum(results[f"share.{i}"].get("sum", 0) for i in range(n))
     want = sum(range(items))
+    console.print(f"workers start as in a run: {'forked from a warm process' if start == 'forkserver' else 'a fresh interpreter each'}")
     console.print(f"work distribution: {items} items split {shares} across {n} device(s); "
                   f"sum {got} (expected {want})")
     if got != want:

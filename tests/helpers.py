@@ -19,13 +19,15 @@ from pita.core.paths import RunPaths
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def run_graph(jobs, tmp_path, backend="local", devices=2, run=None, **settings):
+def run_graph(jobs, tmp_path, backend="local", devices=2, run=None, worker_start="forkserver", **settings):
+    """Run ``jobs`` through the executor on CPU devices; local workers fork from a warm process
+    (as CPU runs do) unless ``worker_start="exec"``."""
     gpus = GPUManager.from_inventory(devices, 8e9, kind="cpu")
     run = run or RunPaths.create(tmp_path, "t")
     setup_logging(run.run_log, console=False)
     s = ExecutorSettings(progress="off", poll_interval_s=0.02, kill_grace_s=2, **settings)
-    summary = Executor(JobGraph(jobs).validate([d.total_bytes for d in gpus.devices]), gpus,
-                       make_backend(backend), run, s).run()
+    be = make_backend(backend, worker_start=worker_start) if backend == "local" else make_backend(backend)
+    summary = Executor(JobGraph(jobs).validate([d.total_bytes for d in gpus.devices]), gpus, be, run, s).run()
     state = json.loads(run.state.read_text())
     return summary, state, run
 

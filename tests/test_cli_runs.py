@@ -10,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from helpers import ROOT, cli, wait_for, workers_of
@@ -47,6 +48,7 @@ def test_demo_style_run_completes(tmp_path):
     (["synthetic.algoss=[PITA]"], "did you mean 'algos'"),
     (["executor.oom_retries=abc"], "executor.oom_retries"),
     (["executor.backend=nope"], "executor.backend='nope' is not known"),
+    (["executor.worker_start=forksever"], "did you mean 'forkserver'"),
     (["system.devices=[7]"], "system.devices"),
     (["experiment.name=a/b"], "experiment.name"),
     (["executor.memory_margin=-1", "synthetic.rounds=0"], "2 problems"),
@@ -121,9 +123,13 @@ def test_sigkill_then_resume_reaches_the_same_final_state(tmp_path):
     assert wait_for(lambda: base.exists() and any(base.iterdir()), 30)
     run = only_run(tmp_path / "b", "k")
     assert wait_for(lambda: sum(1 for _ in run.glob("jobs/*/.done")) >= 4, 60)
+    warm = [c for c in psutil.Process(p.pid).children() if "pita.core.zygote" in " ".join(c.cmdline())]
+    assert len(warm) == 1, "CPU runs fork their workers from one warm process"
     p.send_signal(signal.SIGKILL)
     p.wait(timeout=10)
     assert wait_for(lambda: workers_of(run) == [], 5), "orphan workers outlived the orchestrator"
+    assert wait_for(lambda: not warm[0].is_running() or warm[0].status() == psutil.STATUS_ZOMBIE, 5), \
+        "the warm process outlived the orchestrator"
     done_before = sum(1 for _ in run.glob("jobs/*/.done"))
     assert 0 < done_before < len(expected)
 
@@ -202,3 +208,15 @@ def test_the_smoke_preset_runs_all_six_algorithms_and_writes_the_report(tmp_path
     tokens = sum(json.loads((j / "result.json").read_text()).get("tokens", 0)
                  for j in (run / "jobs").glob("*.gen.s*") if (j / "result.json").exists())
     assert tokens > 0
+    # the same config gives the same numbers, whether workers fork from the warm process or
+    # start fresh (seeded head initialisation, one thread per job on CPU)
+    again = cli(["experiment=smoke", f"system.cache_dir={tiny_cache}", "executor.worker_start=exec"],
+                tmp_path / "fresh", timeout=600)
+    assert again.returncode == 0, again.stderr[-3000:]
+    rows2 = json.loads((only_run(tmp_path / "fresh", "smoke") / "results" / "final_results.json").read_text())
+
+    def metrics(rs):
+        keys = ("algorithm", "round", "eta", "pass@1", "kl", "mean_reward")
+        return sorted(json.dumps({k: x.get(k) for k in keys}, sort_keys=True) for x in rs)
+
+    assert metrics(rows2) == metrics(rows)

@@ -206,3 +206,4 @@ def test_paper_grid_presets_compose_and_validate(preset):
     assert cfg.experiment.workload == "experiment" and len(cfg.experiment.algos) == 6
     for d in list(cfg.experiment.datasets) + [x for v in cfg.eval.datasets_by_train.values() for x in v]:
         assert d in cfg.datasets
+

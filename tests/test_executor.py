@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from helpers import run_graph, workers_of
+from helpers import run_graph, wait_for, workers_of
 from pita.core.job import Job, Resources, RetryPolicy
 
 pytestmark = pytest.mark.integration
@@ -16,11 +16,15 @@ def J(id, kind="synthetic.work", deps=(), **params):
     return Job(id=id, kind=kind, deps=list(deps), params=params, resources=Resources(1, 0.5))
 
 
-def test_exception_fails_job_skips_dependents_and_others_continue(tmp_path):
+START = pytest.mark.parametrize("start", ["forkserver", "exec"])
+
+
+@START
+def test_exception_fails_job_skips_dependents_and_others_continue(tmp_path, start):
     jobs = [J("a", seconds=0), J("bad", "synthetic.raise", ["a"], message="boom 42"),
             J("after_bad", deps=["bad"]), J("after_after", deps=["after_bad"]),
             J("independent", deps=["a"], seconds=0.2)]
-    summary, state, run = run_graph(jobs, tmp_path)
+    summary, state, run = run_graph(jobs, tmp_path, worker_start=start)
     st = {k: v["state"] for k, v in state["jobs"].items()}
     assert st == {"a": "COMPLETED", "bad": "FAILED", "after_bad": "SKIPPED", "after_after": "SKIPPED",
                   "independent": "COMPLETED"}
@@ -65,13 +69,15 @@ def test_oom_gives_up_after_the_limit(tmp_path):
     assert "OOM retries used" in e["error"] and "CUDA out of memory" in e["error"]
 
 
+@START
 @pytest.mark.parametrize("kind,params,expect", [
     ("synthetic.exit", {"code": 7}, "exited with code 7"),
     ("synthetic.kill", {}, "SIGKILL"),
 ])
-def test_dead_worker_is_detected_quickly(tmp_path, kind, params, expect):
+def test_dead_worker_is_detected_quickly(tmp_path, kind, params, expect, start):
     t0 = time.time()
-    summary, state, _ = run_graph([Job("d", kind, params=params), J("next", deps=["d"])], tmp_path)
+    summary, state, _ = run_graph([Job("d", kind, params=params), J("next", deps=["d"])], tmp_path,
+                                  worker_start=start)
     assert time.time() - t0 < 15
     assert state["jobs"]["d"]["state"] == "FAILED" and expect in state["jobs"]["d"]["error"]
     assert state["jobs"]["next"]["state"] == "SKIPPED"
@@ -82,9 +88,11 @@ def test_crash_retry_reruns_a_dead_worker(tmp_path):
     assert state["jobs"]["d"]["state"] == "FAILED" and len(state["jobs"]["d"]["attempts"]) == 3
 
 
-def test_timeout_kills_the_job_and_leaves_no_process(tmp_path):
+@START
+def test_timeout_kills_the_job_and_leaves_no_process(tmp_path, start):
     t0 = time.time()
-    summary, state, run = run_graph([Job("h", "synthetic.hang"), J("ok", seconds=0)], tmp_path, job_timeout_s=1.0)
+    summary, state, run = run_graph([Job("h", "synthetic.hang"), J("ok", seconds=0)], tmp_path, job_timeout_s=1.0,
+                                    worker_start=start)
     assert time.time() - t0 < 15
     assert state["jobs"]["h"]["state"] == "FAILED" and "timed out after 1s" in state["jobs"]["h"]["error"]
     assert state["jobs"]["ok"]["state"] == "COMPLETED"
@@ -117,3 +125,74 @@ def test_workers_see_only_their_device(tmp_path):
     seen = [run.job(f"e{i}").read_result() for i in range(2)]
     assert all(s["CUDA_VISIBLE_DEVICES"] == "" and s["device_count"] == 0 for s in seen)
     assert sorted(state["jobs"][f"e{i}"]["devices"][0]["ordinal"] for i in range(2)) == [0, 1]
+
+
+def _env_jobs(tmp_path, monkeypatch, start, **env):
+    """Two synthetic.env jobs through a backend made *before* the environment and the working
+    directory change: a worker must see the orchestrator's state when the job starts."""
+    from pita.core.backends.local import LocalBackend
+    from pita.core.executor import Executor, ExecutorSettings
+    from pita.core.gpu_manager import GPUManager
+    from pita.core.graph import JobGraph
+    from pita.core.logs import setup_logging
+    from pita.core.paths import RunPaths
+
+    backend = LocalBackend(worker_start=start, kill_grace_s=2)
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)
+    monkeypatch.setenv("PITA_TEST_VAR", "set-after-the-backend")
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    gpus = GPUManager.from_inventory(2, 8e9, kind="cpu")
+    run = RunPaths.create(tmp_path, "env")
+    setup_logging(run.run_log, console=False)
+    jobs = [Job(f"e{i}", "synthetic.env", resources=Resources(1, 0.0)) for i in range(2)]
+    s = ExecutorSettings(progress="off", poll_interval_s=0.02, kill_grace_s=2, max_jobs_per_device=1,
+                         threads_per_job=1)
+    summary = Executor(JobGraph(jobs).validate([d.total_bytes for d in gpus.devices]), gpus, backend, run, s).run()
+    assert summary.exit_code == 0, summary.failures
+    return [run.job(f"e{i}").read_result() for i in range(2)], str(cwd)
+
+
+@pytest.mark.parametrize("start,main", [("forkserver", "pita.core.zygote"), ("exec", "pita.core.worker")])
+def test_forked_and_fresh_workers_see_the_same_world(tmp_path, monkeypatch, start, main):
+    seen, cwd = _env_jobs(tmp_path, monkeypatch, start)
+    for s in seen:
+        assert s["main"] == main
+        assert s["CUDA_VISIBLE_DEVICES"] == "" and s["device_count"] == 0
+        assert s["threads"] == 1  # OMP_NUM_THREADS of the job, even though the warm process imported torch
+        assert s["cwd"] == cwd and s["PITA_TEST_VAR"] == "set-after-the-backend"
+    assert len({s["pid"] for s in seen}) == 2
+
+
+def test_a_forked_worker_can_still_become_a_fresh_interpreter(tmp_path, monkeypatch):
+    """The path a GPU job takes when the warm process had touched CUDA (forced here)."""
+    seen, _ = _env_jobs(tmp_path, monkeypatch, "forkserver", PITA_FRESH_INTERPRETER="1")
+    assert all(s["main"] == "pita.core.worker" for s in seen)
+
+
+def test_a_dead_warm_process_fails_its_workers_and_is_replaced(tmp_path):
+    import threading
+
+    import psutil
+
+    from pita.core.paths import RunPaths
+
+    run = RunPaths.create(tmp_path, "t")
+    killed = []
+
+    def kill_the_warm_process():
+        if wait_for(lambda: workers_of(run.root), 30):
+            [warm] = [c for c in psutil.Process().children() if "pita.core.zygote" in " ".join(c.cmdline())]
+            warm.kill()
+            killed.append(warm.pid)
+
+    t = threading.Thread(target=kill_the_warm_process, daemon=True)
+    t.start()
+    summary, state, _ = run_graph([J("w", seconds=5)], tmp_path, run=run, devices=1, crash_retries=1)
+    t.join(5)
+    assert killed, "the worker never started"
+    e = state["jobs"]["w"]
+    assert [a["status"] for a in e["attempts"]] == ["died", "ok"] and e["state"] == "COMPLETED"
+    assert "SIGKILL" in e["attempts"][0]["error"]

@@ -69,7 +69,11 @@ class RayConfig:
 
 @dataclass
 class ExecutorConfig:
-    backend: str = "local"  # local (a spawned process per job) | inline (in-process, serial)
+    backend: str = "local"  # local (a process per job) | inline (in-process, serial) | ray
+    # local: forkserver (attempts fork from a warm process that imported torch, transformers and
+    # TRL once; milliseconds to start) | exec (a fresh interpreter per attempt; seconds to start) |
+    # auto (forkserver on CPU devices, where start-up is most of a job; exec on GPUs)
+    worker_start: str = "auto"
     oom_retries: int = 2  # CUDA OOM: retry with the job's batch size halved, at most this often
     crash_retries: int = 0  # worker died (signal, exit without report): re-run this often
     job_timeout_s: Optional[float] = None  # kill and fail a job running longer (null = no limit)

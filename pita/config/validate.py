@@ -29,6 +29,8 @@ def validate_config(cfg: DictConfig) -> None:
         p.append(unknown_name("experiment.workload", cfg.experiment.workload, WORKLOADS))
     if ex.backend not in BACKEND_NAMES:
         p.append(unknown_name("executor.backend", ex.backend, BACKEND_NAMES))
+    if ex.worker_start not in ("auto", "forkserver", "exec"):
+        p.append(unknown_name("executor.worker_start", ex.worker_start, ("auto", "forkserver", "exec")))
     need(ex.oom_retries >= 0, "executor.oom_retries", ex.oom_retries, "must be >= 0")
     need(ex.crash_retries >= 0, "executor.crash_retries", ex.crash_retries, "must be >= 0")
     need(ex.job_timeout_s is None or ex.job_timeout_s > 0, "executor.job_timeout_s", ex.job_timeout_s,
@@ -68,3 +70,4 @@ def validate_config(cfg: DictConfig) -> None:
         need(len(s[key]) > 0, f"synthetic.{key}", list(s[key]), "must list at least one name")
     if p:
         raise ConfigError(p)
+

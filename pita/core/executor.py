@@ -195,6 +195,7 @@ class Executor:
             for s, h in old.items():
                 signal.signal(s, h)
             self.pump.close()
+            self.backend.close()
 
     # ------------------------------------------------------------------ launching
     def _launch(self, job_id: str, ordinals: list[int]) -> None:

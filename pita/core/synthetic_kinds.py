@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import sys
 import signal
 import time
 
@@ -85,14 +86,26 @@ def hang(ctx):
 def report_env(ctx):
     import torch
 
+    main = getattr(sys.modules["__main__"], "__spec__", None)
     out = {"pid": os.getpid(), "CUDA_VISIBLE_DEVICES": os.environ.get("CUDA_VISIBLE_DEVICES"),
-           "device_count": torch.cuda.device_count(), "devices": ctx.devices}
+           "device_count": torch.cuda.device_count(), "devices": ctx.devices,
+           "main": getattr(main, "name", None),  # pita.core.worker (fresh interpreter) | pita.core.zygote (forked)
+           "threads": torch.get_num_threads(), "cwd": os.getcwd(), "PITA_TEST_VAR": os.environ.get("PITA_TEST_VAR")}
     if torch.cuda.is_available():
         out["names"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
         x = torch.ones(1024, 1024, device="cuda")
         out["allocated_bytes"] = int(torch.cuda.memory_allocated())
         del x
     return out
+
+
+@job_kind("synthetic.imports")
+def import_stack(ctx):
+    """What a real job imports before its first tensor (bench.dispatch --starts): free when forked
+    from a warm process that imported it, seconds in a fresh interpreter."""
+    from pita.core.preload import preload
+
+    return {"missing": preload()}
 
 
 @job_kind("synthetic.share")

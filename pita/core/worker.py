@@ -1,8 +1,9 @@
-"""Runs one job attempt: in a spawned worker process (``python -m pita.core.worker launch.json``)
-or in-process (the inline backend). Both go through :func:`execute`.
+"""Runs one job attempt: in a worker process (``python -m pita.core.worker launch.json``, or
+:func:`forked_main` in a child of the local backend's warm process) or in-process (the inline
+backend). All go through :func:`execute`.
 
-The parent sets ``CUDA_VISIBLE_DEVICES`` in the environment before this interpreter starts, so
-torch only ever sees the job's own devices. The config arrives as a plain dict and is rebuilt
+The parent sets ``CUDA_VISIBLE_DEVICES`` in the environment before torch touches CUDA, so torch
+only ever sees the job's own devices. The config arrives as a plain dict and is rebuilt
 as an OmegaConf object here. The outcome of the attempt is written to ``attempt-<n>.json``; on
 success ``result.json`` then the ``.done`` marker are written, the marker last.
 
@@ -12,6 +13,7 @@ batch). Any other code or a signal means the worker died.
 
 from __future__ import annotations
 
+import atexit
 import json
 import logging
 import os
@@ -101,11 +103,12 @@ def _die_with_parent(parent_pid: int) -> None:
         os._exit(EXIT_ERROR)
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, parent_pid: int | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     launch_path = Path(argv[0])
     launch = json.loads(launch_path.read_text())
-    parent = launch.get("parent_pid") or os.environ.get("PITA_PARENT_PID")  # the ray backend's task process
+    # PITA_PARENT_PID: a parent other than the orchestrator (the ray backend's runner, the warm process)
+    parent = parent_pid or os.environ.get("PITA_PARENT_PID") or launch.get("parent_pid")
     if parent:
         _die_with_parent(int(parent))
     logging.basicConfig(level=logging.INFO, stream=sys.stdout, force=True,
@@ -119,5 +122,76 @@ def main(argv: list[str] | None = None) -> int:
     return {"ok": EXIT_OK, "oom": EXIT_OOM}.get(outcome["status"], EXIT_ERROR)
 
 
+def _cuda_unsafe_after_fork() -> bool:
+    """True if this process was forked from one that initialised CUDA: torch cannot use CUDA here."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return False
+    try:
+        return bool(torch.cuda.is_initialized() or torch.cuda._is_in_bad_fork())
+    except Exception:  # noqa: BLE001 - an unknown torch: do not risk it
+        return True
+
+
+def _set_title(title: str) -> None:
+    """Name the process as ``ps`` shows it (a forked worker otherwise shows the warm process's command)."""
+    try:
+        import setproctitle
+
+        setproctitle.setproctitle(title)
+    except Exception:  # noqa: BLE001 - cosmetic
+        pass
+
+
+def forked_main(launch_path: str, env: dict, cwd: str, log_path: str) -> int:
+    """An attempt forked from the local backend's warm process (:mod:`pita.core.zygote`).
+
+    Becomes what ``python -m pita.core.worker`` is: its own session (the backend signals the
+    group), stdout and stderr on the job's log, the orchestrator's environment with the job's
+    devices, the orchestrator's working directory, and death with its parent. A job that uses
+    CUDA devices, in a child of a process that touched CUDA (or with ``PITA_FRESH_INTERPRETER=1``),
+    replaces itself with a fresh interpreter instead: same process, log and session.
+    """
+    parent = os.getppid()
+    os.setsid()
+    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.reconfigure(line_buffering=True, write_through=True)
+        except (AttributeError, ValueError):
+            pass
+    cmd = [sys.executable, "-m", "pita.core.worker", launch_path]
+    _set_title(" ".join(cmd))  # before the environment changes: setproctitle finds its space there
+    os.environ.clear()
+    os.environ.update(env)
+    os.chdir(cwd)
+    uses_cuda = bool(env.get("CUDA_VISIBLE_DEVICES", "").strip())
+    if env.get("PITA_FRESH_INTERPRETER") == "1" or (uses_cuda and _cuda_unsafe_after_fork()):
+        os.execve(sys.executable, cmd, dict(env, PITA_PARENT_PID=str(parent)))
+    threads = env.get("OMP_NUM_THREADS")
+    torch = sys.modules.get("torch")
+    if threads and threads.isdigit() and torch is not None:
+        torch.set_num_threads(int(threads))  # OpenMP read its variables when the warm process imported torch
+    return main([launch_path], parent_pid=parent)
+
+
+def exit_now(code: int) -> None:
+    """Leave the worker without tearing the interpreter down: with torch and transformers loaded
+    that takes 1-2 s, and the attempt's outcome is on disk already. Exit handlers still run."""
+    try:
+        atexit._run_exitfuncs()  # logging's flush and whatever the libraries registered
+    except BaseException:  # noqa: BLE001 - leaving anyway
+        pass
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_now(main())

@@ -67,6 +67,9 @@ class Backend(abc.ABC):
     def shutdown(self, grace_s: float = 10.0) -> None:
         """Terminate everything still running (TERM, then KILL after ``grace_s``); wait for it."""
 
+    def close(self) -> None:
+        """The run is over (nothing is running): release what the backend holds between attempts."""
+
     def pids(self, job_id: str) -> set[int]:
         """Process ids of a running attempt (for per-process GPU memory); empty if unknown."""
         return set()

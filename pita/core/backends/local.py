@@ -1,16 +1,26 @@
-"""The local backend: one spawned worker process per job attempt.
+"""The local backend: one worker process per job attempt.
 
-Each worker is ``python -m pita.core.worker <job dir>/launch.json`` in a new session (its own
-process group), with ``CUDA_VISIBLE_DEVICES`` set in its environment before the interpreter
-starts, stdout and stderr going to the job's ``job.log``. Killing an attempt signals its whole
-process group (TERM, then KILL after a grace period). A worker also dies with the orchestrator
-(PR_SET_PDEATHSIG), so a killed orchestrator leaves no orphans holding GPU memory.
+Each worker runs in a new session (its own process group), with ``CUDA_VISIBLE_DEVICES`` set in
+its environment before torch touches CUDA, stdout and stderr going to the job's ``job.log``.
+Killing an attempt signals its whole process group (TERM, then KILL after a grace period). A
+worker also dies with its parent (PR_SET_PDEATHSIG), so a killed orchestrator leaves no orphans
+holding GPU memory.
+
+How a worker starts (``executor.worker_start``):
+
+    forkserver  forked from a warm process that imported torch, transformers, datasets and TRL
+                once (multiprocessing's forkserver, preloading :mod:`pita.core.preload`): an
+                attempt starts in milliseconds instead of seconds. The warm process never
+                touches CUDA; a worker forked from one that did re-executes itself as below.
+                If the orchestrator dies, the warm process exits and its workers die with it.
+    exec        ``python -m pita.core.worker <job dir>/launch.json``: a fresh interpreter each time.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -22,10 +32,117 @@ from pita.core.paths import atomic_write_json
 from pita.core.worker import EXIT_ERROR, EXIT_OK, EXIT_OOM
 
 
+WORKER_STARTS = ("forkserver", "exec")
+HEAVY_PRELOAD = ("pita.core.preload",)  # what jobs that load models import; synthetic jobs need nothing
+
+
+def resolve_worker_start(setting: str, cpu_only: bool) -> str:
+    """``executor.worker_start``: auto forks on CPU devices, where a 4-6 s start-up is most of a
+    short job, and starts fresh interpreters on GPUs, where jobs run for minutes and a fresh
+    process is the better-trodden path for CUDA."""
+    if setting == "auto":
+        return "forkserver" if cpu_only else "exec"
+    return setting
+
+
+class WarmProcess:
+    """The orchestrator's end of :mod:`pita.core.zygote`: asks it to fork workers, learns their
+    pids and exit codes. Started at once, so its imports run while the run is being planned."""
+
+    def __init__(self, preload: list[str] | tuple[str, ...], python: str | None = None):
+        self.proc = subprocess.Popen([python or sys.executable, "-m", "pita.core.zygote", *preload],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, close_fds=True,
+                                     start_new_session=True)
+        self._fd = self.proc.stdout.fileno()
+        self._buf = b""
+        self.pids: dict[str, int] = {}  # job -> pid, while it runs
+        self.rcs: dict[str, int] = {}  # job -> exit code, once it ended
+        self.gone = False
+
+    def _read(self, timeout: float) -> bool:
+        """Take in what the warm process said within ``timeout`` seconds; False once it is gone."""
+        if self.gone:
+            return False
+        ready, _, _ = select.select([self._fd], [], [], timeout)
+        if not ready:
+            return True
+        data = os.read(self._fd, 1 << 16)
+        if not data:
+            self.gone = True
+            for job in self.pids:  # its workers die with it (PR_SET_PDEATHSIG)
+                self.rcs.setdefault(job, -signal.SIGKILL)
+            return False
+        self._buf += data
+        while b"\n" in self._buf:
+            line, self._buf = self._buf.split(b"\n", 1)
+            msg = json.loads(line)
+            if "pid" in msg:
+                self.pids[msg["id"]] = msg["pid"]
+            elif "rc" in msg:
+                self.rcs[msg["id"]] = msg["rc"]
+        return True
+
+    def fork(self, job_id: str, launch: str, env: dict, cwd: str, log: str, timeout: float = 600.0) -> int:
+        """Fork a worker for ``job_id``; its pid. Waits for the preload the first time."""
+        self.rcs.pop(job_id, None)
+        self.pids.pop(job_id, None)
+        req = {"id": job_id, "launch": launch, "env": env, "cwd": cwd, "log": log}
+        try:
+            self.proc.stdin.write((json.dumps(req) + "\n").encode())
+            self.proc.stdin.flush()
+        except (BrokenPipeError, ValueError) as e:
+            raise RuntimeError(f"the warm worker process is gone (exit code {self.proc.poll()})") from e
+        deadline = time.time() + timeout
+        while job_id not in self.pids:
+            if not self._read(max(0.0, deadline - time.time())) or time.time() > deadline:
+                raise RuntimeError(f"the warm worker process did not start {job_id} "
+                                   f"(exit code {self.proc.poll()}; its errors are on the orchestrator's stderr)")
+        return self.pids[job_id]
+
+    def exit_code(self, job_id: str) -> int | None:
+        """The worker's exit code once it ended (negative: the signal that killed it), else None."""
+        while not self.gone and select.select([self._fd], [], [], 0)[0]:
+            self._read(0.0)
+        if job_id in self.rcs:
+            self.pids.pop(job_id, None)
+            return self.rcs.pop(job_id)
+        return None
+
+    def close(self) -> None:
+        try:
+            self.proc.stdin.close()
+        except OSError:
+            pass
+        try:
+            self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self.proc.stdout.close()
+
+
+class _Forked:
+    """A worker forked by the warm process, seen through the part of Popen's API used here."""
+
+    def __init__(self, warm: WarmProcess, job_id: str, pid: int):
+        self.warm, self.job_id, self.pid = warm, job_id, pid
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            self.returncode = self.warm.exit_code(self.job_id)
+        return self.returncode
+
+    def wait(self) -> int | None:
+        while self.poll() is None:
+            time.sleep(0.02)
+        return self.returncode
+
+
 @dataclass
 class _Proc:
     launch: Launch
-    popen: subprocess.Popen
+    popen: subprocess.Popen | _Forked
     log_file: object
     started: float
     forced_status: str | None = None
@@ -74,10 +191,20 @@ def finished_from(launch: Launch, rc: int | None, started: float, forced_status:
 class LocalBackend(Backend):
     name = "local"
 
-    def __init__(self, python: str | None = None, kill_grace_s: float = 10.0):
+    def __init__(self, python: str | None = None, kill_grace_s: float = 10.0, worker_start: str = "exec",
+                 preload: tuple[str, ...] | list[str] = ()):
+        if worker_start not in WORKER_STARTS:
+            from pita.core.errors import ConfigError
+            from pita.core.names import unknown_name
+
+            raise ConfigError(unknown_name("executor.worker_start", worker_start, WORKER_STARTS))
         self.python = python or sys.executable
         self.kill_grace_s = kill_grace_s
+        # another interpreter than this one can only be exec'd
+        self.worker_start = worker_start if self.python == sys.executable else "exec"
         self.procs: dict[str, _Proc] = {}
+        self.preload = list(preload)
+        self.warm = WarmProcess(self.preload, self.python) if self.worker_start == "forkserver" else None
 
     def start(self, launch: Launch) -> None:
         p = launch.paths
@@ -88,8 +215,18 @@ class LocalBackend(Backend):
         except FileNotFoundError:
             pass
         env = dict(os.environ)
+        env.pop("PITA_PARENT_PID", None)  # the worker's parent is this process (or the warm one)
         env.update(launch.env)
         env["PYTHONUNBUFFERED"] = "1"
+        if self.worker_start == "forkserver":
+            if self.warm is not None and self.warm.gone:  # it died (killed, out of memory)
+                self.warm.close()
+                self.warm = None
+            if self.warm is None:
+                self.warm = WarmProcess(self.preload, self.python)
+            pid = self.warm.fork(launch.job_id, str(p.launch), env, os.getcwd(), str(p.log))
+            self.procs[launch.job_id] = _Proc(launch, _Forked(self.warm, launch.job_id, pid), None, time.time())
+            return
         log = open(p.log, "ab", buffering=0)
         popen = subprocess.Popen([self.python, "-m", "pita.core.worker", str(p.launch)], stdout=log,
                                  stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
@@ -115,7 +252,11 @@ class LocalBackend(Backend):
         try:
             os.killpg(proc.popen.pid, sig)
         except (ProcessLookupError, PermissionError):
-            pass
+            try:  # a just-forked worker may not lead its own group yet
+                if proc.popen.poll() is None:
+                    os.kill(proc.popen.pid, sig)
+            except (ProcessLookupError, PermissionError):
+                pass
 
     def kill(self, job_id: str, status: str = "cancelled", reason: str = "") -> None:
         proc = self.procs.get(job_id)
@@ -126,7 +267,8 @@ class LocalBackend(Backend):
         proc.term_sent = time.time()
 
     def _collect(self, job_id: str, proc: _Proc, rc: int) -> Finished:
-        proc.log_file.close()
+        if proc.log_file is not None:
+            proc.log_file.close()
         return finished_from(proc.launch, rc, proc.started, proc.forced_status, proc.forced_reason)
 
     def poll(self, timeout: float = 0.0) -> list[Finished]:
@@ -163,4 +305,10 @@ class LocalBackend(Backend):
             rc = proc.popen.wait()
             finished.append(self._collect(job_id, proc, rc))
         self.procs.clear()
+        self.close()
         return finished
+
+    def close(self) -> None:
+        if self.warm is not None:
+            self.warm.close()
+            self.warm = None
