@@ -122,7 +122,8 @@ def test_run_experiment_bad_config_exits_2_and_creates_nothing(tmp_path, capsys)
 # ---------------------------------------------------------------- the user guide's keys, presets
 GUIDE_KEYS = ["system.attn_impl=eager", "system.clear_cache_interval=10", "system.use_parallel_execution=true",
               "training.micro_batch_size=4", "training.gradient_checkpointing=true",
-              "data_collection.reward_batch_size=32", "algos.PITA.batch_size=24", "algos.PITA.num_workers=4"]
+              "data_collection.reward_batch_size=32", "algos.PITA.batch_size=24", "algos.PITA.num_workers=4",
+              "generation.batch_size=8"]
 
 
 def test_the_user_guide_keys_are_accepted():
@@ -207,3 +208,13 @@ def test_paper_grid_presets_compose_and_validate(preset):
     for d in list(cfg.experiment.datasets) + [x for v in cfg.eval.datasets_by_train.values() for x in v]:
         assert d in cfg.datasets
 
+
+def test_the_guides_generation_batch_size_sets_the_data_generation_batch():
+    cfg = _compose("generation.batch_size=8")
+    validate_config(cfg)
+    assert cfg.data_collection.batch_size == 8
+    cfg = _compose()
+    validate_config(cfg)
+    assert cfg.data_collection.batch_size == 16  # unset: data_collection's own value
+    with pytest.raises(ConfigError, match=r"generation.batch_size=0: must be a positive integer"):
+        validate_config(_compose("generation.batch_size=0"))

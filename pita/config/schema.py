@@ -144,6 +144,13 @@ class EvalConfig:
     datasets_by_train: Dict[str, List[str]] = field(default_factory=dict)
 
 
+@dataclass
+class GenerationConfig:
+    """Shorthands for data generation, as the PITA user guide writes them."""
+
+    batch_size: Optional[int] = None  # per-device data-generation batch; set: overrides data_collection.batch_size
+
+
 def _algos() -> dict:
     # baselines: settings for the tiny embedded default; real models want smaller learning rates
     return {"PITA": ValueGuidedConfig(), "QSharp": ValueGuidedConfig(), "QSharp-HF": ValueGuidedConfig(),
@@ -162,6 +169,7 @@ class PitaConfig:
     model: FamilyConfig = field(default_factory=FamilyConfig)  # group: conf/model/<name>.yaml
     datasets: Dict[str, DatasetConfig] = field(default_factory=dict)  # group: conf/dataset/<name>.yaml
     data_collection: DataCollectionConfig = field(default_factory=DataCollectionConfig)
+    generation: GenerationConfig = field(default_factory=GenerationConfig)
     algos: Dict[str, ValueGuidedConfig] = field(default_factory=_algos)  # per algorithm: PITA, QSharp, QSharp-HF, DPO, GRPO, GRPO-HF
     eval: EvalConfig = field(default_factory=EvalConfig)
     resume_from: Optional[str] = None  # an earlier run folder: re-run only its unfinished jobs

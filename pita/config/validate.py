@@ -14,6 +14,7 @@ PROGRESS = ("auto", "rich", "plain", "off")
 
 
 def validate_config(cfg: DictConfig) -> None:
+    """Raise ConfigError listing every problem; then apply the shorthands (generation.batch_size)."""
     p: list[str] = []
     ex, sy = cfg.executor, cfg.system
 
@@ -68,6 +69,10 @@ def validate_config(cfg: DictConfig) -> None:
     need(s.memory_gb >= 0, "synthetic.memory_gb", s.memory_gb, "must be >= 0 (GB per job)")
     for key in ("algos", "families", "datasets"):
         need(len(s[key]) > 0, f"synthetic.{key}", list(s[key]), "must list at least one name")
+    gb = cfg.generation.batch_size
+    need(gb is None or (isinstance(gb, int) and not isinstance(gb, bool) and gb >= 1), "generation.batch_size", gb,
+         "must be a positive integer (the per-device data-generation batch), or null to use data_collection.batch_size")
     if p:
         raise ConfigError(p)
-
+    if gb is not None:  # the user guide's shorthand, written into the key it stands for
+        cfg.data_collection.batch_size = gb
