@@ -212,13 +212,12 @@ def _run(cfg: DictConfig, overrides: list[str]) -> int:
         gpus.devices = gpus.devices[:1]
     totals = [d.total_bytes for d in gpus.devices]
     if ex.backend == "local":  # made now: a warm process imports torch and TRL while the plan is built
-        from pita.core.backends.local import HEAVY_PRELOAD, resolve_worker_start
+        from pita.core.backends.local import HEAVY_PRELOAD, describe_worker_start, resolve_worker_start
 
         start = resolve_worker_start(ex.worker_start, gpus.is_cpu)
         backend = make_backend("local", kill_grace_s=ex.kill_grace_s, worker_start=start,
                                preload=HEAVY_PRELOAD if cfg.experiment.workload != "synthetic" else ())
-        how = "forked from a warm process" if start == "forkserver" else "a fresh interpreter per attempt"
-        start_note = f"workers: {how} (executor.worker_start={ex.worker_start})"
+        start_note = f"workers: {describe_worker_start(start)} (executor.worker_start={ex.worker_start})"
     else:
         backend = ray_backend if ex.backend == "ray" else make_backend(ex.backend)
         start_note = f"workers: {ex.backend} backend"

@@ -12,7 +12,7 @@ import tempfile
 from collections import Counter
 
 from pita.core.backends import make_backend
-from pita.core.backends.local import resolve_worker_start
+from pita.core.backends.local import describe_worker_start, resolve_worker_start
 from pita.core.executor import Executor, ExecutorSettings
 from pita.core.gpu_manager import GPUManager
 from pita.core.graph import JobGraph
@@ -109,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
             problems.append(f"workers ran on device ordinals {used}, expected one on each of 0..{n - 1}")
     got = sum(results[f"share.{i}"].get("sum", 0) for i in range(n))
     want = sum(range(items))
-    console.print(f"workers start as in a run: {'forked from a warm process' if start == 'forkserver' else 'a fresh interpreter each'}")
+    console.print(f"workers start as in a run: {describe_worker_start(start)}")
     console.print(f"work distribution: {items} items split {shares} across {n} device(s); "
                   f"sum {got} (expected {want})")
     if got != want:

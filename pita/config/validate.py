@@ -5,6 +5,7 @@ from __future__ import annotations
 from omegaconf import DictConfig, ListConfig
 
 from pita.core.backends import BACKEND_NAMES
+from pita.core.backends.local import WORKER_START_SETTINGS
 from pita.core.errors import ConfigError
 from pita.core.names import unknown_name
 from pita.core.paths import RunPaths
@@ -30,8 +31,8 @@ def validate_config(cfg: DictConfig) -> None:
         p.append(unknown_name("experiment.workload", cfg.experiment.workload, WORKLOADS))
     if ex.backend not in BACKEND_NAMES:
         p.append(unknown_name("executor.backend", ex.backend, BACKEND_NAMES))
-    if ex.worker_start not in ("auto", "forkserver", "exec"):
-        p.append(unknown_name("executor.worker_start", ex.worker_start, ("auto", "forkserver", "exec")))
+    if ex.worker_start not in WORKER_START_SETTINGS:
+        p.append(unknown_name("executor.worker_start", ex.worker_start, WORKER_START_SETTINGS))
     need(ex.oom_retries >= 0, "executor.oom_retries", ex.oom_retries, "must be >= 0")
     need(ex.crash_retries >= 0, "executor.crash_retries", ex.crash_retries, "must be >= 0")
     need(ex.job_timeout_s is None or ex.job_timeout_s > 0, "executor.job_timeout_s", ex.job_timeout_s,

@@ -8,11 +8,11 @@ holding GPU memory.
 
 How a worker starts (``executor.worker_start``):
 
-    forkserver  forked from a warm process that imported torch, transformers, datasets and TRL
-                once (multiprocessing's forkserver, preloading :mod:`pita.core.preload`): an
-                attempt starts in milliseconds instead of seconds. The warm process never
-                touches CUDA; a worker forked from one that did re-executes itself as below.
-                If the orchestrator dies, the warm process exits and its workers die with it.
+    forkserver  forked from a warm process (:mod:`pita.core.zygote`) that imported torch,
+                transformers, datasets and TRL once (:mod:`pita.core.preload`): an attempt
+                starts in milliseconds instead of seconds. The warm process never touches
+                CUDA; a worker forked from one that did re-executes itself as below. If the
+                orchestrator dies, the warm process exits and its workers die with it.
     exec        ``python -m pita.core.worker <job dir>/launch.json``: a fresh interpreter each time.
 """
 
@@ -33,6 +33,7 @@ from pita.core.worker import EXIT_ERROR, EXIT_OK, EXIT_OOM
 
 
 WORKER_STARTS = ("forkserver", "exec")
+WORKER_START_SETTINGS = ("auto", *WORKER_STARTS)  # what executor.worker_start accepts
 HEAVY_PRELOAD = ("pita.core.preload",)  # what jobs that load models import; synthetic jobs need nothing
 
 
@@ -43,6 +44,11 @@ def resolve_worker_start(setting: str, cpu_only: bool) -> str:
     if setting == "auto":
         return "forkserver" if cpu_only else "exec"
     return setting
+
+
+def describe_worker_start(start: str) -> str:
+    """How workers start, in words, for the run log and the setup check."""
+    return "forked from a warm process" if start == "forkserver" else "a fresh interpreter per attempt"
 
 
 class WarmProcess:
