@@ -47,6 +47,12 @@ def _check_key(key: str, base: DictConfig) -> str | None:
     for part in key.split("."):
         if not isinstance(node, DictConfig):
             return None  # below a leaf of type Any: nothing more to check
+        if walked == ["algos"] and part not in node:
+            from pita.algos import ALGORITHMS
+
+            return unknown_name("algos", part, ALGORITHMS.names()) + f" (in the override of {key})"
+        if len(walked) == 2 and walked[0] == "algos" and part not in node:
+            return algo_key_problem(walked[1], part, list(node.keys()))
         if part not in node:
             if node._metadata.object_type is dict and walked:
                 return None  # a map with open keys (e.g. +eval.datasets_by_train.<name>): Hydra checks the value
@@ -55,6 +61,29 @@ def _check_key(key: str, base: DictConfig) -> str | None:
                     f"keys at {where}: {', '.join(node.keys())}")
         walked.append(part)
         node = node._get_node(part)
+    return None
+
+
+def algo_key_problem(algo: str, key: str, keys: list[str]) -> str:
+    """An ``algos.<algo>.<key>`` that the algorithm's config does not have."""
+    return (f"algos.{algo}.{key}: {algo} has no key {key!r}{suggest(key, keys)}; the keys of {algo} are: "
+            f"{', '.join(keys)} (each algorithm accepts only the keys it reads: pita/algos/)")
+
+
+def _explain(e: BaseException) -> str | None:
+    """A clear sentence for a composition error caused by an algorithm key the algorithm lacks."""
+    while e.__cause__ is not None:
+        e = e.__cause__
+    full = getattr(e, "full_key", None) or ""
+    parts = full.split(".")
+    if len(parts) == 3 and parts[0] == "algos" and "not in" in str(e):
+        from pita.algos import ALGORITHMS
+
+        if parts[1] in ALGORITHMS:
+            import dataclasses
+
+            keys = [f.name for f in dataclasses.fields(ALGORITHMS.get(parts[1]).Config)]
+            return algo_key_problem(parts[1], parts[2], keys)
     return None
 
 
@@ -68,7 +97,10 @@ def check_overrides(overrides: list[str]) -> None:
     problems = []
     plain = [o for o in overrides if not o.startswith("-")]
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
-        base = compose(config_name="config")  # the defaults, group choices included
+        try:
+            base = compose(config_name="config")  # the defaults, group choices included
+        except Exception as e:  # conf/ itself is wrong (e.g. an edited config.yaml)
+            raise ConfigError(f"{CONF_DIR / 'config.yaml'}: {_explain(e) or str(e).splitlines()[0]}") from e
     try:
         parsed = OverridesParser.create().parse_overrides(plain)
     except Exception as e:
@@ -92,6 +124,9 @@ def check_overrides(overrides: list[str]) -> None:
     if sweep:
         return  # multirun values are checked per job by Hydra
     def first_line(e: Exception) -> str:
+        explained = _explain(e)
+        if explained:
+            return explained
         while e.__cause__ is not None:
             e = e.__cause__
         text = str(e).strip()
@@ -156,6 +191,26 @@ def _task_overrides(cfg_overrides: list[str] | None) -> list[str]:
         return []
 
 
+def _drop_foreign_algo_keys(saved: DictConfig, where) -> None:
+    """A run folder written before each algorithm had its own config holds every algorithm key
+    under every algorithm; those the algorithm does not have were never read, so they are dropped
+    (and named), not refused."""
+    import dataclasses
+
+    from pita.algos import ALGORITHMS
+
+    dropped = []
+    for name, node in (saved.get("algos") or {}).items():
+        if name in ALGORITHMS and isinstance(node, DictConfig):
+            keys = {f.name for f in dataclasses.fields(ALGORITHMS.get(name).Config)}
+            for k in [k for k in node if k not in keys]:
+                dropped.append(f"algos.{name}.{k}")
+                del node[k]
+    if dropped:
+        print(f"note: {where} sets {len(dropped)} algorithm key(s) that their algorithm does not read; dropped: "
+              f"{', '.join(dropped[:8])}{' ...' if len(dropped) > 8 else ''}", file=sys.stderr)
+
+
 def _resume_config(cfg: DictConfig, overrides: list[str]):
     from pita.core.paths import RunPaths
     from pita.core.state import StateStore
@@ -166,6 +221,7 @@ def _resume_config(cfg: DictConfig, overrides: list[str]):
         saved = OmegaConf.load(run.config)
     except Exception as e:
         raise ResumeError(f"{run.config} cannot be read ({e}); the run cannot be resumed") from e
+    _drop_foreign_algo_keys(saved, run.config)
     new = _apply_overrides(saved, overrides)
     new.resume_from = str(run.root)
     new.resume_force = bool(cfg.resume_force)

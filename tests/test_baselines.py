@@ -81,14 +81,14 @@ def test_lora_on_modules_the_model_does_not_have_is_refused_with_the_ones_it_has
 def test_an_all_tied_preference_set_fails_dpo_before_training(tmp_path, monkeypatch):
     from datasets import Dataset
 
-    from pita.algos import baselines
+    from pita.algos import dpo
 
     data = tmp_path / "pairs"
     Dataset.from_list([{"id": "a", "prompt": "p", "chosen": "x", "rejected": "y", "chosen_reward": 1.0,
                         "rejected_reward": 1.0, "p_chosen": 0.5}]).save_to_disk(str(data))
     ctx = SimpleNamespace(params={"data": "m"}, dep_result=lambda j: {"path": str(data)})
     with pytest.raises(JobError, match="none of the 1 preference pairs has different rewards"):
-        baselines.dpo_train(ctx)
+        dpo.dpo_train(ctx)
 
 
 def test_reference_log_probs_of_samples_match_the_sampler_under_temperature_and_top_p(tiny):

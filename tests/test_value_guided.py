@@ -162,23 +162,24 @@ def test_the_head_starts_from_the_backbone_lm_prior(tiny):
 
 
 def test_an_all_tied_preference_set_fails_the_proxy_job_with_a_reason(tmp_path, monkeypatch):
-    from pita.algos import value_guided
+    from pita.guidance import proxy, rollouts
 
     recs = [{"id": "x", "cut": 0, "reward": 1.0, "prompt_ids": [1], "prefix_ids": [], "continuation_ids": [2]},
             {"id": "x", "cut": 0, "reward": 1.0, "prompt_ids": [1], "prefix_ids": [], "continuation_ids": [3]}]
     ctx = SimpleNamespace(params={"data": ["m"], "seed": 0, "beta": 1.0}, log=None, paths=None)
-    monkeypatch.setattr(value_guided, "_records", lambda c, merges: [dict(r) for r in recs])
+    monkeypatch.setattr(rollouts, "read_rounds", lambda c, merges: [dict(r) for r in recs])
     with pytest.raises(JobError, match="no preference pairs"):
-        value_guided.proxy_train(ctx)
+        proxy.proxy_train(ctx)
 
 
 def test_an_all_tied_pita_pair_set_fails_the_value_job_with_a_reason(monkeypatch):
     from pita.algos import value_guided
+    from pita.guidance import rollouts
 
     recs = [{"id": "x", "cut": 0, "reward": 0.0, "prompt_ids": [1], "prefix_ids": [], "continuation_ids": [2]},
             {"id": "x", "cut": 0, "reward": 0.0, "prompt_ids": [1], "prefix_ids": [], "continuation_ids": [3]}]
     ctx = SimpleNamespace(params={"data": ["m"], "seed": 0, "beta": 1.0, "algo": "PITA"}, log=None, paths=None)
-    monkeypatch.setattr(value_guided, "_records", lambda c, merges: [dict(r) for r in recs])
+    monkeypatch.setattr(rollouts, "read_rounds", lambda c, merges: [dict(r) for r in recs])
     with pytest.raises(JobError, match="all 1 preference pairs are ties"):
         value_guided.value_train(ctx)
 
@@ -215,22 +216,27 @@ def test_smoke_experiment_writes_results_for_every_algorithm_and_eta(tmp_path, t
 
 
 def test_pita_pairs_every_two_continuations_of_a_cut_and_the_training_leaves_ties_out():
-    from pita.algos.value_guided import _pairs
+    from pita.guidance.rollouts import continuation_pairs
 
     def rec(i, cut, reward):
         return {"id": "x", "cut": cut, "reward": reward, "prompt_ids": [1], "prefix_ids": [], "continuation_ids": [i]}
 
     recs = [rec(2, 0, 4.0), rec(3, 0, 0.0), rec(4, 0, 0.0), rec(5, 0, 0.0), rec(6, 1, 0.0), rec(7, 1, 0.0)]
-    pairs = _pairs(recs, seed=0, beta=50.0)  # beta 50: the draw follows the reward
+    pairs = continuation_pairs(recs, seed=0, beta=50.0)  # beta 50: the draw follows the reward
     assert [(c["continuation_ids"], r["continuation_ids"], tie) for c, r, tie in pairs] == [
         ([2], [3], False), ([4], [5], True), ([6], [7], True)]
 
 
 def test_pita_needs_an_even_number_of_continuations(tmp_path):
-    from pita.algos.value_guided import ValueGuidedConfig, check_config
+    from omegaconf import OmegaConf
 
-    assert any("continuations=3 must be even" in p for p in check_config("PITA", ValueGuidedConfig(continuations=3)))
-    assert not any("even" in p for p in check_config("QSharp", ValueGuidedConfig(continuations=3)))
+    from pita.algos import algorithm
+    from pita.config.schema import PitaConfig
+
+    cfg = OmegaConf.structured(PitaConfig)
+    cfg.algos.PITA.continuations = cfg.algos.QSharp.continuations = 3
+    assert any("continuations=3 must be even" in p for p in algorithm("PITA", cfg.algos.PITA).check(cfg, 1))
+    assert not any("even" in p for p in algorithm("QSharp", cfg.algos.QSharp).check(cfg, 1))
 
 
 @pytest.mark.parametrize("loss", ["bce", "mle"])

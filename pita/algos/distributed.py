@@ -8,7 +8,7 @@ each process runs the same job function, and the TRL / transformers Trainer insi
 distributed environment (RANK, WORLD_SIZE, LOCAL_RANK) and wraps the model in DDP through
 accelerate (NCCL on GPUs, gloo on CPU). Rank 0 writes the checkpoint and the result; the
 worker streams every rank's output into the job log and returns rank 0's result. The effective
-batch stays as configured: the job divides it by k (pita/algos/baselines.py).
+batch stays as configured: the job divides it by k (pita/algos/post_training.py).
 """
 
 from __future__ import annotations

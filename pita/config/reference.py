@@ -81,8 +81,34 @@ def rows(cls=None, prefix: str = "") -> list[tuple[str, str, str]]:
         elif origin in (dict, typing.Dict) and dataclasses.is_dataclass(typing.get_args(t)[1]):
             out.append((key, "(map)", notes.get(f.name, "")))
             out += rows(typing.get_args(t)[1], key + ".<name>.")
+        elif isinstance(d := _default(f), dict) and d and all(dataclasses.is_dataclass(v) for v in d.values()):
+            out.append((key, "(map)", notes.get(f.name, "")))
+            out += _per_entry_rows(d, key)
         else:
             out.append((key, _fmt(_default(f)), notes.get(f.name, "")))
+    return out
+
+
+def _meaning(cls, name: str) -> str:
+    """A field's comment where it is first defined (a subclass's comment on a new default is a note)."""
+    texts = [_comments(k).get(name, "") for k in reversed(cls.__mro__) if dataclasses.is_dataclass(k)]
+    return next((t for t in texts if t), "")
+
+
+def _per_entry_rows(entries: dict, key: str) -> list[tuple[str, str, str]]:
+    """A map of differently typed entries (``algos``): one row per key, naming the entries that
+    have it (``<name>`` when all do) and each entry's default where they differ."""
+    fields: dict[str, list[tuple[str, object, type]]] = {}
+    for name, obj in entries.items():
+        for f in dataclasses.fields(obj):
+            fields.setdefault(f.name, []).append((name, getattr(obj, f.name), type(obj)))
+    out = []
+    for fname, have in fields.items():
+        names = [n for n, _, _ in have]
+        who = "<name>" if len(names) == len(entries) else "{" + ",".join(names) + "}"
+        values = [_fmt(v) for _, v, _ in have]
+        default = values[0] if len(set(values)) == 1 else "; ".join(f"{n}: {v}" for n, v in zip(names, values))
+        out.append((f"{key}.{who}.{fname}", default, _meaning(have[0][2], fname)))
     return out
 
 

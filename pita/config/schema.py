@@ -11,7 +11,7 @@ from typing import Any, Dict, List, Optional
 
 from hydra.core.config_store import ConfigStore
 
-from pita.algos.value_guided import ValueGuidedConfig
+from pita.algos import default_configs, on_register
 from pita.datasets.config import DatasetConfig
 from pita.models.families import FamilyConfig
 from pita.plans.synthetic import ALGOS
@@ -151,14 +151,6 @@ class GenerationConfig:
     batch_size: Optional[int] = None  # per-device data-generation batch; set: overrides data_collection.batch_size
 
 
-def _algos() -> dict:
-    # baselines: settings for the tiny embedded default; real models want smaller learning rates
-    return {"PITA": ValueGuidedConfig(), "QSharp": ValueGuidedConfig(), "QSharp-HF": ValueGuidedConfig(),
-            "DPO": ValueGuidedConfig(lr=1e-4, beta=0.1, epochs=2, batch_size=16),
-            "GRPO": ValueGuidedConfig(lr=5e-5, beta=0.04, max_steps=60, batch_size=16, num_generations=4),
-            "GRPO-HF": ValueGuidedConfig(lr=5e-5, beta=0.04, max_steps=60, batch_size=16, num_generations=4)}
-
-
 @dataclass
 class PitaConfig:
     experiment: ExperimentConfig = field(default_factory=ExperimentConfig)
@@ -170,7 +162,9 @@ class PitaConfig:
     datasets: Dict[str, DatasetConfig] = field(default_factory=dict)  # group: conf/dataset/<name>.yaml
     data_collection: DataCollectionConfig = field(default_factory=DataCollectionConfig)
     generation: GenerationConfig = field(default_factory=GenerationConfig)
-    algos: Dict[str, ValueGuidedConfig] = field(default_factory=_algos)  # per algorithm: PITA, QSharp, QSharp-HF, DPO, GRPO, GRPO-HF
+    # per registered algorithm, its own typed config (pita/algos/<name>.py): a key the algorithm
+    # does not have is refused
+    algos: Dict[str, Any] = field(default_factory=default_configs)
     eval: EvalConfig = field(default_factory=EvalConfig)
     resume_from: Optional[str] = None  # an earlier run folder: re-run only its unfinished jobs
     resume_force: bool = False  # resume even if overrides change the job graph
@@ -181,3 +175,4 @@ def register() -> None:
 
 
 register()
+on_register(register)  # an algorithm registered later (a plug-in, a test) gets its algos.<name> node

@@ -70,6 +70,12 @@ def validate_config(cfg: DictConfig) -> None:
     need(s.memory_gb >= 0, "synthetic.memory_gb", s.memory_gb, "must be >= 0 (GB per job)")
     for key in ("algos", "families", "datasets"):
         need(len(s[key]) > 0, f"synthetic.{key}", list(s[key]), "must list at least one name")
+    from pita.algos import ALGORITHMS
+
+    for name in cfg.algos:
+        if name not in ALGORITHMS:
+            p.append(unknown_name("algos", name, ALGORITHMS.names()) + " (algos.<name> holds the settings of a "
+                     "registered algorithm)")
     gb = cfg.generation.batch_size
     need(gb is None or (isinstance(gb, int) and not isinstance(gb, bool) and gb >= 1), "generation.batch_size", gb,
          "must be a positive integer (the per-device data-generation batch), or null to use data_collection.batch_size")

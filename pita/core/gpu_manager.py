@@ -12,6 +12,7 @@ numbers devices the way NVML and nvidia-smi do.
 
 from __future__ import annotations
 
+import glob
 import logging
 import os
 from dataclasses import dataclass, field
@@ -19,6 +20,9 @@ from typing import Iterable, Sequence
 
 from pita.core import memory
 from pita.core.errors import ConfigError
+
+# device files of a GPU driver: NVIDIA (/dev/nvidia*), ROCm (/dev/kfd), WSL (/dev/dxg)
+GPU_DRIVER_FILES = ("/dev/nvidia*", "/dev/kfd", "/dev/dxg")
 
 log = logging.getLogger(__name__)
 
@@ -166,6 +170,11 @@ class GPUManager:
 
     @classmethod
     def _detect_torch(cls) -> "GPUManager | None":
+        """torch.cuda, for GPUs NVML does not see (ROCm, some containers). Only where a GPU driver's
+        device files exist: importing torch costs the orchestrator a second, and a machine with no
+        driver has no device torch could find."""
+        if not any(glob.glob(p) for p in GPU_DRIVER_FILES):
+            return None
         try:
             import torch
         except ImportError:

@@ -11,8 +11,11 @@ T = TypeVar("T")
 
 
 def suggest(name: str, choices: Iterable[str]) -> str:
-    """Return ' (did you mean 'x'?)' for the closest choice, or '' when none is close."""
-    close = difflib.get_close_matches(str(name), list(choices), n=1, cutoff=0.6)
+    """Return ' (did you mean 'x'?)' for the closest choice, or '' when none is close; a choice
+    that differs only in case is the closest (``pita`` -> ``PITA``)."""
+    choices = list(choices)
+    same = [c for c in choices if str(c).lower() == str(name).lower()]
+    close = same or difflib.get_close_matches(str(name), choices, n=1, cutoff=0.6)
     return f" (did you mean '{close[0]}'?)" if close else ""
 
 
@@ -37,6 +40,9 @@ class Registry(Generic[T]):
 
         return deco
 
+    def unregister(self, name: str) -> None:
+        self._items.pop(name, None)
+
     def get(self, name: str, field: str | None = None) -> T:
         if name not in self._items:
             raise ConfigError(unknown_name(field or self.what, name, self._items))
@@ -45,5 +51,6 @@ class Registry(Generic[T]):
     def __contains__(self, name: object) -> bool:
         return name in self._items
 
-    def names(self) -> list[str]:
-        return sorted(self._items)
+    def names(self, ordered: bool = False) -> list[str]:
+        """Sorted names, or in registration order with ``ordered``."""
+        return list(self._items) if ordered else sorted(self._items)

@@ -71,6 +71,15 @@ class JobPaths:
         """Kept across attempts and resumes, for jobs that can continue mid-way."""
         return self.dir / "checkpoints"
 
+    @property
+    def metrics(self) -> Path:
+        """Per-step training metrics, one JSON object a line (loss, reward, KL, ...)."""
+        return self.dir / "metrics.jsonl"
+
+    def write_metrics(self, rows: list[dict]) -> None:
+        self.artifacts.mkdir(parents=True, exist_ok=True)
+        atomic_write(self.metrics, "".join(json.dumps(row) + "\n" for row in rows))
+
     def attempt(self, n: int) -> Path:
         return self.dir / f"attempt-{n}.json"
 

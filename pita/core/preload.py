@@ -31,8 +31,9 @@ IMPORTS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("omegaconf", ()),
     ("pita.models.lm", ()),
     ("pita.generation.jobs", ()),
-    ("pita.algos.value_guided", ()),
-    ("pita.algos.baselines", ()),
+    ("pita.eval.jobs", ()),
+    ("pita.guidance.proxy", ()),
+    ("pita.algos", ()),
 )
 
 

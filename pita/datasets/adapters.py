@@ -18,14 +18,11 @@ aside as held-out).
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 from pita.core.errors import ConfigError
 from pita.datasets.base import DATASETS, Example
 from pita.datasets.toy import arith_examples, sentiment_examples
-
-if TYPE_CHECKING:
-    from pita.datasets.config import DatasetConfig
 
 KEY = "datasets"  # config keys are reported as datasets.<name>.<field>
 
@@ -67,7 +64,7 @@ class DatasetAdapter:
     prefix_words: ClassVar[int] = 8  # reward tasks made of review prefixes
     no_train: ClassVar[str] = ""  # why there is no train split, when train_split is None
 
-    def __init__(self, cfg: "DatasetConfig"):
+    def __init__(self, cfg: Any):  # a DatasetConfig (config.py imports this module, not the reverse)
         self.cfg = cfg
         self.name = cfg.name
 

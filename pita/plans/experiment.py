@@ -1,5 +1,7 @@
 """The ``experiment`` workload: algorithms x datasets x rounds on one model family, plus the base
-model's evaluation, all in one job graph (see pita/algos/value_guided.py for one algorithm's jobs).
+model's evaluation, all in one job graph. Each algorithm plans its own jobs (pita/algos/, found by
+name in the registry); this module checks the whole config, resolves the family, estimates memory
+and hands every algorithm the same PlanContext.
 
     python run_parallel.py experiment.name=x experiment.workload=experiment \
         experiment.algos=[PITA,QSharp] experiment.datasets=[arith] experiment.rounds=2
@@ -14,13 +16,12 @@ from omegaconf import OmegaConf, open_dict
 from pita.core.errors import ConfigError
 from pita.core.job import Job
 from pita.core.names import unknown_name
+from pita.plans.common import dataset_cfg, estimate_memory_gb, request_for
 
 log = logging.getLogger(__name__)
 
 
 def eval_request_factory(cfg, paths):
-    from pita.plans.generation import request_for
-
     ev = cfg.eval
 
     def make(ds):
@@ -34,27 +35,23 @@ def eval_request_factory(cfg, paths):
 
 
 def experiment_plan(cfg, device_totals: list[int], cuda: bool) -> list[Job]:
-    from pita.algos import value_guided
+    from pita.algos import ALGORITHMS, PlanContext, algorithm
     from pita.core.memory import ModelShape, training_bytes
     from pita.datasets.loading import load_examples
     from pita.generation.parallel import ParallelDataGenerator
     from pita.models.families import check_tokenizers, resolve_family
-    from pita.plans.generation import dataset_cfg, estimate_memory_gb
-
-    from pita.algos import baselines
 
     problems = []
-    known = value_guided.VALUE_GUIDED + baselines.BASELINES
     n_devices = len(device_totals)
+    algos = {}
     for a in cfg.experiment.algos:
-        if a not in known:
-            problems.append(unknown_name("experiment.algos", a, known))
+        if a not in ALGORITHMS:
+            problems.append(unknown_name("experiment.algos", a, ALGORITHMS.names()))
         elif a not in cfg.algos:
             problems.append(f"experiment.algos lists {a} but algos.{a} has no settings")
-        elif a in baselines.BASELINES:
-            problems += baselines.check_config(a, cfg.algos[a], cfg, n_devices)
         else:
-            problems += value_guided.check_config(a, cfg.algos[a])
+            algos[a] = algorithm(a, cfg.algos[a])
+            problems += algos[a].check(cfg, n_devices)
     if cfg.experiment.rounds < 1:
         problems.append(f"experiment.rounds={cfg.experiment.rounds} must be >= 1")
     problems += check_training(cfg.training)
@@ -94,10 +91,9 @@ def experiment_plan(cfg, device_totals: list[int], cuda: bool) -> list[Job]:
         raise ConfigError(problems)
     paths = resolve_family(cfg.model, cfg.system.cache_dir, cfg.system.seed)
     check_tokenizers(paths["reference"], paths["guidance"])
-    lora = [x for a in cfg.experiment.algos if a in baselines.BASELINES
-            for x in baselines.check_lora_targets(a, cfg.algos[a], paths["reference"])]
-    if lora:
-        raise ConfigError(lora)
+    model_problems = [x for alg in algos.values() for x in alg.check_models(paths)]
+    if model_problems:
+        raise ConfigError(model_problems)
     gen = ParallelDataGenerator(device_totals)
     dc = cfg.data_collection
     resolve_auto_training(cfg, paths, device_totals, cuda)
@@ -144,12 +140,13 @@ def experiment_plan(cfg, device_totals: list[int], cuda: bool) -> list[Job]:
                                kl_fraction=ev.kl_fraction)
         jobs += base
     for ds in datasets:
-        n_train = len(load_examples(ds, "train"))
-        evals = [(configs[n], tests[n], tasks[n]) for n in eval_names[ds.name]]
+        rm = paths["reward_models"].get(ds.name)
+        ctx = PlanContext(cfg=cfg, ds=ds, paths=paths, gen=gen, n_train=len(load_examples(ds, "train")),
+                          evals=[(configs[n], tests[n], tasks[n]) for n in eval_names[ds.name]],
+                          task=train_tasks[ds.name], mem=mem, eval_request=eval_request,
+                          data_request=lambda ds=ds, rm=rm: request_for(cfg, ds, paths["reference"], rm))
         for algo in cfg.experiment.algos:
-            planner = baselines.plan if algo in baselines.BASELINES else value_guided.plan
-            algo_jobs = planner(cfg, algo, ds, paths, gen, n_train, evals, train_tasks[ds.name], mem,
-                                          eval_request)
+            algo_jobs = algos[algo].plan(ctx)
             for j in algo_jobs:
                 if j.kind == "eval.merge":
                     j.params["kl_fraction"] = ev.kl_fraction
@@ -188,7 +185,10 @@ def resolve_auto_training(cfg, paths: dict, device_totals: list[int], cuda: bool
             pass
     seq = 256 + cfg.data_collection.max_new_tokens
     budget = min(device_totals) * (1 - cfg.executor.memory_margin) if device_totals else 0
-    batches = [cfg.algos[a].batch_size // max(1, cfg.algos[a].devices) for a in cfg.experiment.algos if a in cfg.algos]
+    from pita.algos import ALGORITHMS, algorithm
+
+    batches = [algorithm(a, cfg.algos[a]).per_device_batch() for a in cfg.experiment.algos
+               if a in cfg.algos and a in ALGORITHMS]
     cap = min(batches) if batches else 32
 
     def fits(micro: int, gc: bool) -> bool:

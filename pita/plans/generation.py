@@ -9,50 +9,9 @@ One ParallelDataGenerator request per dataset: shard jobs over every device, the
 
 from __future__ import annotations
 
-from omegaconf import OmegaConf
-
 from pita.core.errors import ConfigError
 from pita.core.job import Job
-from pita.core.names import unknown_name
-
-
-def dataset_cfg(cfg, name: str):
-    from pita.datasets.config import DatasetConfig, validate_dataset_config
-
-    if name not in cfg.datasets:
-        raise ConfigError(unknown_name("experiment.datasets", name, list(cfg.datasets)))
-    ds = DatasetConfig(**OmegaConf.to_container(cfg.datasets[name], resolve=True))
-    validate_dataset_config(ds)
-    return ds
-
-
-def estimate_memory_gb(model_path: str, dtype: str, batch: int, seq_len: int, cuda: bool) -> float:
-    """Inference estimate (weights + KV cache + logits) from the model's config; 0 if unreadable."""
-    from transformers import AutoConfig
-
-    from pita.core.memory import ModelShape, inference_bytes
-
-    try:
-        shape = ModelShape.from_hf_config(AutoConfig.from_pretrained(model_path))
-    except Exception:  # a hub id offline: the loading job reports it properly
-        return 0.0
-    return inference_bytes(shape, dtype, batch, seq_len, cuda=cuda) / 1e9
-
-
-def request_for(cfg, ds, policy_model: str, reward_model: str | None) -> dict:
-    dc = cfg.data_collection
-    return {
-        "recipe": dc.recipe, "dataset": OmegaConf.to_container(OmegaConf.structured(ds)), "split": dc.split,
-        "policy": {"model": policy_model, "dtype": cfg.model.dtype, "guidance": None},
-        "n": dc.samples_per_prompt, "chunk_size": dc.chunk_size, "seed": cfg.system.seed,
-        "attn_impl": cfg.system.attn_impl, "tf32": cfg.system.tf32, "compile": cfg.system.compile,
-        "sampling": {"max_new_tokens": dc.max_new_tokens, "temperature": dc.temperature, "top_p": dc.top_p,
-                     "top_k": dc.top_k, "batch_size": dc.batch_size},
-        "scoring": {"reward_model": reward_model, "reward_batch_size": dc.reward_batch_size,
-                    "correctness_bonus": dc.correctness_bonus},
-        "preferences": {"beta": dc.bt_beta, "sampling": dc.bradley_terry_sampling},
-        "rollouts": {"cut_points": dc.cut_points, "continuations": dc.continuations, "mode": dc.continuation_mode},
-    }
+from pita.plans.common import dataset_cfg, estimate_memory_gb, request_for
 
 
 def generation_plan(cfg, device_totals: list[int], cuda: bool) -> list[Job]:

@@ -1,0 +1,183 @@
+"""The algorithms' house: a registry by name, the keys every algorithm has, and the base class.
+
+    @register_algorithm
+    class MyAlgo(Algorithm):
+        name = "MyAlgo"                    # experiment.algos=[MyAlgo], settings under algos.MyAlgo
+        Config = MyAlgoConfig              # a dataclass extending AlgoConfig: only the keys it reads
+        def plan(self, p: PlanContext) -> list[Job]: ...
+
+An algorithm is one module: its config dataclass, its job plan and its job kinds. The experiment
+planner, the schema and the report know algorithms only through :data:`ALGORITHMS`, so adding one
+is a new file imported once (``pita/algos/__init__.py`` imports the built-in ones; anything else
+may register itself the same way) and touches nothing in ``pita/core``, the planner or the report.
+
+The two families share a base module each: :mod:`pita.algos.value_guided` (PITA, Q#, Q#-HF: collect
+roll-outs -> train a value model -> guided evaluation) and :mod:`pita.algos.post_training` (DPO,
+GRPO, GRPO-HF: a TRL trainer on the policy -> evaluation). What every algorithm's plan shares
+lives here: the planning context, the evaluation jobs and the training settings of ``training.*``.
+
+Nothing here imports torch or transformers: the orchestrator plans without them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Callable, ClassVar, Optional
+
+from pita.core.job import Job, add_kind_module
+from pita.core.names import Registry
+
+add_kind_module("pita.eval.jobs")  # eval.merge, the last job of every evaluation
+
+
+@dataclass
+class AlgoConfig:
+    """Keys every algorithm has (each algorithm's dataclass adds its own)."""
+
+    enabled: bool = True  # kept for configs written for other tools; experiment.algos picks what runs
+    batch_size: int = 32  # sequences per optimizer step (the effective batch, whatever the devices)
+    lr: float = 1e-4  # learning rate
+    gradient_checkpointing: Optional[bool] = None  # null: training.gradient_checkpointing
+    # data-loader worker processes of the TRL trainers; value-model training batches in-process
+    # and does not use them (the key is accepted there for the user guide's configs)
+    num_workers: int = 0
+
+
+class Algorithm:
+    """One algorithm: its checks and its job plan; ``self.c`` is its ``algos.<name>`` node."""
+
+    name: ClassVar[str] = ""
+    Config: ClassVar[type] = AlgoConfig
+
+    def __init__(self, config: Any):
+        self.c = config
+
+    @property
+    def key(self) -> str:
+        return f"algos.{self.name}"
+
+    def check(self, cfg, n_devices: int) -> list[str]:
+        """Every problem with ``algos.<name>`` (and the keys it depends on), each naming its key."""
+        return check_common(self.key, self.c)
+
+    def check_models(self, paths: dict) -> list[str]:
+        """Problems that need the family's model files (read without loading weights)."""
+        return []
+
+    def per_device_batch(self) -> int:
+        """Sequences per device and optimizer step (what ``training.micro_batch_size=auto`` divides)."""
+        return int(self.c.batch_size)
+
+    def plan(self, p: "PlanContext") -> list[Job]:
+        raise NotImplementedError(f"{type(self).__name__}.plan")
+
+
+ALGORITHMS: Registry[type[Algorithm]] = Registry("algorithm")
+_listeners: list[Callable[[], None]] = []
+
+
+def register_algorithm(cls: type[Algorithm]) -> type[Algorithm]:
+    """Class decorator: make ``cls`` selectable as ``experiment.algos=[<cls.name>]``."""
+    if not cls.name or not isinstance(cls.name, str):
+        raise ValueError(f"{cls.__name__} needs a name (the key under algos.*)")
+    if not (dataclasses.is_dataclass(cls.Config) and issubclass(cls.Config, AlgoConfig)):
+        raise TypeError(f"{cls.__name__}.Config must be a dataclass extending AlgoConfig")
+    ALGORITHMS.register(cls.name)(cls)
+    for fn in list(_listeners):
+        fn()
+    return cls
+
+
+def unregister_algorithm(name: str) -> None:
+    """Forget ``name`` (tests that register an algorithm of their own clean up with this)."""
+    ALGORITHMS.unregister(name)
+    for fn in list(_listeners):
+        fn()
+
+
+def on_register(fn: Callable[[], None]) -> None:
+    """Call ``fn`` after each later registration (the schema re-registers itself with Hydra)."""
+    _listeners.append(fn)
+
+
+def algorithm(name: str, config: Any) -> Algorithm:
+    """The algorithm ``name`` (ConfigError with "did you mean" when unknown) with its settings."""
+    return ALGORITHMS.get(name, field="experiment.algos")(config)
+
+
+def default_configs() -> dict[str, Any]:
+    """``algos.<name>``: each registered algorithm's config with its defaults, in registration order."""
+    return {name: ALGORITHMS.get(name).Config() for name in ALGORITHMS.names(ordered=True)}
+
+
+def check_common(k: str, c) -> list[str]:
+    p = []
+    if not c.lr > 0:
+        p.append(f"{k}.lr={c.lr} must be > 0")
+    if c.batch_size < 1:
+        p.append(f"{k}.batch_size={c.batch_size} must be >= 1")
+    if c.num_workers < 0:
+        p.append(f"{k}.num_workers={c.num_workers} must be >= 0")
+    return p
+
+
+def training_settings(cfg, c) -> dict:
+    """The shared training settings a training job reads (training.*, system.clear_cache_interval)."""
+    gc = c.gradient_checkpointing if c.gradient_checkpointing is not None else cfg.training.gradient_checkpointing
+    return {"gradient_checkpointing": bool(gc), "micro_batch_size": int(cfg.training.micro_batch_size),
+            "clear_cache_interval": int(cfg.system.clear_cache_interval)}
+
+
+# ---------------------------------------------------------------- planning
+@dataclass
+class PlanContext:
+    """What the experiment planner hands an algorithm for one (family, training dataset)."""
+
+    cfg: Any  # the whole run config
+    ds: Any  # the training dataset's DatasetConfig
+    paths: dict  # the family: reference, guidance, reward_models
+    gen: Any  # ParallelDataGenerator: a request -> shard jobs + a merge job
+    n_train: int  # training prompts
+    evals: list  # (dataset config, test prompts, task) of every dataset the models are evaluated on
+    task: str  # the training dataset's task: math | reward
+    mem: dict  # memory estimates in GB: gen, train (value models), policy_train
+    data_request: Callable[[], dict]  # a data-collection request on the training split (data_collection.*)
+    eval_request: Callable[[Any], dict]  # an evaluation request for a dataset config (eval.*)
+
+    @property
+    def family(self) -> str:
+        return self.cfg.model.name
+
+    def prefix(self, algo: str) -> str:
+        """Job ids of one (algorithm, family, dataset) start with this."""
+        return f"{algo}.{self.family}.{self.ds.name}"
+
+    def seed(self, r: int) -> int:
+        """Round r's seed of data collection and policy training."""
+        return self.cfg.system.seed * 1000 + r
+
+    def collect(self, req: dict, job_prefix: str, deps: list[str], r: int) -> list[Job]:
+        """Shard jobs + a merge job (the last) collecting ``req`` on the training prompts."""
+        return self.gen.plan(req, job_prefix, self.n_train, deps=deps, memory_gb=self.mem["gen"], group=f"round {r}")
+
+    def evaluations(self, algo: str, r: int, train: str, policy: dict, etas: list[float] | None = None) -> list[Job]:
+        """Round r's evaluation jobs of the model trained by job ``train`` on every dataset of
+        ``evals``; ``policy`` says how the evaluated policy is made from it (guidance, or a
+        trained checkpoint). The training dataset's jobs are ``<prefix>.r<r>.eval.*``, another
+        dataset's ``<prefix>.r<r>.eval-<name>.*``; each ends in an ``eval.merge`` with the labels
+        of its results-table rows."""
+        jobs: list[Job] = []
+        prefix = f"{self.prefix(algo)}.r{r}.eval"
+        for eds, n_test, etask in self.evals:
+            ereq = self.eval_request(eds)
+            ereq["policy"].update(policy)
+            if etas is not None:
+                ereq["etas"] = etas
+            name = prefix + ("" if eds.name == self.ds.name else f"-{eds.name}")
+            ev = self.gen.plan(ereq, name, n_test, deps=[train], memory_gb=self.mem["gen"], group=f"round {r}")
+            ev[-1].kind = "eval.merge"
+            ev[-1].params.update(labels={"algorithm": algo, "family": self.family, "train_dataset": self.ds.name,
+                                         "round": r, "eval_dataset": eds.name, "task": etask})
+            jobs += ev
+        return jobs

@@ -1,0 +1,97 @@
+"""DPO: direct preference optimisation of the policy with TRL's ``DPOTrainer``.
+
+Round r: preference pairs sampled from the round's policy (``data_collection.samples_per_prompt``
+samples per prompt, scored by the reward model and/or correctness + bonus, one Bradley-Terry
+drawn pair per prompt) -> DPO from that policy. Its reference policy is the original model
+(``ref_policy=original``) or the round's starting policy (``previous``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pita.algos.base import register_algorithm
+from pita.algos.distributed import run_distributed, world_size
+from pita.algos.post_training import (PostTrainingAlgorithm, PostTrainingConfig, assistant, load_policy, on_cuda,
+                                      peft_config, train_and_save, training_args, user)
+from pita.core.errors import JobError
+from pita.core.job import Job, add_kind_module, job_kind
+from pita.core.names import unknown_name
+
+add_kind_module("pita.algos.dpo")
+
+REF_POLICIES = ("original", "previous")
+
+
+@dataclass
+class DPOConfig(PostTrainingConfig):
+    lr: float = 1e-4  # tiny-model setting; real models want much smaller ones
+    batch_size: int = 16  # preference pairs per optimizer step
+    beta: float = 0.1
+    epochs: int = 2  # passes over the round's pairs
+    max_length: int = 256  # prompt + completion tokens kept
+    ref_policy: str = "original"  # the reference policy in later rounds: original | previous
+
+
+@register_algorithm
+class DPO(PostTrainingAlgorithm):
+    name = "DPO"
+    Config = DPOConfig
+    train_kind = "algo.dpo_train"
+
+    def check(self, cfg, n_devices: int) -> list[str]:
+        c, k = self.c, self.key
+        p = super().check(cfg, n_devices)
+        for key in ("epochs", "max_length"):
+            if getattr(c, key) < 1:
+                p.append(f"{k}.{key}={getattr(c, key)} must be >= 1")
+        if c.ref_policy not in REF_POLICIES:
+            p.append(unknown_name(f"{k}.ref_policy", c.ref_policy, REF_POLICIES))
+        if cfg.data_collection.samples_per_prompt < 2:
+            p.append(f"data_collection.samples_per_prompt={cfg.data_collection.samples_per_prompt} must be >= 2 "
+                     f"for {self.name}: a preference pair needs two samples of the same prompt")
+        return p
+
+    def train_params(self, p) -> dict:
+        c = self.c
+        return {**super().train_params(p), "epochs": c.epochs, "max_length": c.max_length, "ref_policy": c.ref_policy}
+
+    def plan_round(self, p, r: int, prev: str | None, merges: list[str], base: dict) -> list[Job]:
+        gen = self.collect_pairs(p, r, prev)
+        merges.append(gen[-1].id)
+        train = self.train_job(p, r, ([prev] if prev else []) + [merges[-1]],
+                               {**base, "policy_from": prev, "data": merges[-1], "seed": p.seed(r)})
+        return gen + [train]
+
+
+@job_kind("algo.dpo_train")
+def dpo_train(ctx):
+    from datasets import Dataset, load_from_disk
+    from transformers import AutoModelForCausalLM
+    from trl import DPOConfig as TRLDPOConfig, DPOTrainer
+
+    p = ctx.params
+    if p.get("devices", 1) > 1 and world_size() == 1:
+        return run_distributed(ctx, "algo.dpo_train", p["devices"])
+    records = load_from_disk(ctx.dep_result(p["data"])["path"]).to_list()
+    pairs = [r for r in records if r["chosen_reward"] != r["rejected_reward"] and r["chosen"] != r["rejected"]]
+    if not pairs:
+        raise JobError(f"DPO: none of the {len(records)} preference pairs has different rewards, so there is "
+                       f"nothing to learn; raise data_collection.samples_per_prompt or the data size")
+    cuda = on_cuda()
+    path, model, tok = load_policy(ctx, p, cuda)
+    ref_model = None
+    if p["policy_from"] and p["ref_policy"] == "original":
+        ref_model = AutoModelForCausalLM.from_pretrained(p["reference"], dtype=model.dtype)
+    ds = Dataset.from_list([{"prompt": user(r["prompt"]), "chosen": assistant(r["chosen"]),
+                             "rejected": assistant(r["rejected"])} for r in pairs])
+    args = training_args(TRLDPOConfig, p, str(ctx.paths.artifacts / "trainer"), cuda, num_train_epochs=p["epochs"],
+                         max_length=p["max_length"])
+    ctx.log.info("DPO from %s on %d pairs (of %d; ties dropped), reference policy %s, beta %s", path, len(pairs),
+                 len(records), "original" if ref_model is not None or not p["policy_from"] else "previous", p["beta"])
+    trainer = DPOTrainer(model=model, ref_model=ref_model, args=args, train_dataset=ds, processing_class=tok,
+                         peft_config=peft_config(p, ctx.log))
+    res, steps = train_and_save(ctx, trainer, tok, p, "loss")
+    return {**res, "pairs": len(pairs), "loss_first": steps[0]["loss"] if steps else None,
+            "loss_last": steps[-1]["loss"] if steps else None,
+            "reward_accuracy_last": steps[-1].get("rewards/accuracies") if steps else None}

@@ -1,0 +1,160 @@
+"""GRPO: group-relative policy optimisation with TRL's ``GRPOTrainer``, online on the training
+prompts, rewarded by the project's scorer: the correctness verifier (+ the reward model when one
+is configured) on math, the reward model on reward tasks. Round r trains from round r-1's policy.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+from pita.algos.base import register_algorithm
+from pita.algos.distributed import run_distributed, world_size
+from pita.algos.post_training import (PostTrainingAlgorithm, PostTrainingConfig, load_policy, on_cuda, peft_config,
+                                      train_and_save, training_args, user)
+from pita.core.errors import JobError
+from pita.core.job import Job, add_kind_module, job_kind
+from pita.core.names import unknown_name
+
+add_kind_module("pita.algos.grpo")
+
+VLLM_MODES = ("colocate", "server")
+
+
+@dataclass
+class GRPOConfig(PostTrainingConfig):
+    lr: float = 5e-5  # tiny-model setting; real models want much smaller ones
+    batch_size: int = 16  # completions per optimizer step (batch_size / num_generations prompts)
+    beta: float = 0.04
+    max_steps: int = 60  # optimizer steps per round
+    num_generations: int = 4  # completions per prompt (>= 2; divides batch_size)
+    temperature: float = 1.0  # sampling temperature of the completions
+    max_completion_length: Optional[int] = None  # null = data_collection.max_new_tokens
+    use_vllm: bool = False  # generation through vLLM (GPU only, needs vllm installed)
+    vllm_mode: str = "colocate"  # TRL vLLM mode: colocate | server
+    vllm_gpu_memory_utilization: float = 0.3  # colocate: the GPU share vLLM may take
+
+
+@register_algorithm
+class GRPO(PostTrainingAlgorithm):
+    name = "GRPO"
+    Config = GRPOConfig
+    train_kind = "algo.grpo_train"
+
+    def check(self, cfg, n_devices: int) -> list[str]:
+        import importlib.util
+
+        c, k = self.c, self.key
+        p = super().check(cfg, n_devices)
+        if c.max_steps < 1:
+            p.append(f"{k}.max_steps={c.max_steps} must be >= 1")
+        if c.num_generations < 2:
+            p.append(f"{k}.num_generations={c.num_generations} must be >= 2 (GRPO compares completions of "
+                     f"the same prompt)")
+        elif c.batch_size % c.num_generations:
+            p.append(f"{k}.batch_size={c.batch_size} must be divisible by {k}.num_generations={c.num_generations} "
+                     f"(each step takes batch_size / num_generations prompts), e.g. {k}.batch_size="
+                     f"{max(c.num_generations, c.batch_size // c.num_generations * c.num_generations)}")
+        if c.max_completion_length is not None and c.max_completion_length < 1:
+            p.append(f"{k}.max_completion_length={c.max_completion_length} must be >= 1")
+        if c.temperature <= 0:
+            p.append(f"{k}.temperature={c.temperature} must be > 0 (GRPO samples its completions)")
+        if c.vllm_mode not in VLLM_MODES:
+            p.append(unknown_name(f"{k}.vllm_mode", c.vllm_mode, VLLM_MODES))
+        if c.use_vllm and importlib.util.find_spec("vllm") is None:
+            p.append(f"{k}.use_vllm=true but vllm is not installed (GPU only: pip install vllm); "
+                     f"or set {k}.use_vllm=false")
+        return p
+
+    def train_params(self, p) -> dict:
+        c, dc = self.c, p.cfg.data_collection
+        return {**super().train_params(p), "reward_model": p.paths["reward_models"].get(p.ds.name),
+                "correctness_bonus": dc.correctness_bonus, "max_steps": c.max_steps,
+                "num_generations": c.num_generations, "temperature": c.temperature,
+                "max_completion_length": c.max_completion_length or dc.max_new_tokens, "use_vllm": c.use_vllm,
+                "vllm_mode": c.vllm_mode, "vllm_gpu_memory_utilization": c.vllm_gpu_memory_utilization}
+
+    def plan_round(self, p, r: int, prev: str | None, merges: list[str], base: dict) -> list[Job]:
+        return [self.train_job(p, r, [prev] if prev else [], {**base, "policy_from": prev, "seed": p.seed(r)})]
+
+
+class Rewards:
+    """GRPO reward functions from the project's scoring code (called by TRL with the completions and
+    every dataset column as keyword arguments)."""
+
+    def __init__(self, p: dict, proxy_ckpt: Optional[str], device: str):
+        from pita.datasets.config import DatasetConfig
+        from pita.datasets.loading import load_examples
+
+        self.p, self.device = p, device
+        self.examples = {e.id: e for e in load_examples(DatasetConfig(**p["dataset"]), "train")}
+        self.rm = self.proxy = None
+        if proxy_ckpt:
+            from pita.guidance.value_model import ValueModel
+
+            self.proxy = ValueModel.load(proxy_ckpt, device=device).eval()
+        elif p["reward_model"]:
+            from pita.rewards.reward_model import RewardModelScorer
+
+            self.rm = RewardModelScorer(p["reward_model"], device=device)
+        if p["task"] == "reward" and self.rm is None and self.proxy is None:
+            raise JobError(f"dataset {p['dataset']['name']} is a reward task but no reward model is configured "
+                           f"(model.reward_models.{p['dataset']['name']})")
+        self.__name__ = "pita_reward"
+
+    def __call__(self, prompts, completions, example_id, **kw) -> list[float]:
+        texts = [c[-1]["content"] if isinstance(c, list) else str(c) for c in completions]
+        exs = [self.examples[i] for i in example_id]
+        if self.proxy is not None:
+            return self._proxy_scores(exs, texts)
+        from pita.generation.recipes import Scorer
+
+        scorer = Scorer(task=self.p["task"], extractor=exs[0].meta.get("extractor", "auto"),
+                        bonus=float(self.p["correctness_bonus"]), rm=self.rm)
+        return [float(s["reward"]) for s in scorer(exs, texts)]
+
+    def _proxy_scores(self, exs, texts) -> list[float]:
+        from pita.guidance.proxy import score_sequences, text_ids
+
+        if getattr(self, "_tok", None) is None:
+            from transformers import AutoTokenizer
+
+            self._tok = AutoTokenizer.from_pretrained(self.p["reference"])
+        return score_sequences(self.proxy, [text_ids(self._tok, e.prompt, t) for e, t in zip(exs, texts)],
+                               self.device)
+
+
+@job_kind("algo.grpo_train")
+def grpo_train(ctx):
+    from datasets import Dataset
+    from trl import GRPOConfig as TRLGRPOConfig, GRPOTrainer
+
+    from pita.datasets.config import DatasetConfig
+    from pita.datasets.loading import load_examples
+    from pita.models.lm import default_device
+
+    p = ctx.params
+    if p.get("devices", 1) > 1 and world_size() == 1:
+        return run_distributed(ctx, "algo.grpo_train", p["devices"])
+    cuda = on_cuda()
+    path, model, tok = load_policy(ctx, p, cuda)
+    examples = load_examples(DatasetConfig(**p["dataset"]), "train")
+    if not examples:
+        raise JobError(f"GRPO: the training split of {p['dataset']['name']} is empty")
+    proxy = ctx.dep_result(p["proxy"])["checkpoint"] if p.get("proxy") else None
+    reward = Rewards(p, proxy, default_device())
+    ds = Dataset.from_list([{"prompt": user(e.prompt), "example_id": e.id} for e in examples])
+    extra = {}
+    if p["use_vllm"]:
+        extra.update(use_vllm=True, vllm_mode=p["vllm_mode"], vllm_gpu_memory_utilization=p["vllm_gpu_memory_utilization"])
+    args = training_args(TRLGRPOConfig, p, str(ctx.paths.artifacts / "trainer"), cuda, max_steps=p["max_steps"],
+                         num_generations=p["num_generations"], max_completion_length=p["max_completion_length"],
+                         temperature=p["temperature"], **extra)
+    ctx.log.info("GRPO from %s: %d steps, %d completions per step (%d prompts x %d), beta %s, reward %s", path,
+                 p["max_steps"], p["batch_size"], p["batch_size"] // p["num_generations"], p["num_generations"],
+                 p["beta"], "proxy " + proxy if proxy else ("reward model" if reward.rm else "verifier"))
+    trainer = GRPOTrainer(model=model, reward_funcs=[reward], args=args, train_dataset=ds, processing_class=tok,
+                          peft_config=peft_config(p, ctx.log))
+    res, steps = train_and_save(ctx, trainer, tok, p, "reward")
+    return {**res, "reward_first": steps[0]["reward"] if steps else None,
+            "reward_last": steps[-1]["reward"] if steps else None, "kl_last": steps[-1].get("kl") if steps else None}

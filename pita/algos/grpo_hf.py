@@ -1,0 +1,49 @@
+"""GRPO-HF: GRPO on a learned reward. Round r: preference pairs sampled from the round's policy
+-> a Bradley-Terry proxy reward model on the pairs of rounds 0..r (the same job kind and head as
+Q#-HF's proxy, pita/guidance/proxy.py) -> GRPO rewarded by the proxy's score of the full sequence.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pita.algos.base import register_algorithm
+from pita.algos.grpo import GRPO, GRPOConfig
+from pita.core.job import Job
+
+
+@dataclass
+class GRPOHFConfig(GRPOConfig):
+    proxy_epochs: int = 2  # proxy reward model: passes over the pairs per round
+    proxy_lr: float = 5e-4  # learning rate of the proxy reward model
+
+
+@register_algorithm
+class GRPOHF(GRPO):
+    name = "GRPO-HF"
+    Config = GRPOHFConfig
+
+    def check(self, cfg, n_devices: int) -> list[str]:
+        c, k = self.c, self.key
+        p = super().check(cfg, n_devices)
+        if c.proxy_epochs < 1:
+            p.append(f"{k}.proxy_epochs={c.proxy_epochs} must be >= 1")
+        if not c.proxy_lr > 0:
+            p.append(f"{k}.proxy_lr={c.proxy_lr} must be > 0")
+        if cfg.data_collection.samples_per_prompt < 2:
+            p.append(f"data_collection.samples_per_prompt={cfg.data_collection.samples_per_prompt} must be >= 2 "
+                     f"for {self.name}: its proxy reward model learns from preference pairs")
+        return p
+
+    def plan_round(self, p, r: int, prev: str | None, merges: list[str], base: dict) -> list[Job]:
+        from pita.guidance.proxy import proxy_job
+
+        gen = self.collect_pairs(p, r, prev)
+        merges.append(gen[-1].id)
+        proxy = proxy_job(f"{p.prefix(self.name)}.r{r}.proxy", merges, p.paths["guidance"], epochs=self.c.proxy_epochs,
+                          lr=self.c.proxy_lr, beta=p.cfg.data_collection.bt_beta, seed=p.cfg.system.seed + r,
+                          batch_size=32, token_budget=8192, head_dim=128, memory_gb=p.mem["train"],
+                          group=f"round {r}", tokenizer=p.paths["reference"])
+        train = self.train_job(p, r, ([prev] if prev else []) + [proxy.id],
+                               {**base, "policy_from": prev, "proxy": proxy.id, "seed": p.seed(r)})
+        return gen + [proxy, train]

@@ -1,0 +1,59 @@
+"""PITA: preference-guided inference-time alignment.
+
+The value model learns which of two continuations of the same cut is preferred. The sampled
+continuations of each cut are paired (1-2, 3-4, ...); a Bradley-Terry draw on their rewards
+(correctness bonus included on math) picks the preferred one: target 1 for it, 0 for the other,
+bce loss, bernoulli guidance. Tied pairs carry no preference and are left out: labelled 0.5 they
+were most of the data on 0/1 rewards and held the head at 0.5 everywhere (docs/architecture.md).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pita.algos.base import register_algorithm
+from pita.algos.value_guided import ValueGuidedAlgorithm, ValueGuidedConfig
+from pita.core.errors import JobError
+from pita.core.job import Job
+
+
+@dataclass
+class PITAConfig(ValueGuidedConfig):
+    bt_beta: float = 1.0  # Bradley-Terry beta of the preference draw between two paired continuations
+
+
+@register_algorithm
+class PITA(ValueGuidedAlgorithm):
+    name = "PITA"
+    Config = PITAConfig
+
+    def check(self, cfg, n_devices: int) -> list[str]:
+        c, k = self.c, self.key
+        p = super().check(cfg, n_devices)
+        if c.bt_beta < 0:
+            p.append(f"{k}.bt_beta={c.bt_beta} must be >= 0")
+        if c.continuations % 2:
+            p.append(f"{k}.continuations={c.continuations} must be even: PITA pairs the continuations of each cut "
+                     f"(1-2, 3-4, ...); set e.g. {k}.continuations={max(2, c.continuations + 1)}")
+        return p
+
+    def round_inputs(self, p, r: int, merges: list[str]) -> tuple[list[Job], dict]:
+        return [], {"beta": self.c.bt_beta}
+
+    @classmethod
+    def value_examples(cls, ctx, records: list[dict], device: str) -> list:
+        from pita.guidance.rollouts import continuation_pairs, sequence_ids
+        from pita.guidance.train import SeqExample
+
+        pairs = continuation_pairs(records, ctx.params["seed"], ctx.params["beta"])
+        if pairs and all(tie for _c, _r, tie in pairs):
+            raise JobError(f"PITA: all {len(pairs)} preference pairs are ties (equal rewards), so there is no "
+                           f"preference to learn; collect more continuations (algos.PITA.cut_points) or data "
+                           f"(datasets.<name>.toy_train_size / a larger split)")
+        decisive = [(c, r) for c, r, tie in pairs if not tie]
+        ctx.log.info("PITA: %d preference pairs, %d ties left out", len(decisive), len(pairs) - len(decisive))
+        examples = []
+        for c, r in decisive:
+            examples.append(SeqExample(sequence_ids(c), len(sequence_ids(c)) - len(c["continuation_ids"]), 1.0))
+            examples.append(SeqExample(sequence_ids(r), len(sequence_ids(r)) - len(r["continuation_ids"]), 0.0))
+        return examples

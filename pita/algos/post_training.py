@@ -1,0 +1,234 @@
+"""``PostTrainingAlgorithms``: the base of DPO, GRPO and GRPO-HF, which train the policy with TRL.
+
+Per (algorithm, family, dataset) and round r the policy of round r is round r-1's trained model
+(round 0 starts from the reference); each subclass plans what its round collects and trains
+(``plan_round``), and every round ends in an evaluation of the trained policy (no guidance) on
+the test split, with each sample's log-prob under the policy and under the reference processed
+identically (KL).
+
+What the trainers share lives here once: the TRL arguments (``training_args``), loading the
+policy, LoRA through peft, and the train-and-save tail (``train_and_save``: log history to
+``metrics.jsonl``, the policy written by rank 0, LoRA merged so evaluation loads a plain model).
+
+Batch sizes are effective (global) sizes: ``batch_size`` sequences per optimizer step whatever
+the number of devices, split as ``batch_size / (devices * gradient_accumulation_steps)`` per
+device per micro-step. The divisibility rules TRL imposes are checked when the plan is built.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass, field
+from typing import List
+
+from pita.algos.base import AlgoConfig, Algorithm, PlanContext, check_common, training_settings
+from pita.algos.distributed import is_rank0
+from pita.core.job import Job, Resources
+
+
+@dataclass
+class PostTrainingConfig(AlgoConfig):
+    """Keys of every TRL-trained algorithm (DPO, GRPO, GRPO-HF)."""
+
+    beta: float = 0.1  # KL coefficient: DPO's beta, GRPO's beta (KL to the reference); 0 = no KL term
+    gradient_accumulation_steps: int = 1  # ignored when training.micro_batch_size is set (then derived)
+    devices: int = 1  # devices per training job (data-parallel through accelerate when > 1)
+    lora_r: int = 0  # LoRA rank through peft; 0 = full fine-tuning
+    lora_alpha: int = 16  # LoRA scaling
+    lora_target_modules: List[str] = field(default_factory=lambda: ["q_proj", "v_proj"])  # module names LoRA adapts
+
+
+class PostTrainingAlgorithm(Algorithm):
+    Config = PostTrainingConfig
+    train_kind = ""  # the job kind of the round's training job
+
+    def check(self, cfg, n_devices: int) -> list[str]:
+        c, k = self.c, self.key
+        p = check_common(k, c)
+        if c.beta < 0:
+            p.append(f"{k}.beta={c.beta} must be >= 0 (the KL coefficient; 0 = no KL term)")
+        for key in ("gradient_accumulation_steps", "devices"):
+            if getattr(c, key) < 1:
+                p.append(f"{k}.{key}={getattr(c, key)} must be >= 1")
+        if c.devices > n_devices >= 1:
+            p.append(f"{k}.devices={c.devices} but this machine has {n_devices} device(s); lower it")
+        micro = cfg.training.micro_batch_size
+        micro = micro if isinstance(micro, int) and not isinstance(micro, bool) else -1  # auto: chosen to divide
+        if micro > 0:
+            per = c.devices * micro
+            if c.batch_size >= 1 and c.devices >= 1 and c.batch_size % per:
+                p.append(f"{k}.batch_size={c.batch_size} must be divisible by {k}.devices x training.micro_batch_size "
+                         f"= {c.devices} x {micro} = {per} (the effective batch is made of micro-batches of "
+                         f"{micro} per device; accumulation steps are derived)")
+        elif micro == 0:  # a negative value is reported once, by the plan
+            step = c.devices * c.gradient_accumulation_steps
+            if c.batch_size >= 1 and step >= 1 and c.batch_size % step:
+                p.append(f"{k}.batch_size={c.batch_size} must be divisible by {k}.devices x "
+                         f"{k}.gradient_accumulation_steps = {c.devices} x {c.gradient_accumulation_steps} = {step} "
+                         f"(it is the effective batch; each device gets batch_size / {step} per micro-step)")
+        if c.lora_r < 0:
+            p.append(f"{k}.lora_r={c.lora_r} must be >= 0 (0 = full fine-tuning)")
+        if c.lora_r > 0 and not c.lora_target_modules:
+            p.append(f"{k}.lora_target_modules is empty; name the modules LoRA adapts, e.g. [q_proj,v_proj]")
+        if c.lora_r > 0 and importlib.util.find_spec("peft") is None:
+            p.append(f"{k}.lora_r={c.lora_r} needs peft, which is not installed: pip install -e '.[lora]' "
+                     f"(or set {k}.lora_r=0 for full fine-tuning)")
+        return p
+
+    def check_models(self, paths: dict) -> list[str]:
+        """LoRA target modules must exist in the model (checked on an empty-weight copy)."""
+        c = self.c
+        if c.lora_r <= 0:
+            return []
+        from accelerate import init_empty_weights
+        from transformers import AutoConfig, AutoModelForCausalLM
+
+        model_path = paths["reference"]
+        with init_empty_weights():
+            m = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_path))
+        names = {n.rsplit(".", 1)[-1] for n, _ in m.named_modules() if n}
+        missing = [t for t in c.lora_target_modules if t not in names]
+        if missing:
+            linear = sorted({n.rsplit(".", 1)[-1] for n, mod in m.named_modules()
+                             if mod.__class__.__name__ == "Linear"})
+            return [f"{self.key}.lora_target_modules: {', '.join(missing)} not found in {model_path}; "
+                    f"its linear modules are: {', '.join(linear)}"]
+        return []
+
+    def per_device_batch(self) -> int:
+        return self.c.batch_size // max(1, self.c.devices)
+
+    # ---------------------------------------------------------------- planning
+    def accumulation_steps(self, cfg) -> int:
+        """Gradient accumulation per optimizer step: derived from training.micro_batch_size when that
+        is set (batch_size / (devices x micro)), else algos.<A>.gradient_accumulation_steps."""
+        c = self.c
+        micro = int(cfg.training.micro_batch_size)
+        if micro > 0:
+            return max(1, c.batch_size // (c.devices * micro))
+        return c.gradient_accumulation_steps
+
+    def train_params(self, p: PlanContext) -> dict:
+        """Params of every round's training job (the subclass adds its own keys)."""
+        from omegaconf import OmegaConf
+
+        c, cfg = self.c, p.cfg
+        return {
+            "algo": self.name, "task": p.task, "dataset": OmegaConf.to_container(OmegaConf.structured(p.ds)),
+            "reference": p.paths["reference"], "lr": c.lr, "beta": c.beta, "batch_size": c.batch_size,
+            "gradient_accumulation_steps": self.accumulation_steps(cfg), "devices": c.devices,
+            "lora_r": c.lora_r, "lora_alpha": c.lora_alpha, "lora_target_modules": list(c.lora_target_modules),
+            **training_settings(cfg, c), "num_workers": c.num_workers,
+            "dtype": cfg.model.dtype, "attn_impl": cfg.system.attn_impl, "tf32": cfg.system.tf32,
+            "compile": cfg.system.compile,
+        }
+
+    def collect_pairs(self, p: PlanContext, r: int, prev: str | None) -> list[Job]:
+        """Round r's preference pairs sampled from the round's policy (the reference at round 0)."""
+        req = p.data_request()
+        req["recipe"] = "preference_pairs"
+        req["seed"] = p.seed(r)
+        if prev:
+            req["policy"]["model_from_job"] = prev
+        return p.collect(req, f"{p.prefix(self.name)}.r{r}.gen", [prev] if prev else [], r)
+
+    def train_job(self, p: PlanContext, r: int, deps: list[str], params: dict) -> Job:
+        return Job(id=f"{p.prefix(self.name)}.r{r}.train", kind=self.train_kind, deps=deps, group=f"round {r}",
+                   params=params, resources=Resources(self.c.devices, p.mem["policy_train"]), duration_hint=4.0)
+
+    def plan_round(self, p: PlanContext, r: int, prev: str | None, merges: list[str], base: dict) -> list[Job]:
+        """Round r's collection and training jobs (the training job last)."""
+        raise NotImplementedError(f"{type(self).__name__}.plan_round")
+
+    def plan(self, p: PlanContext) -> list[Job]:
+        base = self.train_params(p)
+        jobs: list[Job] = []
+        prev, merges = None, []
+        for r in range(p.cfg.experiment.rounds):
+            round_jobs = self.plan_round(p, r, prev, merges, base)
+            train = round_jobs[-1].id
+            jobs += round_jobs
+            jobs += p.evaluations(self.name, r, train, policy={"model_from_job": train,
+                                                                "reference": p.paths["reference"]})
+            prev = train
+        return jobs
+
+
+# ---------------------------------------------------------------- training (in the job's worker)
+def on_cuda() -> bool:
+    from pita.models.lm import default_device
+
+    return default_device().startswith("cuda")
+
+
+def training_args(cls, p: dict, out: str, cuda: bool, **extra):
+    """TRL's ``cls`` (DPOConfig, GRPOConfig) from a training job's params."""
+    import torch
+
+    bf16 = cuda and p["dtype"] in ("bfloat16", "float32") and torch.cuda.is_bf16_supported()
+    per_device = p["batch_size"] // (p["devices"] * p["gradient_accumulation_steps"])
+    return cls(output_dir=out, use_cpu=not cuda, bf16=bf16, fp16=cuda and not bf16 and p["dtype"] == "float16",
+               tf32=bool(p["tf32"]) if cuda else None, torch_compile=bool(p["compile"]),
+               per_device_train_batch_size=per_device,
+               gradient_accumulation_steps=p["gradient_accumulation_steps"], learning_rate=p["lr"], beta=p["beta"],
+               gradient_checkpointing=bool(p["gradient_checkpointing"]), seed=p["seed"], data_seed=p["seed"],
+               logging_steps=1, report_to=[], save_strategy="no", disable_tqdm=True,
+               dataloader_num_workers=int(p.get("num_workers", 0)),
+               ddp_find_unused_parameters=False if p["devices"] > 1 else None, **extra)
+
+
+def load_policy(ctx, p: dict, cuda: bool):
+    """(path, model, tokenizer) of the round's starting policy: the previous round's, or the reference."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from pita.models.lm import DTYPES, resolve_attn_impl
+
+    path = ctx.dep_result(p["policy_from"])["checkpoint"] if p["policy_from"] else p["reference"]
+    tok = AutoTokenizer.from_pretrained(path)
+    dtype = DTYPES["float32"] if p["dtype"] == "float32" or not cuda else DTYPES[p["dtype"]]
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation=resolve_attn_impl(p["attn_impl"]))
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+    return path, model, tok
+
+
+def peft_config(p: dict, log):
+    if p["lora_r"] <= 0:
+        return None
+    from peft import LoraConfig
+
+    log.info("LoRA r=%d alpha=%d on %s (merged into the saved policy)", p["lora_r"], p["lora_alpha"],
+             ",".join(p["lora_target_modules"]))
+    return LoraConfig(r=p["lora_r"], lora_alpha=p["lora_alpha"], target_modules=list(p["lora_target_modules"]),
+                      lora_dropout=0.0, task_type="CAUSAL_LM")
+
+
+def _save_policy(ctx, trainer, tok, lora: bool) -> str:
+    out = ctx.paths.artifacts / "policy"
+    if not trainer.is_world_process_zero():  # data-parallel: rank 0 writes the checkpoint
+        return str(out)
+    model = trainer.accelerator.unwrap_model(trainer.model)
+    if lora:
+        model = model.merge_and_unload()  # the evaluation loads a plain model
+    model.save_pretrained(out)
+    tok.save_pretrained(out)
+    return str(out)
+
+
+def train_and_save(ctx, trainer, tok, p: dict, key: str) -> tuple[dict, list[dict]]:
+    """Train, write the log history and the policy; the common result and the logged rows with ``key``."""
+    out = trainer.train()
+    hist = trainer.state.log_history
+    if is_rank0():
+        ctx.paths.write_metrics(hist)
+    ckpt = _save_policy(ctx, trainer, tok, p["lora_r"] > 0)
+    return ({"checkpoint": ckpt, "train_loss": out.training_loss, "steps": out.global_step},
+            [h for h in hist if key in h])
+
+
+def user(text: str) -> list[dict]:
+    return [{"role": "user", "content": text}]
+
+
+def assistant(text: str) -> list[dict]:
+    return [{"role": "assistant", "content": text}]

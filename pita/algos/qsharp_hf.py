@@ -1,0 +1,68 @@
+"""Q#-HF: Q# on a learned reward. Each round a Bradley-Terry proxy reward model is trained on the
+preference pairs of rounds 0..r (two continuations of a cut, labelled by a draw on their rewards;
+pita/guidance/proxy.py), rescores every roll-out (batched, full sequences), and the value model
+learns those scores (mle loss, mle guidance).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pita.algos.base import register_algorithm, training_settings
+from pita.algos.value_guided import ValueGuidedAlgorithm, ValueGuidedConfig, returns_examples
+from pita.core.job import Job
+
+
+@dataclass
+class QSharpHFConfig(ValueGuidedConfig):
+    bt_beta: float = 1.0  # Bradley-Terry beta of the preference draws the proxy learns from
+    proxy_epochs: int = 2  # proxy reward model: passes over the pairs per round
+    proxy_lr: float = 5e-4  # learning rate of the proxy reward model
+
+
+@register_algorithm
+class QSharpHF(ValueGuidedAlgorithm):
+    name = "QSharp-HF"
+    Config = QSharpHFConfig
+
+    def default_loss(self, task: str) -> str:
+        return "mle"
+
+    def check(self, cfg, n_devices: int) -> list[str]:
+        c, k = self.c, self.key
+        p = super().check(cfg, n_devices)
+        if c.bt_beta < 0:
+            p.append(f"{k}.bt_beta={c.bt_beta} must be >= 0")
+        if c.proxy_epochs < 1:
+            p.append(f"{k}.proxy_epochs={c.proxy_epochs} must be >= 1")
+        if not c.proxy_lr > 0:
+            p.append(f"{k}.proxy_lr={c.proxy_lr} must be > 0")
+        return p
+
+    def round_inputs(self, p, r: int, merges: list[str]) -> tuple[list[Job], dict]:
+        from pita.guidance.proxy import proxy_job
+
+        c = self.c
+        job = proxy_job(f"{p.prefix(self.name)}.r{r}.proxy", merges, p.paths["guidance"], epochs=c.proxy_epochs,
+                        lr=c.proxy_lr, beta=c.bt_beta, seed=p.cfg.system.seed + r, batch_size=c.batch_size,
+                        token_budget=c.token_budget, head_dim=c.head_dim, memory_gb=p.mem["train"],
+                        group=f"round {r}", training=training_settings(p.cfg, c))
+        return [job], {"proxy": job.id}
+
+    @classmethod
+    def value_examples(cls, ctx, records: list[dict], device: str) -> list:
+        from pita.guidance.proxy import score_sequences
+        from pita.guidance.rollouts import sequence_ids
+        from pita.guidance.value_model import ValueModel
+
+        recs = [r for r in records if r["continuation_ids"]]
+        if not recs:
+            return []
+        pvm = ValueModel.load(ctx.dep_result(ctx.params["proxy"])["checkpoint"], device=device).eval()
+        targets = score_sequences(pvm, [sequence_ids(r) for r in recs], device)
+        del pvm
+        # a Bradley-Terry reward is defined up to a constant and each round's proxy is trained
+        # afresh: centre its scores so that rounds share the atoms of round 0
+        mean = sum(targets) / len(targets)
+        ctx.log.info("proxy rewards centred (mean was %.3f)", mean)
+        return returns_examples(recs, targets=[t - mean for t in targets])

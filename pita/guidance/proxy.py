@@ -1,0 +1,109 @@
+"""The proxy reward model of Q#-HF and GRPO-HF: a Bradley-Terry head on the guidance backbone,
+trained on preference pairs, then used as the reward (job kind ``algo.proxy_train``).
+
+    job = proxy_job("QSharp-HF.tiny.arith.r0.proxy", data=[merges...], backbone=..., ...)
+    scores = score_sequences(ValueModel.load(ckpt), [token ids, ...], "cpu")
+
+Pairs come from either kind of collected data: value roll-outs (Q#-HF: two continuations of a cut,
+labelled by a Bradley-Terry draw on their rewards) or ``preference_pairs`` records (GRPO-HF: a
+chosen and a rejected text, tokenized here with the policy's chat template). Pairs with equal
+rewards state no preference and are left out.
+"""
+
+from __future__ import annotations
+
+from pita.core.errors import JobError
+from pita.core.job import Job, Resources, add_kind_module, job_kind
+
+add_kind_module("pita.guidance.proxy")
+
+
+def proxy_job(job_id: str, data: list[str], backbone: str, epochs: int, lr: float, beta: float, seed: int,
+              batch_size: int, token_budget: int, head_dim: int, memory_gb: float, group: str,
+              tokenizer: str | None = None, training: dict | None = None) -> Job:
+    """The job training a proxy on the pairs of the merge jobs ``data`` (rounds 0..r)."""
+    params = {"data": list(data), "backbone": backbone, "epochs": epochs, "lr": lr, "beta": beta, "seed": seed,
+              "batch_size": batch_size, "token_budget": token_budget, "head_dim": head_dim}
+    if tokenizer:
+        params["tokenizer"] = tokenizer
+    params.update(training or {})
+    return Job(id=job_id, kind="algo.proxy_train", deps=list(data), group=group, params=params,
+               resources=Resources(1, memory_gb), duration_hint=2.0)
+
+
+def text_ids(tok, prompt: str, completion: str) -> list[int]:
+    """The chat-formatted prompt, the completion and EOS, as token ids: how the proxy reward model
+    sees a text pair at training and a GRPO-HF completion at scoring."""
+    chat = tok.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True) \
+        if getattr(tok, "chat_template", None) else prompt
+    return (tok(chat, add_special_tokens=False)["input_ids"] + tok(completion, add_special_tokens=False)["input_ids"]
+            + [tok.eos_token_id])
+
+
+def score_sequences(vm, seqs: list[list[int]], dev, batch: int = 64) -> list[float]:
+    """Proxy rewards of full sequences, batched (sorted by length; the same head as in training)."""
+    import torch
+
+    from pita.models.lm import pad_right
+
+    order = sorted(range(len(seqs)), key=lambda i: len(seqs[i]))
+    out = [0.0] * len(seqs)
+    with torch.no_grad():
+        for s in range(0, len(order), batch):
+            idx = order[s:s + batch]
+            ids, mask = pad_right([seqs[i] for i in idx], 0, dev)
+            for i, v in zip(idx, vm.sequence_reward(ids, mask).float().tolist()):
+                out[i] = v
+    return out
+
+
+def pair_accuracy(vm, examples, dev) -> float:
+    """Share of training pairs whose chosen sequence the proxy scores higher."""
+    scores = score_sequences(vm, [e.chosen for e in examples] + [e.rejected for e in examples], dev)
+    n = len(examples)
+    return sum(scores[i] > scores[n + i] for i in range(n)) / n
+
+
+def shared_settings(p: dict) -> dict:
+    """The ``training.*`` settings a training job's params carry (absent: off)."""
+    return {"gradient_checkpointing": bool(p.get("gradient_checkpointing", False)),
+            "micro_batch_size": int(p.get("micro_batch_size", 0)),
+            "clear_cache_interval": int(p.get("clear_cache_interval", 0))}
+
+
+@job_kind("algo.proxy_train")
+def proxy_train(ctx):
+    import torch
+
+    from pita.guidance.rollouts import continuation_pairs, read_rounds, sequence_ids
+    from pita.guidance.train import PairExample, TrainSettings, train
+    from pita.guidance.value_model import ValueModel
+    from pita.models.lm import default_device
+
+    p = ctx.params
+    records = read_rounds(ctx, p["data"])
+    if records and "chosen" in records[0]:  # preference_pairs records (GRPO-HF): text, tokenized here
+        from transformers import AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(p.get("tokenizer") or p["backbone"])
+        examples = [PairExample(text_ids(tok, r["prompt"], r["chosen"]), text_ids(tok, r["prompt"], r["rejected"]))
+                    for r in records if r["chosen_reward"] != r["rejected_reward"]]
+    else:
+        examples = [PairExample(sequence_ids(c), sequence_ids(r))
+                    for c, r, tie in continuation_pairs(records, p["seed"], p["beta"]) if not tie]
+    if not examples:
+        raise JobError(f"no preference pairs with different rewards among {len(records)} records to train the "
+                       f"proxy reward model on; collect more data (a larger train split, more samples per prompt)")
+    torch.manual_seed(p["seed"])  # the new head's initial weights: same seed, same model
+    vm = ValueModel.create(p["backbone"], loss="bradley_terry", head_dim=p["head_dim"])
+    dev = default_device()
+    curve = train(vm, examples, TrainSettings(epochs=p["epochs"], lr=p["lr"], token_budget=p["token_budget"],
+                                              batch_size=p["batch_size"], seed=p["seed"], **shared_settings(p)),
+                  ctx.log, pad_id=0, device=dev)
+    out = ctx.paths.artifacts / "model"
+    vm.save(out)
+    ctx.paths.write_metrics(curve)
+    acc = pair_accuracy(vm, examples, dev)
+    ctx.log.info("proxy reward model: %d pairs, training pair accuracy %.3f", len(examples), acc)
+    return {"checkpoint": str(out), "pairs": len(examples), "pair_accuracy": acc,
+            "loss_first": curve[0]["loss"], "loss_last": curve[-1]["loss"]}

@@ -1,0 +1,52 @@
+"""Value roll-out records (the ``value_rollouts`` recipe) as training data: reading, pairing, ids.
+
+A record is one sampled continuation of one cut of one prompt: ``id``, ``cut``, ``prompt_ids``,
+``prefix_ids`` (the roll-in up to the cut), ``continuation_ids``, ``reward`` and, for math,
+``correct``. Value-guided jobs read the merged data of every round so far; each record is tagged
+with its round (``_round``) so that a cut of round 0 and the same cut of round 1 stay apart.
+"""
+
+from __future__ import annotations
+
+
+def read_rounds(ctx, merges: list[str]) -> list[dict]:
+    """The records of the merge jobs ``merges`` (one per round, in order), tagged with their round."""
+    from datasets import load_from_disk
+
+    recs = []
+    for i, m in enumerate(merges):
+        for r in load_from_disk(ctx.dep_result(m)["path"]).to_list():
+            r["_round"] = i
+            recs.append(r)
+    return recs
+
+
+def sequence_ids(r: dict) -> list[int]:
+    """Prompt, roll-in and continuation: the whole sequence a value model reads."""
+    return list(r["prompt_ids"]) + list(r["prefix_ids"]) + list(r["continuation_ids"])
+
+
+def _by_cut(records) -> dict[tuple, list[dict]]:
+    groups: dict[tuple, list[dict]] = {}
+    for r in records:
+        groups.setdefault((r["id"], r["cut"], r.get("_round", 0)), []).append(r)
+    return groups
+
+
+def continuation_pairs(records, seed: int, beta: float) -> list[tuple[dict, dict, bool]]:
+    """(chosen, rejected, tie) for each disjoint pair of continuations of a cut (1-2, 3-4, ...),
+    by a Bradley-Terry draw on their rewards; a pair with equal rewards is a tie (no preference)."""
+    from pita.rewards.preferences import sample_preference
+
+    out = []
+    for key, grp in sorted(_by_cut(records).items(), key=lambda kv: str(kv[0])):
+        grp = [g for g in grp if g["continuation_ids"]]
+        for i in range(0, len(grp) - 1, 2):
+            a, b = grp[i], grp[i + 1]
+            if a["reward"] == b["reward"]:
+                out.append((a, b, True))
+                continue
+            tag = "/".join(map(str, key)) + ("" if i == 0 else f"/{i // 2}")
+            c, rj, _p = sample_preference([a["reward"], b["reward"]], seed, tag, beta)
+            out.append(((a, b)[c], (a, b)[rj], False))
+    return out
