@@ -45,6 +45,10 @@ def test_rounds_chain_through_guidance_and_warm_starts(tiny_cache):
         assert t1.params["data"] == [f"{p}.r0.gen.merge", f"{p}.r1.gen.merge"]  # rounds aggregate
         assert by[f"{p}.r1.eval.merge"].kind == "eval.merge"
         assert by[f"{p}.r1.eval.s0"].params["request"]["policy"]["guidance"]["from_job"] == f"{p}.r1.train"
+        # eta 0 is not sampled again: its row is the base model's evaluation
+        assert 0.0 not in by[f"{p}.r1.eval.s0"].params["request"]["etas"]
+        assert by[f"{p}.r1.eval.merge"].params["base_eval"] == "base.tiny.arith.eval.merge"
+        assert "base.tiny.arith.eval.merge" in by[f"{p}.r1.eval.merge"].deps
     assert by["QSharp-HF.tiny.arith.r1.proxy"].params["data"] == ["QSharp-HF.tiny.arith.r0.gen.merge",
                                                                  "QSharp-HF.tiny.arith.r1.gen.merge"]
     assert by["PITA.tiny.arith.r0.train"].params["loss"] == "bce"
@@ -205,8 +209,12 @@ def test_smoke_experiment_writes_results_for_every_algorithm_and_eta(tmp_path, t
             assert 0.0 <= x["pass@1"] <= 1.0 and x["prompts"] == 8 and x["n"] == 2
         else:  # arith-trained value models guiding the reference on sentiment, scored by its reward model
             assert x["mean_reward"] is not None and x["prompts"] == 6
-        if x["eta"] == 0.0:
-            assert x["kl"] == 0.0  # eta = 0 is the reference itself
+        if x["eta"] == 0.0:  # eta = 0 is the reference itself: exactly the base model's row
+            assert x["kl"] == 0.0
+            if x["algorithm"] != "base":
+                base = next(b for b in rows if b["algorithm"] == "base" and b["eval_dataset"] == x["eval_dataset"])
+                for m in ("pass@1", "pass@1_stderr", "maj@n", "mean_reward", "prompts", "n", "kl"):
+                    assert x.get(m) == base.get(m), (x["algorithm"], x["eval_dataset"], m)
         cell = run / "results" / "cells" / (f"{x['algorithm']}.tiny.{x['train_dataset']}.r{x['round']}."
                                             f"{x['eval_dataset']}.eta{x['eta']:g}.json")
         assert json.loads(cell.read_text()) == x

@@ -25,7 +25,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Callable, ClassVar, Optional
 
-from pita.core.job import Job, add_kind_module
+from pita.core.job import Job, Resources, add_kind_module
 from pita.core.names import Registry
 
 add_kind_module("pita.eval.jobs")  # eval.merge, the last job of every evaluation
@@ -166,18 +166,39 @@ class PlanContext:
         ``evals``; ``policy`` says how the evaluated policy is made from it (guidance, or a
         trained checkpoint). The training dataset's jobs are ``<prefix>.r<r>.eval.*``, another
         dataset's ``<prefix>.r<r>.eval-<name>.*``; each ends in an ``eval.merge`` with the labels
-        of its results-table rows."""
+        of its results-table rows.
+
+        ``etas`` (guided policies): the η of each row. η = 0 is π_ref itself, so its row is the
+        base model's evaluation of that dataset, reused (same prompts, samples and metrics, KL 0),
+        not sampled again."""
         jobs: list[Job] = []
         prefix = f"{self.prefix(algo)}.r{r}.eval"
         for eds, n_test, etask in self.evals:
-            ereq = self.eval_request(eds)
-            ereq["policy"].update(policy)
-            if etas is not None:
-                ereq["etas"] = etas
             name = prefix + ("" if eds.name == self.ds.name else f"-{eds.name}")
-            ev = self.gen.plan(ereq, name, n_test, deps=[train], memory_gb=self.mem["gen"], group=f"round {r}")
-            ev[-1].kind = "eval.merge"
-            ev[-1].params.update(labels={"algorithm": algo, "family": self.family, "train_dataset": self.ds.name,
-                                         "round": r, "eval_dataset": eds.name, "task": etask})
+            sampled, base = etas, None
+            if etas is not None and 0.0 in etas:
+                sampled = [e for e in etas if e != 0.0]
+                base = base_evaluation(self.family, eds.name) + ".merge"
+            if sampled is None or sampled:
+                ereq = self.eval_request(eds)
+                ereq["policy"].update(policy)
+                if sampled is not None:
+                    ereq["etas"] = sampled
+                ev = self.gen.plan(ereq, name, n_test, deps=[train], memory_gb=self.mem["gen"], group=f"round {r}")
+            else:  # only eta 0: nothing to sample
+                ev = [Job(id=f"{name}.merge", kind="eval.merge", deps=[train], params={"shards": []},
+                          resources=Resources(0, 0.0), duration_hint=0.1, group=f"round {r}")]
+            merge = ev[-1]
+            merge.kind = "eval.merge"
+            merge.params["labels"] = {"algorithm": algo, "family": self.family, "train_dataset": self.ds.name,
+                                      "round": r, "eval_dataset": eds.name, "task": etask}
+            if base:
+                merge.deps.append(base)
+                merge.params["base_eval"] = base
             jobs += ev
         return jobs
+
+
+def base_evaluation(family: str, dataset: str) -> str:
+    """Id prefix of the base model's evaluation jobs on ``dataset`` (its merge: ``<prefix>.merge``)."""
+    return f"base.{family}.{dataset}.eval"

@@ -31,10 +31,11 @@ class ValueGuidedConfig(AlgoConfig):
     loss: Optional[str] = None  # value-model loss: bce | mse | mle; null: the algorithm's own (PITA bce, QSharp bce on math and mle on reward tasks, QSharp-HF mle)
     mode: Optional[str] = None  # guidance offset from the value head: null = bernoulli for bce/mse, mle for mle
     eta: float = 2.0  # guidance strength when round r+1 collects data with round r's model
-    # evaluation sweep; eta 0 is the reference restricted to the same top_k candidates, the baseline
-    # the guided rows should be read against (the base row samples from the whole vocabulary)
+    # evaluation sweep; eta 0 is the reference itself (its row is the base model's evaluation)
     etas: List[float] = field(default_factory=lambda: [0.0, 0.5, 1.0, 2.0, 4.0])
-    top_k: int = 20  # candidates scored per step (-1 = the whole vocabulary)
+    # tokens the value model scores per step (the reference's top k; -1 = the whole vocabulary);
+    # every other token keeps its reference probability and stays sampleable
+    top_k: int = 20
     num_atoms: int = 11  # mle: atoms over [v_min, v_max]
     v_min: Optional[float] = None  # mle: null = from the data (min over round-0 returns)
     v_max: Optional[float] = None  # mle: null = from the data (max over round-0 returns)

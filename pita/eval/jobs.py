@@ -1,7 +1,9 @@
 """``eval.merge``: the last job of every evaluation, base model and algorithms alike.
 
 It gathers the evaluation shards' samples, saves them, and summarises them per eta into the rows
-of the results table (pita/report/results.py collects every ``eval.merge`` result of a run).
+of the results table (pita/report/results.py collects every ``eval.merge`` result of a run). A
+guided evaluation's eta-0 row is the base model's row on the same dataset (``base_eval``): at
+eta 0 the guided policy is the reference itself.
 """
 
 from __future__ import annotations
@@ -17,17 +19,22 @@ def eval_merge(ctx):
     from pita.eval.metrics import summarize
     from pita.generation.jobs import gather, save_records
 
-    records = gather(ctx)
-    if not records:
-        raise JobError("evaluation produced no samples")
-    save_records(ctx, records)
     labels = ctx.params["labels"]
+    records = gather(ctx)
+    results = []
+    base = ctx.params.get("base_eval")
+    if base:  # eta 0 is the reference itself: the base model's row, relabelled
+        results += [{**row, **labels, "eta": 0.0, "reused_from": base} for row in ctx.dep_result(base)["results"]
+                    if float(row["eta"]) == 0.0]
+    if not records and not results:
+        raise JobError("evaluation produced no samples")
+    if records:
+        save_records(ctx, records)
     by_eta: dict[float, dict[str, list]] = {}
     for r in records:
         by_eta.setdefault(r["eta"], {}).setdefault(r["id"], []).append(r)
-    results = []
     for eta in sorted(by_eta):
         groups = [sorted(g, key=lambda x: x["sample"]) for _, g in sorted(by_eta[eta].items())]
         m = summarize(groups, labels["task"], kl_fraction=ctx.params.get("kl_fraction", 1.0))
         results.append({**labels, "eta": eta, **m})
-    return {"labels": labels, "results": results}
+    return {"labels": labels, "results": sorted(results, key=lambda x: float(x["eta"]))}

@@ -3,16 +3,27 @@
     guide = GuidedDecoder(value_model, mode="bernoulli", eta=2.0, top_k=20)
     lm.generate(prompts, guide=guide, temperature=1.0, top_p=1.0)
 
-Each step, given the reference's log-probs ``ref_lp`` (already divided by the temperature and,
-with ``top_k``, restricted to the top-k candidates), ``adjust`` returns
+Each step, given the reference's log-probs ``ref_lp`` (already divided by the temperature),
+``adjust`` returns the guided logits
 
-    ref_lp[a] + offset(mode, η, head(s, a))   for the candidates a,   -inf elsewhere
+    ref_lp[a] + δ(a),   δ(a) = offset(mode, η, head(s, a)) for the k scored candidates, 0 elsewhere
 
-where the candidates are the top-k of the reference (``top_k=-1``: the whole vocabulary) and the
-offset is ``bernoulli`` log(1 − p + p·e^η), ``expectation`` η·c, or ``mle`` log Σ_i p_i e^{η z_i}.
-Where temperature and top-p apply: the temperature divides the reference logits before the
-offset (temperature 1 gives exactly π_ref·E[e^{ηZ}]); top-p is applied after the offset, to
-the guided distribution. η = 0 leaves the reference (restricted to its candidates) unchanged.
+where the scored candidates are the reference's top ``top_k`` tokens (``top_k=-1``: the whole
+vocabulary) and the offset is ``bernoulli`` log(1 − p + p·e^η), ``expectation`` η·c, or ``mle``
+log Σ_i p_i e^{η z_i}. As in the Q# reference code, ``top_k`` chooses which tokens the value model
+scores, not which tokens exist: every other token keeps its reference log-prob and stays
+sampleable, so the guided policy shares its support with π_ref.
+
+The target distribution. One step samples from π(a|s) = π_ref(a|s) e^{δ_s(a)} / Z_s with
+Z_s = Σ_a π_ref(a|s) e^{δ_s(a)}, so a whole sequence y has
+
+    log π(y) = log π_ref(y) + Σ_t δ_t(y_t) − Σ_t log Z_t
+
+(with top_k = -1 and an exact value function this is the KL-optimal π_ref·e^{ηr}/Z; with a
+smaller top_k the tilt is applied to the scored tokens only). At η = 0 every δ is 0 and the
+guided policy is π_ref itself. Where temperature and top-p apply: the temperature divides the
+reference logits before the offset (temperature 1 gives exactly π_ref·E[e^{ηZ}]); top-p is
+applied after the offset, to the guided distribution.
 
 The value model keeps its own KV cache, fed the same tokens as the reference: the prompt once
 (``begin``), then each new token (``advance``); the prefix is never re-encoded, and the cache
@@ -73,6 +84,5 @@ class GuidedDecoder:
             out = self.vm.scores(self.h.to(next(self.vm.parameters()).dtype), cands).float()
             atoms = self.atoms.to(out.device) if self.atoms is not None else None
             off = offset(self.mode, self.eta, out, atoms)
-        final = torch.full_like(ref_lp, float("-inf"))
-        final.scatter_(-1, cands, ref_lp.gather(-1, cands) + off)
-        return final
+        # the offset on the scored candidates only; every other token keeps its reference log-prob
+        return ref_lp.scatter(-1, cands, ref_lp.gather(-1, cands) + off.to(ref_lp.dtype))

@@ -176,9 +176,10 @@ class LM:
         """One completion per row: ([token ids without EOS], "eos" | "length", logp, logp_ref).
 
         ``logp`` is the sample's log-probability under the distribution it was drawn from;
-        ``logp_ref`` under the reference processed identically (same temperature, candidate set
-        and nucleus, no guidance offset), so their difference is a per-sample KL estimate that is
-        exactly 0 without guidance. Greedy rows (temperature 0) report 0 for both.
+        ``logp_ref`` under the reference with the same processing (temperature, ``top_k``, and its
+        own top-``top_p`` nucleus; never the guide's candidate set), so their difference is a
+        per-sample KL estimate against the untruncated reference, exactly 0 without guidance.
+        Greedy rows (temperature 0) report 0 for both.
 
         ``guide`` (see pita/guidance/decode.py) reshapes each step: it sees the same tokens as the
         reference (``begin`` with the prompt, ``advance`` with each fed token) and ``adjust``
@@ -231,7 +232,10 @@ class LM:
                 else:
                     support = nucleus(final, top_p)
                     q = torch.log_softmax(final.masked_fill(~support, float("-inf")), -1)
-                    r = torch.log_softmax(ref_lp.masked_fill(~support, float("-inf")), -1)
+                    # the reference under its own processing (its own nucleus), whatever the guide
+                    # did: the KL of a guided row is against the same π_ref as a trained row's
+                    ref_support = support if guide is None else nucleus(ref_lp, top_p)
+                    r = torch.log_softmax(ref_lp.masked_fill(~ref_support, float("-inf")), -1)
                     tok = sample_from(q, U[:, step], 1.0, 1.0, 0)
                     step_q = q.gather(-1, tok.unsqueeze(-1)).squeeze(-1).double()
                     step_r = r.gather(-1, tok.unsqueeze(-1)).squeeze(-1).double()

@@ -36,6 +36,7 @@ def eval_request_factory(cfg, paths):
 
 def experiment_plan(cfg, device_totals: list[int], cuda: bool) -> list[Job]:
     from pita.algos import ALGORITHMS, PlanContext, algorithm
+    from pita.algos.base import base_evaluation
     from pita.core.memory import ModelShape, training_bytes
     from pita.datasets.loading import load_examples
     from pita.generation.parallel import ParallelDataGenerator
@@ -132,7 +133,7 @@ def experiment_plan(cfg, device_totals: list[int], cuda: bool) -> list[Job]:
         tasks[name] = task_of(name, ev.split)
     jobs: list[Job] = []
     for name in tests:  # the base model on every dataset something is evaluated on
-        base = gen.plan(eval_request(configs[name]), f"base.{cfg.model.name}.{name}.eval", tests[name],
+        base = gen.plan(eval_request(configs[name]), base_evaluation(cfg.model.name, name), tests[name],
                         memory_gb=mem["gen"], group="base")
         base[-1].kind = "eval.merge"
         base[-1].params.update(labels={"algorithm": "base", "family": cfg.model.name, "train_dataset": name,

@@ -197,8 +197,8 @@ def render(run: RunPaths, rows: list[dict] | None = None) -> Path:
                                 "maj@n", "KL", "KL stderr", "n", "train dev-s", "eval dev-s"], tab))
         lines.append("")
         lines.append("KL is a Monte Carlo estimate over the evaluated samples of log pi(y|x) - log pi_ref(y|x) "
-                     "(0 for the base model); value-guided rows at eta 0 are the reference restricted to the "
-                     "same top-k candidates.")
+                     "(0 for the base model), against the same untruncated reference for every row; value-guided "
+                     "rows at eta 0 are the reference itself: the base model's evaluation, reused.")
         lines.append("")
         for eds in sorted({r["eval_dataset"] for r in rows}):
             fp = plot_frontier(rows, eds, plots)
