@@ -157,3 +157,50 @@ def test_a_two_device_training_job_runs_data_parallel_with_the_configured_effect
     assert res["steps"] == math.ceil(res["pairs"] / 8)
     state = json.loads((run / "state.json").read_text())
     assert len(state["jobs"]["DPO.tiny.arith.r0.train"]["devices"]) == 2
+
+
+@pytest.mark.parametrize("ref_policy", ["original", "previous"])
+def test_grpo_in_a_later_round_takes_its_kl_reference_from_ref_policy(tmp_path, tiny_cache, ref_policy):
+    """TRL builds GRPO's reference from the path the policy was loaded from; in round 1 that is
+    round 0's checkpoint. With ref_policy=original the KL must point at the original model."""
+    import logging
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from pita.algos.grpo import grpo_trainer
+    from pita.core.paths import JobPaths
+    from pita.plans import build_plan
+
+    jobs = build_plan(compose(tiny_cache, "experiment.algos=[GRPO]", "experiment.rounds=2",
+                              f"algos.GRPO.ref_policy={ref_policy}"), [int(8e9)])
+    params = next(j for j in jobs if j.id == "GRPO.tiny.arith.r1.train").params
+    ref = AutoModelForCausalLM.from_pretrained(params["reference"])
+    prev = tmp_path / "round0-policy"
+    with torch.no_grad():
+        for w in ref.parameters():
+            w.add_(0.5)  # a policy that moved away from the reference
+    ref.save_pretrained(prev)
+    AutoTokenizer.from_pretrained(params["reference"]).save_pretrained(prev)
+    ctx = SimpleNamespace(params=params, dep_result=lambda j: {"checkpoint": str(prev)},
+                          paths=JobPaths(tmp_path / "job"), log=logging.getLogger("test"))
+    trainer, _ = grpo_trainer(ctx, params)
+    original = AutoModelForCausalLM.from_pretrained(params["reference"])
+    name = "model.layers.0.self_attn.q_proj.weight"
+    got = dict(trainer.ref_model.named_parameters())[name]
+    want = dict(original.named_parameters())[name] if ref_policy == "original" else dict(ref.named_parameters())[name]
+    assert torch.equal(got.detach().cpu(), want.detach().cpu())
+    assert dict(trainer.model.named_parameters())[name].dtype == torch.float32  # fp32 master weights
+
+
+def test_null_learning_rates_follow_the_scale_and_the_kind_of_fine_tuning(tiny_cache):
+    from pita.plans import build_plan
+
+    def lr(*o):
+        jobs = build_plan(compose(tiny_cache, "experiment.algos=[DPO,GRPO]", *o), [int(8e9)])
+        return {j.id.split(".")[0]: j.params["lr"] for j in jobs if j.id.endswith(".r0.train")}
+
+    assert lr() == {"DPO": 1e-4, "GRPO": 5e-5}  # the tiny family is a toy model
+    assert lr("algos.DPO.lr=3e-6") == {"DPO": 3e-6, "GRPO": 5e-5}
+    from pita.algos.post_training import LEARNING_RATES
+
+    assert LEARNING_RATES[("dpo", "full")] == 5e-7 and LEARNING_RATES[("grpo", "full")] == 1e-6

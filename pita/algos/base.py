@@ -113,7 +113,7 @@ def default_configs() -> dict[str, Any]:
 
 def check_common(k: str, c) -> list[str]:
     p = []
-    if not c.lr > 0:
+    if c.lr is not None and not c.lr > 0:
         p.append(f"{k}.lr={c.lr} must be > 0")
     if c.batch_size < 1:
         p.append(f"{k}.batch_size={c.batch_size} must be >= 1")
@@ -142,6 +142,7 @@ class PlanContext:
     evals: list  # (dataset config, test prompts, task) of every dataset the models are evaluated on
     task: str  # the training dataset's task: math | reward
     mem: dict  # memory estimates in GB: gen, train (value models), policy_train
+    policy_params: Optional[int]  # parameters of the reference policy (None if its config is unreadable)
     data_request: Callable[[], dict]  # a data-collection request on the training split (data_collection.*)
     eval_request: Callable[[Any], dict]  # an evaluation request for a dataset config (eval.*)
 

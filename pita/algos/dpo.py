@@ -9,6 +9,7 @@ drawn pair per prompt) -> DPO from that policy. Its reference policy is the orig
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
 
 from pita.algos.base import register_algorithm
 from pita.algos.distributed import run_distributed, world_size
@@ -16,21 +17,19 @@ from pita.algos.post_training import (PostTrainingAlgorithm, PostTrainingConfig,
                                       peft_config, train_and_save, training_args, user)
 from pita.core.errors import JobError
 from pita.core.job import Job, add_kind_module, job_kind
-from pita.core.names import unknown_name
 
 add_kind_module("pita.algos.dpo")
 
-REF_POLICIES = ("original", "previous")
 
 
 @dataclass
 class DPOConfig(PostTrainingConfig):
-    lr: float = 1e-4  # tiny-model setting; real models want much smaller ones
     batch_size: int = 16  # preference pairs per optimizer step
     beta: float = 0.1
     epochs: int = 2  # passes over the round's pairs
-    max_length: int = 256  # prompt + completion tokens kept
-    ref_policy: str = "original"  # the reference policy in later rounds: original | previous
+    # prompt + completion tokens kept; null: no truncation (a pair is at most the prompt plus
+    # data_collection.max_new_tokens, so the answers that decided each preference are never cut)
+    max_length: Optional[int] = None
 
 
 @register_algorithm
@@ -42,11 +41,10 @@ class DPO(PostTrainingAlgorithm):
     def check(self, cfg, n_devices: int) -> list[str]:
         c, k = self.c, self.key
         p = super().check(cfg, n_devices)
-        for key in ("epochs", "max_length"):
-            if getattr(c, key) < 1:
-                p.append(f"{k}.{key}={getattr(c, key)} must be >= 1")
-        if c.ref_policy not in REF_POLICIES:
-            p.append(unknown_name(f"{k}.ref_policy", c.ref_policy, REF_POLICIES))
+        if c.epochs < 1:
+            p.append(f"{k}.epochs={c.epochs} must be >= 1")
+        if c.max_length is not None and c.max_length < 1:
+            p.append(f"{k}.max_length={c.max_length} must be >= 1, or null for no truncation")
         if cfg.data_collection.samples_per_prompt < 2:
             p.append(f"data_collection.samples_per_prompt={cfg.data_collection.samples_per_prompt} must be >= 2 "
                      f"for {self.name}: a preference pair needs two samples of the same prompt")
@@ -54,7 +52,7 @@ class DPO(PostTrainingAlgorithm):
 
     def train_params(self, p) -> dict:
         c = self.c
-        return {**super().train_params(p), "epochs": c.epochs, "max_length": c.max_length, "ref_policy": c.ref_policy}
+        return {**super().train_params(p), "epochs": c.epochs, "max_length": c.max_length}
 
     def plan_round(self, p, r: int, prev: str | None, merges: list[str], base: dict) -> list[Job]:
         gen = self.collect_pairs(p, r, prev)

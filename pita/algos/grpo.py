@@ -23,7 +23,6 @@ VLLM_MODES = ("colocate", "server")
 
 @dataclass
 class GRPOConfig(PostTrainingConfig):
-    lr: float = 5e-5  # tiny-model setting; real models want much smaller ones
     batch_size: int = 16  # completions per optimizer step (batch_size / num_generations prompts)
     beta: float = 0.04
     max_steps: int = 60  # optimizer steps per round
@@ -40,6 +39,7 @@ class GRPO(PostTrainingAlgorithm):
     name = "GRPO"
     Config = GRPOConfig
     train_kind = "algo.grpo_train"
+    lr_family = "grpo"
 
     def check(self, cfg, n_devices: int) -> list[str]:
         import importlib.util
@@ -61,6 +61,11 @@ class GRPO(PostTrainingAlgorithm):
             p.append(f"{k}.temperature={c.temperature} must be > 0 (GRPO samples its completions)")
         if c.vllm_mode not in VLLM_MODES:
             p.append(unknown_name(f"{k}.vllm_mode", c.vllm_mode, VLLM_MODES))
+        if (c.lora_r > 0 and c.beta > 0 and c.ref_policy == "original" and cfg.experiment.rounds > 1):
+            p.append(f"{k}.lora_r={c.lora_r} with {k}.ref_policy=original over {cfg.experiment.rounds} rounds: "
+                     f"with LoRA, TRL's KL reference is the adapter's base, which from round 1 on is the previous "
+                     f"round's merged policy, not the original model; set {k}.ref_policy=previous to accept that, "
+                     f"{k}.lora_r=0 (full fine-tuning), or experiment.rounds=1")
         if c.use_vllm and importlib.util.find_spec("vllm") is None:
             p.append(f"{k}.use_vllm=true but vllm is not installed (GPU only: pip install vllm); "
                      f"or set {k}.use_vllm=false")
@@ -124,8 +129,9 @@ class Rewards:
                                self.device)
 
 
-@job_kind("algo.grpo_train")
-def grpo_train(ctx):
+def grpo_trainer(ctx, p: dict):
+    """TRL's GRPOTrainer for a training job's params (the policy of the round, the rewards, and the
+    KL reference: the original model unless ``ref_policy=previous``)."""
     from datasets import Dataset
     from trl import GRPOConfig as TRLGRPOConfig, GRPOTrainer
 
@@ -133,9 +139,6 @@ def grpo_train(ctx):
     from pita.datasets.loading import load_examples
     from pita.models.lm import default_device
 
-    p = ctx.params
-    if p.get("devices", 1) > 1 and world_size() == 1:
-        return run_distributed(ctx, "algo.grpo_train", p["devices"])
     cuda = on_cuda()
     path, model, tok = load_policy(ctx, p, cuda)
     examples = load_examples(DatasetConfig(**p["dataset"]), "train")
@@ -150,11 +153,27 @@ def grpo_train(ctx):
     args = training_args(TRLGRPOConfig, p, str(ctx.paths.artifacts / "trainer"), cuda, max_steps=p["max_steps"],
                          num_generations=p["num_generations"], max_completion_length=p["max_completion_length"],
                          temperature=p["temperature"], **extra)
-    ctx.log.info("GRPO from %s: %d steps, %d completions per step (%d prompts x %d), beta %s, reward %s", path,
-                 p["max_steps"], p["batch_size"], p["batch_size"] // p["num_generations"], p["num_generations"],
-                 p["beta"], "proxy " + proxy if proxy else ("reward model" if reward.rm else "verifier"))
+    # TRL builds its KL reference from the path the policy was loaded from, which after round 0 is
+    # the previous round's checkpoint; point it at the original model (what every row's KL, and
+    # DPO's reference, are measured against) unless the user asked for the previous policy
+    kl_ref = p["reference"] if p.get("ref_policy", "original") == "original" else path
+    model.config._name_or_path = kl_ref
+    ctx.log.info("GRPO from %s: %d steps, %d completions per step (%d prompts x %d), beta %s, KL reference %s, "
+                 "reward %s", path, p["max_steps"], p["batch_size"], p["batch_size"] // p["num_generations"],
+                 p["num_generations"], p["beta"], kl_ref,
+                 "proxy " + proxy if proxy else ("reward model" if reward.rm else "verifier"))
     trainer = GRPOTrainer(model=model, reward_funcs=[reward], args=args, train_dataset=ds, processing_class=tok,
                           peft_config=peft_config(p, ctx.log))
+    model.config._name_or_path = path
+    return trainer, tok
+
+
+@job_kind("algo.grpo_train")
+def grpo_train(ctx):
+    p = ctx.params
+    if p.get("devices", 1) > 1 and world_size() == 1:
+        return run_distributed(ctx, "algo.grpo_train", p["devices"])
+    trainer, tok = grpo_trainer(ctx, p)
     res, steps = train_and_save(ctx, trainer, tok, p, "reward")
     return {**res, "reward_first": steps[0]["reward"] if steps else None,
             "reward_last": steps[-1]["reward"] if steps else None, "kl_last": steps[-1].get("kl") if steps else None}

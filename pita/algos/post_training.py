@@ -18,19 +18,37 @@ device per micro-step. The divisibility rules TRL imposes are checked when the p
 from __future__ import annotations
 
 import importlib.util
+import logging
 from dataclasses import dataclass, field
-from typing import List
+from typing import List, Optional
 
 from pita.algos.base import AlgoConfig, Algorithm, PlanContext, check_common, training_settings
 from pita.algos.distributed import is_rank0
 from pita.core.job import Job, Resources
+from pita.core.names import unknown_name
+
+log = logging.getLogger(__name__)
+
+REF_POLICIES = ("original", "previous")
+TOY_PARAMS = 50_000_000  # below this a model is a toy (the tiny family), with toy learning rates
+# (algorithm kind, scale) -> default learning rate: TRL's documented practice for full fine-tuning
+# and LoRA of real models; the toy rates were measured on the embedded default
+LEARNING_RATES = {("dpo", "full"): 5e-7, ("dpo", "lora"): 5e-6, ("dpo", "toy"): 1e-4,
+                  ("grpo", "full"): 1e-6, ("grpo", "lora"): 1e-5, ("grpo", "toy"): 5e-5}
 
 
 @dataclass
 class PostTrainingConfig(AlgoConfig):
     """Keys of every TRL-trained algorithm (DPO, GRPO, GRPO-HF)."""
 
+    # learning rate; null: by scale, from TRL's documented practice (see LEARNING_RATES): full
+    # fine-tuning of a real model DPO 5e-7 / GRPO 1e-6, LoRA 5e-6 / 1e-5; a toy model (under 50M
+    # parameters, the tiny family) DPO 1e-4 / GRPO 5e-5, as measured on the embedded default
+    lr: Optional[float] = None
     beta: float = 0.1  # KL coefficient: DPO's beta, GRPO's beta (KL to the reference); 0 = no KL term
+    # the KL reference in rounds after the first: original (the family's reference model, the one
+    # every row's KL is measured against) | previous (the round's starting policy)
+    ref_policy: str = "original"
     gradient_accumulation_steps: int = 1  # ignored when training.micro_batch_size is set (then derived)
     devices: int = 1  # devices per training job (data-parallel through accelerate when > 1)
     lora_r: int = 0  # LoRA rank through peft; 0 = full fine-tuning
@@ -45,6 +63,8 @@ class PostTrainingAlgorithm(Algorithm):
     def check(self, cfg, n_devices: int) -> list[str]:
         c, k = self.c, self.key
         p = check_common(k, c)
+        if c.ref_policy not in REF_POLICIES:
+            p.append(unknown_name(f"{k}.ref_policy", c.ref_policy, REF_POLICIES))
         if c.beta < 0:
             p.append(f"{k}.beta={c.beta} must be >= 0 (the KL coefficient; 0 = no KL term)")
         for key in ("gradient_accumulation_steps", "devices"):
@@ -98,6 +118,20 @@ class PostTrainingAlgorithm(Algorithm):
     def per_device_batch(self) -> int:
         return self.c.batch_size // max(1, self.c.devices)
 
+    lr_family = "dpo"  # which row of LEARNING_RATES a null lr takes
+
+    def learning_rate(self, p: PlanContext) -> float:
+        """``lr``, or when null the default for the policy's scale and the kind of fine-tuning."""
+        if self.c.lr is not None:
+            return float(self.c.lr)
+        n = p.policy_params
+        scale = "lora" if self.c.lora_r > 0 else ("toy" if n is not None and n < TOY_PARAMS else "full")
+        lr = LEARNING_RATES[(self.lr_family, scale)]
+        log.info("%s.lr=null: %g (%s; reference policy of %s parameters)", self.key, lr,
+                 {"lora": "LoRA", "toy": "a toy model", "full": "full fine-tuning"}[scale],
+                 f"{n / 1e6:.0f}M" if n else "unknown")
+        return lr
+
     # ---------------------------------------------------------------- planning
     def accumulation_steps(self, cfg) -> int:
         """Gradient accumulation per optimizer step: derived from training.micro_batch_size when that
@@ -115,12 +149,12 @@ class PostTrainingAlgorithm(Algorithm):
         c, cfg = self.c, p.cfg
         return {
             "algo": self.name, "task": p.task, "dataset": OmegaConf.to_container(OmegaConf.structured(p.ds)),
-            "reference": p.paths["reference"], "lr": c.lr, "beta": c.beta, "batch_size": c.batch_size,
+            "reference": p.paths["reference"], "lr": self.learning_rate(p), "beta": c.beta, "batch_size": c.batch_size,
             "gradient_accumulation_steps": self.accumulation_steps(cfg), "devices": c.devices,
             "lora_r": c.lora_r, "lora_alpha": c.lora_alpha, "lora_target_modules": list(c.lora_target_modules),
             **training_settings(cfg, c), "num_workers": c.num_workers,
             "dtype": cfg.model.dtype, "attn_impl": cfg.system.attn_impl, "tf32": cfg.system.tf32,
-            "compile": cfg.system.compile,
+            "compile": cfg.system.compile, "ref_policy": c.ref_policy,
         }
 
     def collect_pairs(self, p: PlanContext, r: int, prev: str | None) -> list[Job]:
@@ -165,6 +199,8 @@ def training_args(cls, p: dict, out: str, cuda: bool, **extra):
     """TRL's ``cls`` (DPOConfig, GRPOConfig) from a training job's params."""
     import torch
 
+    # mixed precision on CUDA: autocast in bf16 (fp16 where bf16 is unsupported or asked for),
+    # fp32 master weights (load_policy)
     bf16 = cuda and p["dtype"] in ("bfloat16", "float32") and torch.cuda.is_bf16_supported()
     per_device = p["batch_size"] // (p["devices"] * p["gradient_accumulation_steps"])
     return cls(output_dir=out, use_cpu=not cuda, bf16=bf16, fp16=cuda and not bf16 and p["dtype"] == "float16",
@@ -178,15 +214,21 @@ def training_args(cls, p: dict, out: str, cuda: bool, **extra):
 
 
 def load_policy(ctx, p: dict, cuda: bool):
-    """(path, model, tokenizer) of the round's starting policy: the previous round's, or the reference."""
+    """(path, model, tokenizer) of the round's starting policy: the previous round's, or the reference.
+
+    Always fp32 weights, whatever ``model.dtype``: the optimizer then updates fp32 master weights
+    and TRL's ``bf16`` / ``fp16`` (set from ``model.dtype`` on CUDA) runs the forward and backward
+    passes under autocast. AdamW on bf16 weights would lose updates smaller than bf16's
+    resolution, which at fine-tuning learning rates is most of them."""
+    import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from pita.models.lm import DTYPES, resolve_attn_impl
+    from pita.models.lm import resolve_attn_impl
 
     path = ctx.dep_result(p["policy_from"])["checkpoint"] if p["policy_from"] else p["reference"]
     tok = AutoTokenizer.from_pretrained(path)
-    dtype = DTYPES["float32"] if p["dtype"] == "float32" or not cuda else DTYPES[p["dtype"]]
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation=resolve_attn_impl(p["attn_impl"]))
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32,
+                                                 attn_implementation=resolve_attn_impl(p["attn_impl"]))
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
     return path, model, tok

@@ -109,8 +109,10 @@ def experiment_plan(cfg, device_totals: list[int], cuda: bool) -> list[Job]:
                                       gradient_checkpointing=bool(cfg.training.gradient_checkpointing)) / 1e9
     except OSError:
         mem["train"] = 0.0
+    policy_params = None
     try:
         shape = ModelShape.from_hf_config(AutoConfig.from_pretrained(paths["reference"]))
+        policy_params = shape.n_params
         micro = int(cfg.training.micro_batch_size) or 16
         mem["policy_train"] = training_bytes(shape, "float32", min(16, micro), 256 + dc.max_new_tokens, cuda=cuda,
                                              gradient_checkpointing=bool(cfg.training.gradient_checkpointing)) / 1e9
@@ -144,7 +146,7 @@ def experiment_plan(cfg, device_totals: list[int], cuda: bool) -> list[Job]:
         rm = paths["reward_models"].get(ds.name)
         ctx = PlanContext(cfg=cfg, ds=ds, paths=paths, gen=gen, n_train=len(load_examples(ds, "train")),
                           evals=[(configs[n], tests[n], tasks[n]) for n in eval_names[ds.name]],
-                          task=train_tasks[ds.name], mem=mem, eval_request=eval_request,
+                          task=train_tasks[ds.name], mem=mem, policy_params=policy_params, eval_request=eval_request,
                           data_request=lambda ds=ds, rm=rm: request_for(cfg, ds, paths["reference"], rm))
         for algo in cfg.experiment.algos:
             algo_jobs = algos[algo].plan(ctx)
