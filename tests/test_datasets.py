@@ -69,6 +69,12 @@ def data(tmp_path_factory):
     datasets.DatasetDict({s: datasets.Dataset.from_list(imdb_rows(s)) for s in ("train", "test")}).save_to_disk(
         str(files["imdb"]))
 
+    files["math_no_split"] = d / "math_no_split.jsonl"  # MATH-500 as published: one file, no split column
+    with open(files["math_no_split"], "w") as f:
+        for i, ans in enumerate([r"\begin{pmatrix} -1/3 \\ 2/3 \end{pmatrix}", r"11,\! 111", r"(2,12) \cup (12,102)"]):
+            f.write(json.dumps({"problem": f"P{i}", "solution": "s", "answer": ans, "subject": "Algebra",
+                                "level": 1, "unique_id": f"u{i}"}) + "\n")
+
     files["aime"] = d / "aime.jsonl"
     with open(files["aime"], "w") as f:
         for i in range(5):
@@ -77,7 +83,8 @@ def data(tmp_path_factory):
 
 
 def gsm(data, **kw):
-    return dataset_config("gsm8k", path=data["gsm8k"], **kw)
+    """The single gsm8k file, trainable on purpose: these tests check shuffles, caps and held-out."""
+    return dataset_config("gsm8k", path=data["gsm8k"], **{"allow_train_on_test": True, **kw})
 
 
 def ids(examples):
@@ -207,10 +214,40 @@ def test_split_column_picks_rows_per_split(data):
     assert "datasets.gsm8k.test_split='validation'" in str(e.value) and "['test', 'train']" in str(e.value)
 
 
-def test_a_single_file_without_split_column_serves_every_split(data):
+def test_training_on_a_single_file_without_split_column_is_refused(data):
+    """One table with no split column is the test split; training on it would train on the
+    evaluation rows, so train and held_out are refused, naming the file, the key and the fixes."""
+    cfg = dataset_config("gsm8k", path=data["gsm8k"], held_out=2)
+    assert len(load_examples(cfg, "test")) == N_GSM  # evaluating on it is fine
+    for split in ("train", "held_out"):
+        with pytest.raises(ConfigError) as e:
+            load_examples(cfg, split)
+        msg = str(e.value)
+        assert f"datasets.gsm8k.path={data['gsm8k']!r}" in msg and "no 'split' column" in msg
+        assert "evaluation rows" in msg and f"the {N_GSM} rows" in msg
+        for fix in ("add a 'split' column", "DatasetDict.save_to_disk", "datasets.gsm8k.train_split=null",
+                    "datasets.gsm8k.allow_train_on_test=true"):
+            assert fix in msg, fix
+    with pytest.raises(ConfigError, match="datasets.math500.train_split=None marks math500 as an evaluation-only"):
+        load_examples(dataset_config("math500", path=data["math_no_split"]), "train")
+    assert len(load_examples(dataset_config("math500", path=data["math_no_split"]), "test")) == 3
+
+
+def test_a_save_to_disk_table_without_split_column_is_refused_for_training_too(data, tmp_path):
+    folder = tmp_path / "one_table"
+    datasets.Dataset.from_list([{"question": "q", "answer": "#### 1"}] * 3).save_to_disk(str(folder))
+    cfg = dataset_config("gsm8k", path=str(folder))
+    assert len(load_examples(cfg, "test")) == 3
+    with pytest.raises(ConfigError, match="datasets.gsm8k.allow_train_on_test=true"):
+        load_examples(cfg, "train")
+
+
+def test_allow_train_on_test_serves_the_single_file_to_every_split(data):
     tr, te = load_examples(gsm(data), "train"), load_examples(gsm(data), "test")
     assert sorted(e.answer for e in tr) == sorted(e.answer for e in te)
     assert tr[0].id.startswith("gsm8k-train-") and te[0].id.startswith("gsm8k-test-")
+    with pytest.raises(ConfigError, match="allow_train_on_test='yes': must be true or false"):
+        load_examples(gsm(data, allow_train_on_test="yes"), "train")
 
 
 def test_dataset_dict_folder_picks_the_split_by_name(data):

@@ -112,6 +112,44 @@ def test_normalisation_merges_votes():
     assert out["maj@n"] == 1.0
 
 
+def test_equivalent_answers_share_a_vote():
+    r"""["7", "\frac{1}{2}", "0.5"], correct [0, 1, 1]: "\frac{1}{2}" and "0.5" are one class with
+    2 votes against 1 for "7": the class wins, its first answer (index 1) is correct -> 1.0.
+    Voting by string it would be a three-way tie won by "7" (index 0) -> 0.0."""
+    out = math_metrics([_math([0, 1, 1], ["7", r"\frac{1}{2}", "0.5"])])
+    assert out["maj@n"] == 1.0
+
+
+def test_a_matrix_and_its_first_entry_are_different_votes():
+    r"""["-1/3", M spaced, M compact], correct [0, 1, 1] where M is the column (-1/3, 2/3): the two
+    writings of M are one class (2 votes), "-1/3" is its own (1 vote): M wins -> 1.0."""
+    answers = ["-1/3", r"\begin{pmatrix} -1/3 \\ 2/3 \end{pmatrix}", r"\begin{pmatrix}-1/3\\2/3\end{pmatrix}"]
+    assert math_metrics([_math([0, 1, 1], answers)])["maj@n"] == 1.0
+
+
+def test_equivalence_classes_tie_by_first_occurrence():
+    r"""["2", "\frac{4}{2}", "3", "3.0"]: classes {2, 4/2} and {3, 3.0}, 2 votes each; the class of
+    "2" starts first (index 0) and wins; flags [0, 0, 1, 1] -> 0.0. Reordered
+    ["3.0", "2", "3", "\frac{4}{2}"] with flags [1, 0, 1, 0]: the class of "3.0" starts at
+    index 0 and wins -> 1.0. Intervals written with and without spaces are one class:
+    ["12102", "(2, 12) \cup (12, 102)", "(2,12)\cup(12,102)"], flags [0, 1, 1] -> 1.0."""
+    assert math_metrics([_math([0, 0, 1, 1], ["2", r"\frac{4}{2}", "3", "3.0"])])["maj@n"] == 0.0
+    assert math_metrics([_math([1, 0, 1, 0], ["3.0", "2", "3", r"\frac{4}{2}"])])["maj@n"] == 1.0
+    answers = ["12102", r"(2, 12) \cup (12, 102)", r"(2,12)\cup(12,102)"]
+    assert math_metrics([_math([0, 1, 1], answers)])["maj@n"] == 1.0
+
+
+def test_repeated_answers_are_not_compared_again(monkeypatch):
+    """Ten "5" then ten "6": the only comparison is "6" against the representative "5"."""
+    import pita.eval.metrics as m
+
+    calls = []
+    real = m.same_answer
+    monkeypatch.setattr(m, "same_answer", lambda a, b: calls.append((a, b)) or real(a, b))
+    assert m._vote(["5"] * 10 + ["6"] * 10 + [None]) == 0
+    assert calls == [("6", "5")]
+
+
 def test_none_does_not_vote_and_no_votes_is_incorrect():
     """[None, None, "5"] with correct [0, 0, 1]: None's two "votes" do not count, "5" wins (1.0).
     [None, None] and ["", " $ "] (normalise to nothing): no vote -> incorrect (0.0), even if the

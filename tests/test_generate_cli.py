@@ -17,7 +17,8 @@ def test_generate_from_a_local_gsm8k_file(tmp_path, tiny_cache):
     f = tmp_path / "gsm8k.jsonl"
     f.write_text("".join(json.dumps(r) + "\n" for r in rows))
     r = cli(["experiment.name=g", "experiment.workload=generate", "experiment.datasets=[gsm8k]",
-             f"datasets.gsm8k.path={f}", f"system.cache_dir={tiny_cache}", "data_collection.recipe=preference_pairs",
+             f"datasets.gsm8k.path={f}", "datasets.gsm8k.allow_train_on_test=true",  # one file, no split column
+             f"system.cache_dir={tiny_cache}", "data_collection.recipe=preference_pairs",
              "data_collection.samples_per_prompt=2", "data_collection.max_new_tokens=16",
              "data_collection.chunk_size=4"], tmp_path / "out", timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]

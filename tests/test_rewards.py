@@ -19,7 +19,7 @@ import torch
 
 from pita.core.errors import ConfigError
 from pita.rewards.preferences import bt_probability, make_pairs, sample_preference
-from pita.rewards.verifier import Verdict, extract_answer, score_math, verify
+from pita.rewards.verifier import Verdict, extract_answer, normalize_answer, same_answer, score_math, verify
 
 # --------------------------------------------------------------------------- extraction
 
@@ -31,7 +31,10 @@ from pita.rewards.verifier import Verdict, extract_answer, score_math, verify
         (r"first \boxed{3}, finally \boxed{\{1, 2\}}", "boxed", r"\{1, 2\}"),  # last box, literal braces
         (r"\fbox{7} is it", "boxed", "7"),
         (r"\boxed{3} and then \boxed{4", "boxed", "3"),  # truncated last box: last complete one
-        (r"\boxed{18 \text{ dollars}}", "boxed", "18"),
+        (r"\boxed{18 \text{ dollars}}", "boxed", r"18 \text{ dollars}"),  # units are math-verify's to drop
+        (r"\boxed{\begin{pmatrix} 1 \\ 2 \end{pmatrix}}", "boxed", r"\begin{pmatrix} 1 \\ 2 \end{pmatrix}"),
+        (r"\boxed{11,\! 111,\! 100}", "boxed", "11111100"),
+        (r"\boxed{(2,12) \cup (12,102)}", "boxed", r"(2,12) \cup (12,102)"),
         (r"\boxed{\$1{,}250.}", "boxed", "1250"),
         ("She sold 48 + 24 = 72 clips.\n#### 72", "hash", "72"),
         ("#### $1,000.", "hash", "1000"),
@@ -78,6 +81,7 @@ def test_unknown_mode_names_the_mode_and_the_choices():
         ("#### 1000", "1,000", True),
         (r"The ticket costs \$18.", "18", True),
         (r"\boxed{\$18}", "18", True),
+        (r"\boxed{18 \text{ dollars}}", "18", True),
         ("it drops to -5", "-5", True),
         ("it drops to -5", "5", False),
         (r"\boxed{x^2+2x+1}", "(x+1)^2", True),  # symbolic equivalence via math-verify
@@ -89,6 +93,114 @@ def test_verify(completion, gold, correct):
     v = verify(completion, gold)
     assert v.correct is correct, v
     assert (v.reason == "") is correct
+
+
+# Normalisation must never change what a gold answer means. One test per class of real
+# competition answers that it used to damage; each checks the right answer and a plausible wrong
+# one that the damaged gold used to accept.
+
+
+def test_matrix_row_break_followed_by_a_space_keeps_every_entry():
+    """``\\\\ `` (row break, then a space) once lost a backslash: the gold parsed as its first entry."""
+    gold = r"\begin{pmatrix} 2 \\ -1/2 \\ 7 \end{pmatrix}"
+    for right in (gold, r"\begin{pmatrix}2\\-1/2\\7\end{pmatrix}",
+                  r"\begin{pmatrix} 2 \\ -\frac{1}{2} \\ 7 \end{pmatrix}"):
+        assert verify(rf"so \boxed{{{right}}}", gold).correct, right
+    for wrong in ("2", "7", r"\begin{pmatrix} 2 \\ 7 \\ -1/2 \end{pmatrix}", r"\begin{pmatrix} 2 \\ -1/2 \end{pmatrix}"):
+        assert not verify(rf"so \boxed{{{wrong}}}", gold).correct, wrong
+    square = r"\begin{pmatrix} 1 & 2 \\ 3 & 4 \end{pmatrix}"
+    assert verify(r"\boxed{\begin{pmatrix}1&2\\3&4\end{pmatrix}}", square).correct
+    assert not verify(r"\boxed{\begin{pmatrix} 1 & 2 \end{pmatrix}}", square).correct  # first row alone
+    assert not verify(r"\boxed{1}", square).correct
+
+
+def test_thousands_separator_with_negative_thin_space_is_one_number():
+    """``4,\\! 096,\\! 000`` is MATH's way to write 4096000; it once became the set {4, 96, 0}."""
+    gold = r"4,\! 096,\! 000"
+    for right in ("4096000", "4,096,000", r"4{,}096{,}000", r"4,\!096,\!000", r"4\,096\,000"):
+        assert verify(rf"\boxed{{{right}}}", gold).correct, right
+    for wrong in ("4, 096, 000", r"\{4, 96, 0\}", "4096", "4096001"):
+        assert not verify(rf"\boxed{{{wrong}}}", gold).correct, wrong
+    assert verify("#### 1,234", r"1,\!234").correct
+
+
+def test_comma_between_digits_inside_intervals_and_pairs_is_a_separator():
+    """``(1,250)`` once had its comma read as a thousands separator, making the interval 1250."""
+    gold = r"(-5,1) \cup (1,250)"
+    for right in (gold, r"(-5, 1) \cup (1, 250)", r"\left(-5, 1\right) \cup \left(1, 250\right)"):
+        assert verify(rf"\boxed{{{right}}}", gold).correct, right
+    assert verify(r"\boxed{(-5,1) \cup (1,250)}", r"(-5, 1) \cup (1, 250)").correct  # spaces on the gold side
+    for wrong in (r"(-5, 1) \cup (1, 251)", "(-5, 250)", r"[-5, 1) \cup (1, 250)", "1250"):
+        assert not verify(rf"\boxed{{{wrong}}}", gold).correct, wrong
+    assert verify(r"\boxed{(12, 102)}", "(12,102)").correct  # an ordered pair, not 12102
+    assert not verify(r"\boxed{12102}", "(12,102)").correct
+
+
+MATH500_SHAPES = [
+    # (gold as stored, an equivalent rewriting or None, a plausible wrong answer)
+    (r"\frac{14}{3}", "14/3", r"\frac{3}{14}"),
+    (r"\dfrac{9}{4}", "2.25", r"\frac{9}{2}"),
+    (r"-\frac{1}{2}", "-0.5", r"\frac{1}{2}"),
+    (r"\frac{\sqrt{3}}{2}", r"\frac{1}{2}\sqrt{3}", r"\frac{\sqrt{2}}{2}"),
+    (r"\text{(C)}", "C", r"\text{(D)}"),
+    (r"\text{(B)}", "(B)", "(E)"),
+    (r"3\sqrt{13}", r"\sqrt{117}", r"3\sqrt{11}"),
+    (r"2 \sqrt{2}", r"\sqrt{8}", r"2\sqrt{3}"),
+    (r"4\sqrt[3]{2}", r"\sqrt[3]{128}", r"4\sqrt{2}"),
+    (r"\frac{2\pi}{3}", r"\frac{2}{3}\pi", r"\frac{\pi}{3}"),
+    (r"x \in [-2,7]", "[-2, 7]", "[-2, 7)"),
+    (r"\{1,2,3\}", r"\{3, 2, 1\}", r"\{1, 2\}"),
+    (r"2, -3", "-3, 2", "2, 3"),
+    (r"90^\circ", "90", "45"),
+    (r"\$18.90", "18.9", "18.09"),
+    (r"18.90", r"\$18.90", "19.80"),
+    (r"25\%", "25", "20"),
+    (r"p - q", "-q + p", "q - p"),
+    (r"\infty", None, r"-\infty"),
+    (r"(3, -1)", "(3,-1)", "(-1, 3)"),
+    (r"(-\infty, 0) \cup (0, \infty)", r"(-\infty,0)\cup(0,\infty)", r"(-\infty, \infty)"),
+    (r"(2,12) \cup (12,102)", r"(2, 12) \cup (12, 102)", r"(2, 102)"),
+    (r"\begin{pmatrix} 1 \\ 2 \end{pmatrix}", r"\begin{pmatrix}1\\2\end{pmatrix}", "1"),
+    (r"\begin{pmatrix} -1/3 \\ 2/3 \\ 5/3 \end{pmatrix}",
+     r"\begin{pmatrix} -\frac{1}{3} \\ \frac{2}{3} \\ \frac{5}{3} \end{pmatrix}", "-1/3"),
+    (r"\begin{pmatrix} 1 & 2 \\ 3 & 4 \end{pmatrix}", r"\begin{pmatrix}1&2\\3&4\end{pmatrix}",
+     r"\begin{pmatrix} 1 & 3 \\ 2 & 4 \end{pmatrix}"),
+    (r"10^{10}", "10000000000", "10^{9}"),
+    (r"3 \times 10^{5}", "300000", "30000"),
+    (r"11,\! 111,\! 111,\! 100", "11111111100", "11, 111, 111, 100"),
+    (r"5\text{ cm}", "5", "6"),
+    (r"y = 2x + 3", "y = 3 + 2x", "y = 3x + 2"),
+    (r"\text{Monday}", None, r"\text{Tuesday}"),
+    ("1,000", "1000", "100"),  # GSM8K-style thousands comma
+]
+
+
+@pytest.mark.parametrize("gold, rewritten, wrong", MATH500_SHAPES, ids=[g for g, _, _ in MATH500_SHAPES])
+def test_gold_answers_in_competition_shapes(gold, rewritten, wrong):
+    """Each gold matches itself boxed as a model would write it, an equivalent rewriting, and not a
+    plausible wrong answer."""
+    assert verify(rf"The answer is \boxed{{{gold}}}.", gold).correct
+    if rewritten is not None:
+        assert verify(rf"The answer is \boxed{{{rewritten}}}.", gold).correct
+    assert not verify(rf"The answer is \boxed{{{wrong}}}.", gold).correct
+
+
+def test_normalisation_keeps_latex_that_only_math_verify_should_read():
+    assert normalize_answer(r"\begin{pmatrix} 1 \\ 2 \end{pmatrix}") == r"\begin{pmatrix} 1 \\ 2 \end{pmatrix}"
+    assert normalize_answer(r"(2,12) \cup (12,102)") == r"(2,12) \cup (12,102)"
+    assert normalize_answer(r"a \leftarrow b") == r"a \leftarrow b"  # no blind "\left" removal
+    assert normalize_answer(r"11,\! 111,\! 100") == "11111100"
+    assert normalize_answer(r"\$1{,}250.") == "1250"
+    assert normalize_answer("1, 2, 3") == "1, 2, 3"  # a list stays a list
+
+
+def test_same_answer_is_mathematical_equivalence():
+    assert same_answer(r"\frac{1}{2}", "0.5") and same_answer("0.5", r"\dfrac{1}{2}")
+    assert same_answer("1,000", "1000") and same_answer(r"\text{(C)}", "C")
+    assert same_answer(r"\begin{pmatrix}1\\2\end{pmatrix}", r"\begin{pmatrix} 1 \\ 2 \end{pmatrix}")
+    assert not same_answer("-1/3", r"\begin{pmatrix} -1/3 \\ 2/3 \end{pmatrix}")
+    assert not same_answer("0.5", "0.4") and not same_answer("", "") and not same_answer("x", "y")
+    assert same_answer(r"\frac{}{", r"\frac{}{")  # unparsable: equal only to its own text
 
 
 def test_no_answer_is_incorrect_with_a_reason():

@@ -33,9 +33,13 @@ class DatasetConfig:
     hub_id: Optional[str] = None  # Hugging Face dataset repo, e.g. openai/gsm8k (unused when path is set)
     hub_config: Optional[str] = None  # the repo's config name, e.g. "main" for gsm8k
     # Local data replacing the hub: a .jsonl/.json/.parquet/.csv file, or a folder written by
-    # Dataset.save_to_disk / DatasetDict.save_to_disk. A single file serves every split unless it
-    # has a "split" column (rows are then picked by train_split / test_split).
+    # Dataset.save_to_disk / DatasetDict.save_to_disk. A file with a "split" column has its rows
+    # picked by train_split / test_split; a single table without one is the evaluated test split,
+    # and training on it is refused unless allow_train_on_test is set.
     path: Optional[str] = None
+    # Train on a path that is one table with no "split" column, i.e. on the very rows evaluated as
+    # the test split. Off: such a train split is a ConfigError naming the file and the fixes.
+    allow_train_on_test: bool = False
     train_split: Optional[str] = "train"  # null: the dataset has no train split (evaluation sets)
     test_split: Optional[str] = "test"  # the split evaluated
     question_field: str = "question"  # the column holding the question (or the prompt of a reward task)
@@ -140,6 +144,8 @@ def check_dataset_config(cfg: Any) -> list[str]:
     else:
         need(cfg.answer_field is None, "answer_field",
              f"{cfg.name} is a reward task (scored by a reward model, no gold answer); set it to null")
+    need(isinstance(cfg.allow_train_on_test, bool), "allow_train_on_test",
+         "must be true or false (true: train on a single-table path that is also the test split)")
     need(cfg.test_split is None or isinstance(cfg.test_split, str), "test_split", "must be a split name or null")
     need(cfg.train_split is None or isinstance(cfg.train_split, str), "train_split", "must be a split name or null")
     return p

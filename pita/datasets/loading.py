@@ -7,7 +7,9 @@
 Every split is reproducible from the config alone:
 
 1. the rows of the source split (held_out comes from train): generated for the toy tasks, read
-   from ``cfg.path`` when set, else from the Hugging Face hub;
+   from ``cfg.path`` when set, else from the Hugging Face hub. A path that is one table with no
+   ``split`` column is the test split; its train split is refused (it would train on the
+   evaluation rows) unless ``allow_train_on_test`` is set;
 2. a seeded shuffle of the row indices (``random.Random(cfg.seed)``);
 3. train only: the first ``held_out`` shuffled rows are the held_out split, the rest are train,
    so the two never share a row;
@@ -135,8 +137,10 @@ def _from_path(cfg: Any, split_name: str, split_key: str):
         except Exception as e:
             raise ConfigError(f"{kp}={cfg.path!r} could not be read as {fmt} ({type(e).__name__}: {e}); fix the "
                               f"file or convert it to jsonl/parquet") from e
-    if "split" not in ds.column_names:
-        return ds  # one table serves every split
+    if "split" not in ds.column_names:  # one table: it is the test split
+        if split_key == "train_split" and not cfg.allow_train_on_test:
+            raise ConfigError(_train_on_test_problem(cfg, ds))
+        return ds
     values = ds["split"]
     keep = [i for i, v in enumerate(values) if v == split_name]
     if not keep:
@@ -144,3 +148,20 @@ def _from_path(cfg: Any, split_name: str, split_key: str):
                           f"in its 'split' column, which holds {sorted(set(map(str, values)))}. Set "
                           f"{key(cfg.name, split_key)} to one of them")
     return ds.select(keep)
+
+
+def _train_on_test_problem(cfg: Any, ds: Any) -> str:
+    """Why training on a single table without a split column is refused, and the fixes."""
+    kp, ktr = key(cfg.name, "path"), key(cfg.name, "train_split")
+    rows = f"the {ds.num_rows} rows of {cfg.path!r}"
+    if cfg.train_split is None:
+        head = (f"{ktr}=None marks {cfg.name} as an evaluation-only set and {kp}={cfg.path!r} has no 'split' "
+                f"column, so it has no train rows: training would use {rows}, the ones evaluated")
+    else:
+        head = (f"{kp}={cfg.path!r} is one table with no 'split' column, so it serves the test split that is "
+                f"evaluated and training on it would train on the evaluation rows ({rows})")
+    return (f"{head}. Fix it with one of: add a 'split' column whose values pick the rows "
+            f"({ktr}={cfg.train_split!r}, {key(cfg.name, 'test_split')}={cfg.test_split!r}); point {kp} at a "
+            f"folder written by DatasetDict.save_to_disk with separate train and test splits; set {ktr}=null "
+            f"for an evaluation-only set and train on another dataset; or set "
+            f"{key(cfg.name, 'allow_train_on_test')}=true to train on the evaluation rows knowingly")

@@ -19,7 +19,7 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 
 from pita.core.names import unknown_name
-from pita.rewards.verifier import normalize_answer
+from pita.rewards.verifier import normalize_answer, same_answer
 
 TASKS = ("math", "reward")
 
@@ -59,23 +59,36 @@ def _check_groups(groups: Groups, what: str) -> None:
 def _vote(answers: Sequence[str | None]) -> int | None:
     """Index of the first sample carrying the majority answer, or None when nobody voted.
 
-    Ties go to the answer whose first occurrence is earliest in sampling order.
+    Answers vote by mathematical equivalence: each one joins the first class whose representative
+    (the class's earliest answer) it is equivalent to (``same_answer``: math-verify, so
+    "\\frac{1}{2}" and "0.5" share a vote), else starts a class of its own. An answer repeated
+    verbatim reuses its class without a comparison, so a prompt costs one comparison per pair of
+    distinct answers and classes at most. Ties go to the class whose first answer comes earliest
+    in sampling order.
     """
-    counts: dict[str, int] = {}
-    first: dict[str, int] = {}
+    reps: list[tuple[str, int]] = []  # per class: (representative, index of its first sample)
+    counts: list[int] = []
+    class_of: dict[str, int] = {}  # normalised answer -> its class
     for i, a in enumerate(answers):
         if a is None:
             continue
         key = normalize_answer(a)
         if not key:  # an answer that normalises to nothing is no answer
             continue
-        counts[key] = counts.get(key, 0) + 1
-        first.setdefault(key, i)
+        c = class_of.get(key)
+        if c is None:
+            c = next((j for j, (rep, _) in enumerate(reps) if same_answer(key, rep)), None)
+            if c is None:
+                reps.append((key, i))
+                counts.append(0)
+                c = len(reps) - 1
+            class_of[key] = c
+        counts[c] += 1
     if not counts:
         return None
-    # dicts keep insertion order = order of first occurrence, and max() keeps the first maximum.
-    winner = max(counts, key=counts.__getitem__)
-    return first[winner]
+    # Classes are created in order of first occurrence, and max() keeps the first maximum.
+    winner = max(range(len(counts)), key=counts.__getitem__)
+    return reps[winner][1]
 
 
 def math_metrics(groups: Groups) -> dict:
@@ -84,11 +97,12 @@ def math_metrics(groups: Groups) -> dict:
     - ``pass@1``: mean over prompts of the fraction of that prompt's samples that are correct.
     - ``first_sample_acc``: correctness of each prompt's sample 0 only (what one greedy-free
       draw per prompt would score).
-    - ``maj@n``: majority vote over the normalised extracted answers
-      (``pita.rewards.verifier.normalize_answer``, so "1,000" and "1000" are one vote); samples
-      with no answer do not vote. Tie rule: among the answers with the top count, the one whose
-      first occurrence in sampling order is earliest wins. The prompt counts as correct when the
-      ``correct`` flag of that first occurrence is set. A prompt where nobody voted is incorrect.
+    - ``maj@n``: majority vote over the extracted answers grouped by mathematical equivalence
+      (``pita.rewards.verifier.same_answer``, math-verify: "1,000" and "1000", "\\frac{1}{2}"
+      and "0.5" are one vote); samples with no answer do not vote. Tie rule: among the classes
+      with the top count, the one whose first answer in sampling order is earliest wins. The
+      prompt counts as correct when the ``correct`` flag of that first answer is set. A prompt
+      where nobody voted is incorrect.
     - ``n``: samples per prompt (the minimum if prompts differ), ``n_max`` the maximum;
       ``prompts``: number of prompts.
 

@@ -14,12 +14,18 @@ most ``MAX_ANSWER_CHARS`` characters) ever reaches the parser, never the whole c
 When math-verify cannot parse a side, the comparison falls back to normalised string and exact
 numeric equality. A malformed answer is never an exception: it is a Verdict that is incorrect
 and says why.
+
+Normalisation here (``normalize_answer``) only removes what cannot carry meaning (dollar signs,
+thin spaces, a whole-answer ``\\text{}``, the commas of a lone grouped number); LaTeX is read
+by math-verify's own normalisation, so matrices, intervals and pairs reach it as written.
+``same_answer`` is the same comparison between two extracted answers (maj@n groups votes by it).
 """
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from functools import lru_cache
 from fractions import Fraction
 
 from math_verify import parse as _mv_parse
@@ -43,8 +49,15 @@ _NUMBER = re.compile(
 )
 _LATEX_FRAC = re.compile(r"(-?)\s*\\[dt]?frac\s*\{\s*(-?\d+)\s*\}\s*\{\s*(-?\d+)\s*\}")
 _TEXT_WRAPPED = re.compile(r"^\\(?:text|textbf|mathrm|mbox)\s*\{([^{}]*)\}$")
-_TRAILING_UNIT = re.compile(r"^(.*?\d)\s*\\(?:text|mathrm|mbox)\s*\{\s*[^{}\d]*\}$")
-_THOUSANDS = re.compile(r"(?<=\d),(?=\d{3}(?!\d))")
+# A backslash pair, read left to right: "\\" (a LaTeX row break in a matrix or column vector) is
+# kept whole; a thin space "\," "\;" "\:" is dropped (spacing only), and so is "\!" with the spaces
+# after it, as math-verify does ("11,\! 111" is MATH's thousands separator). Reading pairs is what
+# keeps "\\ 2/3" intact: a rule that looks at one backslash at a time takes the second backslash
+# and the space for a control space, drops both, and the matrix parses as its first entry.
+_BACKSLASH_PAIR = re.compile(r"\\(\\|[,;:]|!\s*)")
+# A whole answer that is one number with thousands commas ("1,000", "11,111,111,100"). Only the
+# whole answer: a comma between digits inside a pair or interval, "(12,102)", is a separator.
+_GROUPED_NUMBER = re.compile(r"-?\d{1,3}(?:,\d{3})+(?:\.\d+)?")
 
 
 @dataclass(frozen=True)
@@ -137,26 +150,28 @@ def _extract_last_number(text: str) -> str | None:
 
 
 def normalize_answer(ans: str) -> str:
-    """Surface clean-up shared by extracted and gold answers.
+    """Surface clean-up shared by extracted and gold answers; never changes what an answer means.
 
     Drops dollar signs (``$`` and the escaped ``\\$``, which math-verify does not read past),
-    thin spaces, simple ``\\text{...}`` wrappers and trailing units, thousands commas, and
-    trailing periods. Leaves anything else (LaTeX, expressions) for math-verify.
+    thin spaces (``\\,`` ``\\;`` ``\\:`` ``\\!``, never the ``\\\\`` row break of a matrix), a
+    ``\\text{...}`` wrapping the whole answer, one trailing sentence period, and the commas of an
+    answer that is a single thousands-grouped number. Everything else (``\\left``, ``{,}``,
+    ``\\dfrac``, units, degrees, percent) is left to math-verify's own LaTeX normalisation, which
+    knows the context; string rewrites here saw none and changed meaning (a matrix cut to its
+    first entry, ``(12,102)`` read as 12102).
     """
     s = ans.strip()
     s = s.replace("\\$", "").replace("$", "")
-    s = s.replace("{,}", ",")  # 1{,}000
-    s = re.sub(r"\\[,!;: ]", "", s)  # \, \! \; thin spaces
-    s = s.replace("\\left", "").replace("\\right", "")
+    s = _BACKSLASH_PAIR.sub(lambda m: "\\\\" if m.group(1) == "\\" else "", s)
     s = s.strip()
     m = _TEXT_WRAPPED.match(s)
     if m:
         s = m.group(1).strip()
-    m = _TRAILING_UNIT.match(s)
-    if m:
-        s = m.group(1).strip()
-    s = _THOUSANDS.sub("", s)
-    s = s.rstrip(". ").strip()
+    if s.endswith(".") and not s.endswith(".."):  # a sentence's full stop, not an ellipsis
+        s = s[:-1].rstrip()
+    t = s.replace("{,}", ",")  # 1{,}000: the braces only stop LaTeX spacing after the comma
+    if _GROUPED_NUMBER.fullmatch(t):
+        s = t.replace(",", "")
     return s
 
 
@@ -237,12 +252,17 @@ def _too_costly(s: str) -> str | None:
     return None
 
 
-def _mv_parse_answer(s: str) -> list:
-    # Wrap in $...$ so the LaTeX extractor reads the whole string as one expression.
+@lru_cache(maxsize=4096)
+def _mv_parse_answer(s: str) -> tuple:
+    """math-verify's parse of one answer string (cached: maj@n compares each answer many times).
+
+    Wrapped in $...$ so the LaTeX extractor reads the whole string as one expression; math-verify
+    then applies its own LaTeX normalisation (\\left, {,}, \\dfrac, units, degrees, ...).
+    """
     parsed = _mv_parse(f"${s}$", parsing_timeout=None)
     if not parsed:
         parsed = _mv_parse(s, parsing_timeout=None)
-    return parsed
+    return tuple(parsed)
 
 
 def _gold_answer(gold: str) -> str:
@@ -252,6 +272,51 @@ def _gold_answer(gold: str) -> str:
         if got:
             return got
     return normalize_answer(gold)
+
+
+def _compare(answer: str, reference: str) -> tuple[bool, str]:
+    """Is the normalised ``answer`` equivalent to the normalised ``reference``? (ok, reason).
+
+    Exact checks first (no parser, cannot hang); then math-verify with the reference as its gold,
+    after refusing the inputs that could make it run unbounded.
+    """
+    if answer == reference:
+        return True, ""
+    xn, gn = _as_number(answer), _as_number(reference)
+    if xn is not None and gn is not None:
+        if xn == gn:
+            return True, ""
+        if xn.denominator == 1 and gn.denominator == 1:
+            return False, "mismatch"
+        # Decimals and fractions go on to math-verify, which accepts a decimal rounded to
+        # 6 places (0.333333 for 1/3): the exact check alone would be stricter than it.
+
+    if len(answer) > MAX_ANSWER_CHARS or len(reference) > MAX_ANSWER_CHARS:
+        return False, f"mismatch (answer over {MAX_ANSWER_CHARS} characters, compared as text)"
+    for side, value in (("gold", reference), ("extracted", answer)):
+        why = _too_costly(value)
+        if why:
+            return False, f"parse error: the {side} answer holds {why}; not evaluated"
+    try:
+        gp = _mv_parse_answer(reference)
+        xp = _mv_parse_answer(answer)
+        if not gp or not xp:
+            side, value = ("gold", reference) if not gp else ("extracted", answer)
+            return False, f"parse error: math-verify could not parse the {side} answer {value!r}"
+        ok = _mv_verify(list(gp), list(xp), timeout_seconds=None)
+    except Exception as e:  # math-verify / sympy on hostile input: incorrect, not a crash
+        return False, f"parse error: {type(e).__name__}: {e}"
+    return bool(ok), "" if ok else "mismatch"
+
+
+def same_answer(answer: str, reference: str) -> bool:
+    """Are two extracted answers mathematically equivalent (``\\frac{1}{2}`` and ``0.5``)?
+
+    Both are normalised first; ``reference`` plays math-verify's gold. For grouping sampled
+    answers (maj@n); an answer math-verify cannot parse only matches its own normalised text.
+    """
+    a, r = normalize_answer(answer), normalize_answer(reference)
+    return bool(a) and bool(r) and _compare(a, r)[0]
 
 
 def verify(completion: str, gold: str, mode: str = "auto") -> Verdict:
@@ -265,39 +330,8 @@ def verify(completion: str, gold: str, mode: str = "auto") -> Verdict:
         return Verdict(False, None, "no answer found")
     if not isinstance(gold, str) or not gold.strip():
         return Verdict(False, extracted, f"parse error: gold answer is empty ({gold!r})")
-    g = _gold_answer(gold)
-
-    # Cheap exact checks first: they need no parser and cannot hang.
-    if extracted == g:
-        return Verdict(True, extracted, "")
-    xn, gn = _as_number(extracted), _as_number(g)
-    if xn is not None and gn is not None:
-        if xn == gn:
-            return Verdict(True, extracted, "")
-        if xn.denominator == 1 and gn.denominator == 1:
-            return Verdict(False, extracted, "mismatch")
-        # Decimals and fractions go on to math-verify, which accepts a decimal rounded to
-        # 6 places (0.333333 for 1/3): the exact check alone would be stricter than it.
-
-    if len(extracted) > MAX_ANSWER_CHARS or len(g) > MAX_ANSWER_CHARS:
-        why = f"mismatch (answer over {MAX_ANSWER_CHARS} characters, compared as text)"
-        return Verdict(False, extracted, why)
-    for side, value in (("gold", g), ("extracted", extracted)):
-        why = _too_costly(value)
-        if why:
-            return Verdict(False, extracted, f"parse error: the {side} answer holds {why}; not evaluated")
-    try:
-        gp = _mv_parse_answer(g)
-        xp = _mv_parse_answer(extracted)
-        if not gp or not xp:
-            side = "gold" if not gp else "extracted"
-            value = g if not gp else extracted
-            why = f"parse error: math-verify could not parse the {side} answer {value!r}"
-            return Verdict(False, extracted, why)
-        ok = _mv_verify(gp, xp, timeout_seconds=None)
-    except Exception as e:  # math-verify / sympy on hostile input: incorrect, not a crash
-        return Verdict(False, extracted, f"parse error: {type(e).__name__}: {e}")
-    return Verdict(bool(ok), extracted, "" if ok else "mismatch")
+    ok, why = _compare(extracted, _gold_answer(gold))
+    return Verdict(ok, extracted, why)
 
 
 def score_math(
