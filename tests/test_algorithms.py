@@ -43,7 +43,9 @@ def test_every_builtin_algorithm_is_registered_in_order_with_its_own_config():
     assert not keys("GRPO") & {"continuations", "eta", "max_length", "proxy_lr", "epochs"}
     assert not keys("PITA") & {"use_vllm", "beta", "lora_r", "max_steps", "proxy_lr"}
     assert not keys("QSharp") & {"bt_beta", "proxy_epochs", "use_vllm"}
-    assert {"proxy_epochs", "proxy_lr", "bt_beta"} <= keys("QSharp-HF")
+    assert {"proxy_epochs", "proxy_lr"} <= keys("QSharp-HF")
+    # one Bradley-Terry key for every method that draws preferences: data_collection.bt_beta
+    assert not any("bt_beta" in keys(a) for a in BUILTIN)
     assert {"proxy_epochs", "proxy_lr", "num_generations"} <= keys("GRPO-HF")
     # the user guide's keys exist where it puts them
     assert {"enabled", "batch_size", "num_workers"} <= keys("PITA")

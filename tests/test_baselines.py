@@ -57,7 +57,7 @@ def test_rounds_chain_policies_and_evaluate_the_trained_model(tiny_cache):
     ("algos.DPO.gradient_accumulation_steps=3", "algos.DPO.batch_size=16 must be divisible by algos.DPO.devices x "
                                                 "algos.DPO.gradient_accumulation_steps = 1 x 3 = 3"),
     ("algos.GRPO-HF.devices=4", "algos.GRPO-HF.devices=4 but this machine has 2 device"),
-    ("data_collection.samples_per_prompt=1", "data_collection.samples_per_prompt=1 must be >= 2 for DPO"),
+    ("data_collection.pairs_per_prompt=0", "data_collection.pairs_per_prompt=0 must be >= 1"),
     ("algos.DPO.ref_policy=orignal", "did you mean 'original'"),
     ("algos.DPO.lora_r=-1", "algos.DPO.lora_r=-1 must be >= 0"),
 ])

@@ -556,3 +556,12 @@ def test_missing_path_gives_advice(tmp_path):
 
     with pytest.raises(ConfigError, match="could not be loaded.*local path"):
         RewardModelScorer(str(tmp_path / "no-such-rm"))
+
+
+def test_make_pairs_per_group_pairs_disjoint_completions_each_labelled_once():
+    groups = [{"id": "q", "prompt": "p", "completions": ["a", "b", "c", "d", "e"], "rewards": [1.0, 0.0, 0.0, 0.0, 5.0]}]
+    pairs = make_pairs(groups, seed=0, beta=1.0, sampling=False, per_group=3)
+    # 5 completions make 2 disjoint pairs (1-2, 3-4); the budget of 3 cannot be met by the fifth alone
+    assert [(p["chosen"], p["rejected"], p["pair"]) for p in pairs] == [("a", "b", 0), ("c", "d", 1)]
+    again = make_pairs(groups, seed=0, beta=1.0, sampling=True, per_group=2)
+    assert again == make_pairs(groups, seed=0, beta=1.0, sampling=True, per_group=2)

@@ -170,7 +170,8 @@ def test_an_all_tied_preference_set_fails_the_proxy_job_with_a_reason(tmp_path, 
 
     recs = [{"id": "x", "cut": 0, "reward": 1.0, "prompt_ids": [1], "prefix_ids": [], "continuation_ids": [2]},
             {"id": "x", "cut": 0, "reward": 1.0, "prompt_ids": [1], "prefix_ids": [], "continuation_ids": [3]}]
-    ctx = SimpleNamespace(params={"data": ["m"], "seed": 0, "beta": 1.0}, log=None, paths=None)
+    ctx = SimpleNamespace(params={"data": ["m"], "seed": 0, "beta": 1.0, "label_seed": 0, "bt_sampling": True,
+                                  "pairs_per_prompt": 4}, log=None, paths=None)
     monkeypatch.setattr(rollouts, "read_rounds", lambda c, merges: [dict(r) for r in recs])
     with pytest.raises(JobError, match="no preference pairs"):
         proxy.proxy_train(ctx)
@@ -182,7 +183,8 @@ def test_an_all_tied_pita_pair_set_fails_the_value_job_with_a_reason(monkeypatch
 
     recs = [{"id": "x", "cut": 0, "reward": 0.0, "prompt_ids": [1], "prefix_ids": [], "continuation_ids": [2]},
             {"id": "x", "cut": 0, "reward": 0.0, "prompt_ids": [1], "prefix_ids": [], "continuation_ids": [3]}]
-    ctx = SimpleNamespace(params={"data": ["m"], "seed": 0, "beta": 1.0, "algo": "PITA"}, log=None, paths=None)
+    ctx = SimpleNamespace(params={"data": ["m"], "seed": 0, "beta": 1.0, "algo": "PITA", "label_seed": 0,
+                                  "bt_sampling": True, "pairs_per_prompt": 4}, log=None, paths=None)
     monkeypatch.setattr(rollouts, "read_rounds", lambda c, merges: [dict(r) for r in recs])
     with pytest.raises(JobError, match="all 1 preference pairs are ties"):
         value_guided.value_train(ctx)
@@ -266,3 +268,58 @@ def test_micro_batches_accumulate_to_the_same_step_as_the_whole_batch(tiny, loss
     assert len(c0) == len(c1) == 1 and c0[0]["loss"] == pytest.approx(c1[0]["loss"], rel=1e-5)
     for a, b in zip(w0, w1):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+
+
+def test_every_preference_method_gets_the_same_pair_budget_labelled_once_with_one_beta(tiny_cache):
+    """PITA, the Q#-HF proxy, DPO and the GRPO-HF proxy: data_collection.pairs_per_prompt labelled
+    pairs per prompt and round, data_collection.bt_beta / bradley_terry_sampling for the draws, and
+    the run's seed for the labels (so earlier rounds' pairs keep their labels)."""
+    from pita.plans import build_plan
+
+    jobs = {j.id: j for j in build_plan(compose(tiny_cache, "experiment.algos=[PITA,QSharp-HF,DPO,GRPO-HF]",
+                                                "experiment.rounds=2", "data_collection.pairs_per_prompt=3",
+                                                "data_collection.bt_beta=2.5",
+                                                "data_collection.bradley_terry_sampling=false"), [int(8e9)])}
+    want = {"beta": 2.5, "bt_sampling": False, "label_seed": 0, "pairs_per_prompt": 3}
+    for jid in ("PITA.tiny.arith.r0.train", "PITA.tiny.arith.r1.train", "QSharp-HF.tiny.arith.r1.proxy",
+                "GRPO-HF.tiny.arith.r1.proxy"):
+        assert {k: jobs[jid].params[k] for k in want} == want, jid
+    for algo in ("DPO", "GRPO-HF"):
+        req = jobs[f"{algo}.tiny.arith.r1.gen.s0"].params["request"]
+        assert req["n"] == 6 and req["preferences"] == {"beta": 2.5, "sampling": False, "label_seed": 0,
+                                                          "pairs_per_prompt": 3}
+
+
+def test_a_roll_out_design_below_the_pair_budget_is_refused(tiny_cache):
+    from pita.plans import build_plan
+
+    with pytest.raises(ConfigError, match=r"algos.PITA.cut_points x algos.PITA.continuations/2 = 1 x 2 = 2 .*"
+                                          r"pairs_per_prompt=4"):
+        build_plan(compose(tiny_cache, "algos.PITA.cut_points=1"), [int(8e9)])
+
+
+def test_pairs_respect_the_budget_and_keep_their_labels_across_rounds():
+    from pita.guidance.rollouts import continuation_pairs
+
+    def rec(i, cut, reward, rnd=0):
+        return {"id": "x", "cut": cut, "reward": reward, "prompt_ids": [1], "prefix_ids": [],
+                "continuation_ids": [i], "_round": rnd}
+
+    round0 = [rec(i, cut, float(i % 3)) for cut in (0, 5) for i in range(4 * cut, 4 * cut + 4)]
+    three = continuation_pairs(round0, seed=0, beta=0.5, per_prompt=3)
+    assert len(three) == 3  # 4 pairs available, 3 allowed
+    later = continuation_pairs(round0 + [rec(i, 2, float(i % 2), rnd=1) for i in range(50, 54)], seed=0, beta=0.5,
+                               per_prompt=3)
+    assert later[:3] == three and len(later) == 5  # round 0's pairs, same labels; round 1 has its own budget
+
+
+def test_cut_points_are_drawn_uniformly_and_reproducibly():
+    from collections import Counter
+
+    from pita.generation.recipes import cut_offsets
+
+    assert cut_offsets(40, 3, 0, "a/cuts") == cut_offsets(40, 3, 0, "a/cuts")
+    assert cut_offsets(2, 5, 0, "a/cuts") == [0, 1] and cut_offsets(0, 2, 0, "a/cuts") == [0]
+    seen = Counter(c for k in range(2000) for c in cut_offsets(10, 2, 0, f"e{k}/cuts"))
+    assert set(seen) == set(range(10))  # every position, not only {0, L/2}
+    assert max(seen.values()) < 1.3 * min(seen.values())  # about uniform (400 each)

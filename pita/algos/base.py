@@ -122,6 +122,15 @@ def check_common(k: str, c) -> list[str]:
     return p
 
 
+def preference_labels(cfg) -> dict:
+    """How every preference-learning method labels its pairs (job params): the Bradley-Terry draw
+    of ``data_collection.bt_beta`` / ``bradley_terry_sampling``, drawn once per pair with the run's
+    seed, and the labelled-pair budget ``data_collection.pairs_per_prompt`` per prompt and round."""
+    dc = cfg.data_collection
+    return {"beta": float(dc.bt_beta), "bt_sampling": bool(dc.bradley_terry_sampling),
+            "label_seed": int(cfg.system.seed), "pairs_per_prompt": int(dc.pairs_per_prompt)}
+
+
 def training_settings(cfg, c) -> dict:
     """The shared training settings a training job reads (training.*, system.clear_cache_interval)."""
     gc = c.gradient_checkpointing if c.gradient_checkpointing is not None else cfg.training.gradient_checkpointing

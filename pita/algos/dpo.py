@@ -1,8 +1,8 @@
 """DPO: direct preference optimisation of the policy with TRL's ``DPOTrainer``.
 
-Round r: preference pairs sampled from the round's policy (``data_collection.samples_per_prompt``
-samples per prompt, scored by the reward model and/or correctness + bonus, one Bradley-Terry
-drawn pair per prompt) -> DPO from that policy. Its reference policy is the original model
+Round r: preference pairs sampled from the round's policy (2 x ``data_collection.pairs_per_prompt``
+samples per prompt, scored by the reward model and/or correctness + bonus, paired 1-2, 3-4, ...,
+each pair labelled once by a Bradley-Terry draw) -> DPO from that policy. Its reference policy is the original model
 (``ref_policy=original``) or the round's starting policy (``previous``).
 """
 
@@ -45,9 +45,6 @@ class DPO(PostTrainingAlgorithm):
             p.append(f"{k}.epochs={c.epochs} must be >= 1")
         if c.max_length is not None and c.max_length < 1:
             p.append(f"{k}.max_length={c.max_length} must be >= 1, or null for no truncation")
-        if cfg.data_collection.samples_per_prompt < 2:
-            p.append(f"data_collection.samples_per_prompt={cfg.data_collection.samples_per_prompt} must be >= 2 "
-                     f"for {self.name}: a preference pair needs two samples of the same prompt")
         return p
 
     def train_params(self, p) -> dict:
@@ -75,7 +72,7 @@ def dpo_train(ctx):
     pairs = [r for r in records if r["chosen_reward"] != r["rejected_reward"] and r["chosen"] != r["rejected"]]
     if not pairs:
         raise JobError(f"DPO: none of the {len(records)} preference pairs has different rewards, so there is "
-                       f"nothing to learn; raise data_collection.samples_per_prompt or the data size")
+                       f"nothing to learn; raise data_collection.pairs_per_prompt or the data size")
     cuda = on_cuda()
     path, model, tok = load_policy(ctx, p, cuda)
     ref_model = None

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pita.algos.base import register_algorithm
+from pita.algos.base import preference_labels, register_algorithm
 from pita.algos.grpo import GRPO, GRPOConfig
 from pita.core.job import Job
 
@@ -30,9 +30,6 @@ class GRPOHF(GRPO):
             p.append(f"{k}.proxy_epochs={c.proxy_epochs} must be >= 1")
         if not c.proxy_lr > 0:
             p.append(f"{k}.proxy_lr={c.proxy_lr} must be > 0")
-        if cfg.data_collection.samples_per_prompt < 2:
-            p.append(f"data_collection.samples_per_prompt={cfg.data_collection.samples_per_prompt} must be >= 2 "
-                     f"for {self.name}: its proxy reward model learns from preference pairs")
         return p
 
     def plan_round(self, p, r: int, prev: str | None, merges: list[str], base: dict) -> list[Job]:
@@ -41,7 +38,7 @@ class GRPOHF(GRPO):
         gen = self.collect_pairs(p, r, prev)
         merges.append(gen[-1].id)
         proxy = proxy_job(f"{p.prefix(self.name)}.r{r}.proxy", merges, p.paths["guidance"], epochs=self.c.proxy_epochs,
-                          lr=self.c.proxy_lr, beta=p.cfg.data_collection.bt_beta, seed=p.cfg.system.seed + r,
+                          lr=self.c.proxy_lr, labels=preference_labels(p.cfg), seed=p.cfg.system.seed + r,
                           batch_size=32, token_budget=8192, head_dim=128, memory_gb=p.mem["train"],
                           group=f"round {r}", tokenizer=p.paths["reference"])
         train = self.train_job(p, r, ([prev] if prev else []) + [proxy.id],

@@ -1,9 +1,10 @@
 """PITA: preference-guided inference-time alignment.
 
 The value model learns which of two continuations of the same cut is preferred. The sampled
-continuations of each cut are paired (1-2, 3-4, ...); a Bradley-Terry draw on their rewards
-(correctness bonus included on math) picks the preferred one: target 1 for it, 0 for the other,
-bce loss, bernoulli guidance. Tied pairs carry no preference and are left out: labelled 0.5 they
+continuations of each cut are paired (1-2, 3-4, ...), at most ``data_collection.pairs_per_prompt``
+pairs per prompt and round; a Bradley-Terry draw on their rewards (``data_collection.bt_beta``,
+correctness bonus included on math), made once per pair, picks the preferred one: target 1 for
+it, 0 for the other, bce loss, bernoulli guidance. Tied pairs carry no preference and are left out: labelled 0.5 they
 were most of the data on 0/1 rewards and held the head at 0.5 everywhere (docs/architecture.md).
 """
 
@@ -11,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pita.algos.base import register_algorithm
+from pita.algos.base import preference_labels, register_algorithm
 from pita.algos.value_guided import ValueGuidedAlgorithm, ValueGuidedConfig
 from pita.core.errors import JobError
 from pita.core.job import Job
@@ -19,33 +20,33 @@ from pita.core.job import Job
 
 @dataclass
 class PITAConfig(ValueGuidedConfig):
-    bt_beta: float = 1.0  # Bradley-Terry beta of the preference draw between two paired continuations
+    pass
 
 
 @register_algorithm
 class PITA(ValueGuidedAlgorithm):
     name = "PITA"
     Config = PITAConfig
+    learns_preferences = True
 
     def check(self, cfg, n_devices: int) -> list[str]:
         c, k = self.c, self.key
         p = super().check(cfg, n_devices)
-        if c.bt_beta < 0:
-            p.append(f"{k}.bt_beta={c.bt_beta} must be >= 0")
         if c.continuations % 2:
             p.append(f"{k}.continuations={c.continuations} must be even: PITA pairs the continuations of each cut "
                      f"(1-2, 3-4, ...); set e.g. {k}.continuations={max(2, c.continuations + 1)}")
         return p
 
     def round_inputs(self, p, r: int, merges: list[str]) -> tuple[list[Job], dict]:
-        return [], {"beta": self.c.bt_beta}
+        return [], preference_labels(p.cfg)
 
     @classmethod
     def value_examples(cls, ctx, records: list[dict], device: str) -> list:
         from pita.guidance.rollouts import continuation_pairs, sequence_ids
         from pita.guidance.train import SeqExample
 
-        pairs = continuation_pairs(records, ctx.params["seed"], ctx.params["beta"])
+        p = ctx.params
+        pairs = continuation_pairs(records, p["label_seed"], p["beta"], p["bt_sampling"], p["pairs_per_prompt"])
         if pairs and all(tie for _c, _r, tie in pairs):
             raise JobError(f"PITA: all {len(pairs)} preference pairs are ties (equal rewards), so there is no "
                            f"preference to learn; collect more continuations (algos.PITA.cut_points) or data "

@@ -159,9 +159,15 @@ class PostTrainingAlgorithm(Algorithm):
 
     def collect_pairs(self, p: PlanContext, r: int, prev: str | None) -> list[Job]:
         """Round r's preference pairs sampled from the round's policy (the reference at round 0)."""
+        from pita.algos.base import preference_labels
+
         req = p.data_request()
         req["recipe"] = "preference_pairs"
         req["seed"] = p.seed(r)
+        labels = preference_labels(p.cfg)  # the same budget and labelling as the value-guided pairs
+        req["n"] = 2 * labels["pairs_per_prompt"]
+        req["preferences"] = {"beta": labels["beta"], "sampling": labels["bt_sampling"],
+                              "label_seed": labels["label_seed"], "pairs_per_prompt": labels["pairs_per_prompt"]}
         if prev:
             req["policy"]["model_from_job"] = prev
         return p.collect(req, f"{p.prefix(self.name)}.r{r}.gen", [prev] if prev else [], r)

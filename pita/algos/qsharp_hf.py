@@ -1,5 +1,6 @@
 """Q#-HF: Q# on a learned reward. Each round a Bradley-Terry proxy reward model is trained on the
-preference pairs of rounds 0..r (two continuations of a cut, labelled by a draw on their rewards;
+preference pairs of rounds 0..r (two continuations of a cut, labelled once by a draw on their
+rewards, data_collection.pairs_per_prompt pairs per prompt and round;
 pita/guidance/proxy.py), rescores every roll-out (batched, full sequences), and the value model
 learns those scores (mle loss, mle guidance).
 """
@@ -8,14 +9,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pita.algos.base import register_algorithm, training_settings
+from pita.algos.base import preference_labels, register_algorithm, training_settings
 from pita.algos.value_guided import ValueGuidedAlgorithm, ValueGuidedConfig, returns_examples
 from pita.core.job import Job
 
 
 @dataclass
 class QSharpHFConfig(ValueGuidedConfig):
-    bt_beta: float = 1.0  # Bradley-Terry beta of the preference draws the proxy learns from
     proxy_epochs: int = 2  # proxy reward model: passes over the pairs per round
     proxy_lr: float = 5e-4  # learning rate of the proxy reward model
 
@@ -24,6 +24,7 @@ class QSharpHFConfig(ValueGuidedConfig):
 class QSharpHF(ValueGuidedAlgorithm):
     name = "QSharp-HF"
     Config = QSharpHFConfig
+    learns_preferences = True
 
     def default_loss(self, task: str) -> str:
         return "mle"
@@ -31,8 +32,6 @@ class QSharpHF(ValueGuidedAlgorithm):
     def check(self, cfg, n_devices: int) -> list[str]:
         c, k = self.c, self.key
         p = super().check(cfg, n_devices)
-        if c.bt_beta < 0:
-            p.append(f"{k}.bt_beta={c.bt_beta} must be >= 0")
         if c.proxy_epochs < 1:
             p.append(f"{k}.proxy_epochs={c.proxy_epochs} must be >= 1")
         if not c.proxy_lr > 0:
@@ -44,7 +43,7 @@ class QSharpHF(ValueGuidedAlgorithm):
 
         c = self.c
         job = proxy_job(f"{p.prefix(self.name)}.r{r}.proxy", merges, p.paths["guidance"], epochs=c.proxy_epochs,
-                        lr=c.proxy_lr, beta=c.bt_beta, seed=p.cfg.system.seed + r, batch_size=c.batch_size,
+                        lr=c.proxy_lr, labels=preference_labels(p.cfg), seed=p.cfg.system.seed + r, batch_size=c.batch_size,
                         token_budget=c.token_budget, head_dim=c.head_dim, memory_gb=p.mem["train"],
                         group=f"round {r}", training=training_settings(p.cfg, c))
         return [job], {"proxy": job.id}

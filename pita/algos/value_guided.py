@@ -49,6 +49,7 @@ class ValueGuidedConfig(AlgoConfig):
 
 class ValueGuidedAlgorithm(Algorithm):
     Config = ValueGuidedConfig
+    learns_preferences = False  # True: labelled pairs of its roll-outs (data_collection.pairs_per_prompt)
 
     def default_loss(self, task: str) -> str:
         return "bce"
@@ -85,6 +86,14 @@ class ValueGuidedAlgorithm(Algorithm):
         for key in ("continuations", "cut_points", "token_budget", "epochs", "head_dim"):
             if getattr(c, key) < 1:
                 p.append(f"{k}.{key}={getattr(c, key)} must be >= 1")
+        if self.learns_preferences:
+            budget = cfg.data_collection.pairs_per_prompt
+            have = c.cut_points * (c.continuations // 2)
+            if c.cut_points >= 1 and have < budget:
+                p.append(f"{k}: its roll-outs give {k}.cut_points x {k}.continuations/2 = {c.cut_points} x "
+                         f"{c.continuations // 2} = {have} preference pairs per prompt, fewer than "
+                         f"data_collection.pairs_per_prompt={budget}, the budget every preference-learning method "
+                         f"gets; raise {k}.cut_points or {k}.continuations, or lower the budget")
         if not c.lm_prior >= 0:
             p.append(f"{k}.lm_prior={c.lm_prior} must be >= 0 (0 starts the head without the LM prior)")
         return p

@@ -109,7 +109,7 @@ class DataCollectionConfig:
 
     recipe: str = "samples"  # samples | preference_pairs | prompts | value_rollouts (workload=generate)
     split: str = "train"  # train | test | held_out
-    samples_per_prompt: int = 4  # samples / preference_pairs: completions per prompt
+    samples_per_prompt: int = 4  # workload=generate, samples / preference_pairs: completions per prompt
     max_new_tokens: int = 48  # completion length limit
     temperature: float = 1.0  # 0 = greedy
     top_p: float = 1.0  # nucleus sampling; 1 = off
@@ -120,8 +120,13 @@ class DataCollectionConfig:
     # math: reward = rm score + bonus * correct. 4 makes a Bradley-Terry draw (bt_beta 1) prefer a
     # correct answer to a wrong one 98% of the time (sigmoid(4)); at 1 it was 73%, too noisy for PITA
     correctness_bonus: float = 4.0
-    bt_beta: float = 1.0  # Bradley-Terry: P(a > b) = sigmoid(beta * (r_a - r_b))
+    # Bradley-Terry labels of every preference pair (PITA, the Q#-HF and GRPO-HF proxies, DPO):
+    # P(a > b) = sigmoid(beta * (r_a - r_b)), drawn once per pair
+    bt_beta: float = 1.0
     bradley_terry_sampling: bool = True  # false: the higher reward is always chosen
+    # the labelled-pair budget of every preference-learning method, per prompt and round: PITA and
+    # Q#-HF pair continuations of their roll-outs, DPO and GRPO-HF sample 2x this many completions
+    pairs_per_prompt: int = 4
     cut_points: int = 2  # value_rollouts: cut positions per roll-in
     continuations: int = 2  # value_rollouts: sampled continuations per cut
     continuation_mode: str = "sampled"  # sampled | greedy_vs_sampled

@@ -8,7 +8,7 @@ preference_pairs  n >= 2 samples per prompt from the policy, scored (reward mode
 prompts           the prompt set itself, no model (GRPO generates online).
     {id, prompt, answer, task}
 value_rollouts    value-guided collection: a roll-in from the policy, ``cut_points`` cut
-                  positions in it (evenly spaced token offsets, the prompt itself being cut 0),
+                  positions in it (distinct token offsets drawn uniformly, seeded per example),
                   and continuations of the reference from each cut: either ``continuations``
                   sampled roll-outs (reward labels, Q#) or a greedy-vs-sampled pair (preference,
                   PITA); every continuation is scored on the full text prefix + continuation.
@@ -89,18 +89,27 @@ def run_preference_pairs(lm, examples, req, scorer) -> list[dict]:
         g["completions"].append(r["completion"])
         g["rewards"].append(r["reward"])
     p = req["preferences"]
-    return make_pairs(groups.values(), req["seed"], p["beta"], p["sampling"])
+    return make_pairs(groups.values(), p.get("label_seed", req["seed"]), p["beta"], p["sampling"],
+                      per_group=p.get("pairs_per_prompt"))
 
 
 def run_prompts(lm, examples, req, scorer) -> list[dict]:
     return [{"id": e.id, "prompt": e.prompt, "answer": e.answer, "task": e.task} for e in examples]
 
 
-def cut_offsets(length: int, cut_points: int) -> list[int]:
-    """``cut_points`` token offsets in a roll-in of ``length`` tokens, evenly spaced, starting at 0."""
-    if cut_points <= 1 or length == 0:
-        return [0]
-    return sorted({round(i * length / cut_points) for i in range(cut_points)})
+def cut_offsets(length: int, cut_points: int, seed: int, key: str) -> list[int]:
+    """``cut_points`` distinct token offsets drawn uniformly from a roll-in of ``length`` tokens
+    (0, the prompt itself, is one of the positions), as the Q# reference cuts; fixed by
+    (seed, key), so a roll-in's cuts are the same on every worker. A roll-in shorter than
+    ``cut_points`` is cut everywhere."""
+    import random
+
+    from pita.models.lm import row_seed
+
+    positions = range(length) if length > 0 else range(1)
+    if cut_points >= len(positions):
+        return list(positions)
+    return sorted(random.Random(row_seed(seed, key, 0)).sample(positions, cut_points))
 
 
 def run_value_rollouts(lm, examples, req, scorer) -> list[dict]:
@@ -112,7 +121,7 @@ def run_value_rollouts(lm, examples, req, scorer) -> list[dict]:
     # (example, cut offset, prefix ids) for every cut of every roll-in
     cuts = []
     for e, [s] in zip(examples, rollin):
-        for c in cut_offsets(len(s.token_ids), ro["cut_points"]):
+        for c in cut_offsets(len(s.token_ids), ro["cut_points"], req["seed"], f"{e.id}/cuts"):
             cuts.append((e, c, s.token_ids[:c]))
     enc = lm.encode([lm.chat_prompt(e.prompt) for e in examples])
     prompt_ids = {e.id: ids for e, ids in zip(examples, enc)}

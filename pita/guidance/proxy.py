@@ -18,11 +18,12 @@ from pita.core.job import Job, Resources, add_kind_module, job_kind
 add_kind_module("pita.guidance.proxy")
 
 
-def proxy_job(job_id: str, data: list[str], backbone: str, epochs: int, lr: float, beta: float, seed: int,
+def proxy_job(job_id: str, data: list[str], backbone: str, epochs: int, lr: float, labels: dict, seed: int,
               batch_size: int, token_budget: int, head_dim: int, memory_gb: float, group: str,
               tokenizer: str | None = None, training: dict | None = None) -> Job:
-    """The job training a proxy on the pairs of the merge jobs ``data`` (rounds 0..r)."""
-    params = {"data": list(data), "backbone": backbone, "epochs": epochs, "lr": lr, "beta": beta, "seed": seed,
+    """The job training a proxy on the pairs of the merge jobs ``data`` (rounds 0..r); ``labels``:
+    how roll-out pairs are labelled (``preference_labels`` of pita/algos/base.py)."""
+    params = {"data": list(data), "backbone": backbone, "epochs": epochs, "lr": lr, **labels, "seed": seed,
               "batch_size": batch_size, "token_budget": token_budget, "head_dim": head_dim}
     if tokenizer:
         params["tokenizer"] = tokenizer
@@ -90,7 +91,8 @@ def proxy_train(ctx):
                     for r in records if r["chosen_reward"] != r["rejected_reward"]]
     else:
         examples = [PairExample(sequence_ids(c), sequence_ids(r))
-                    for c, r, tie in continuation_pairs(records, p["seed"], p["beta"]) if not tie]
+                    for c, r, tie in continuation_pairs(records, p["label_seed"], p["beta"], p["bt_sampling"],
+                                                        p["pairs_per_prompt"]) if not tie]
     if not examples:
         raise JobError(f"no preference pairs with different rewards among {len(records)} records to train the "
                        f"proxy reward model on; collect more data (a larger train split, more samples per prompt)")

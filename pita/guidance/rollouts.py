@@ -33,20 +33,32 @@ def _by_cut(records) -> dict[tuple, list[dict]]:
     return groups
 
 
-def continuation_pairs(records, seed: int, beta: float) -> list[tuple[dict, dict, bool]]:
+def continuation_pairs(records, seed: int, beta: float, sampling: bool = True,
+                       per_prompt: int | None = None) -> list[tuple[dict, dict, bool]]:
     """(chosen, rejected, tie) for each disjoint pair of continuations of a cut (1-2, 3-4, ...),
-    by a Bradley-Terry draw on their rewards; a pair with equal rewards is a tie (no preference)."""
+    by a Bradley-Terry draw on their rewards (``sampling=False``: the higher reward is chosen); a
+    pair with equal rewards is a tie (no preference).
+
+    ``per_prompt``: the labelled-pair budget, at most this many pairs per prompt and round (the
+    first ones in cut order), the same budget every preference-learning method gets
+    (``data_collection.pairs_per_prompt``). Each pair's label is drawn once, keyed by the pair
+    and ``seed`` (the run's seed), so later rounds see the same labels for earlier rounds' pairs."""
     from pita.rewards.preferences import sample_preference
 
     out = []
-    for key, grp in sorted(_by_cut(records).items(), key=lambda kv: str(kv[0])):
+    used: dict[tuple, int] = {}
+    for key, grp in sorted(_by_cut(records).items(), key=lambda kv: (str(kv[0][0]), kv[0][2], kv[0][1])):
         grp = [g for g in grp if g["continuation_ids"]]
+        prompt = (key[0], key[2])
         for i in range(0, len(grp) - 1, 2):
+            if per_prompt is not None and used.get(prompt, 0) >= per_prompt:
+                break
+            used[prompt] = used.get(prompt, 0) + 1
             a, b = grp[i], grp[i + 1]
             if a["reward"] == b["reward"]:
                 out.append((a, b, True))
                 continue
             tag = "/".join(map(str, key)) + ("" if i == 0 else f"/{i // 2}")
-            c, rj, _p = sample_preference([a["reward"], b["reward"]], seed, tag, beta)
+            c, rj, _p = sample_preference([a["reward"], b["reward"]], seed, tag, beta, sampling)
             out.append(((a, b)[c], (a, b)[rj], False))
     return out

@@ -53,6 +53,9 @@ def experiment_plan(cfg, device_totals: list[int], cuda: bool) -> list[Job]:
         else:
             algos[a] = algorithm(a, cfg.algos[a])
             problems += algos[a].check(cfg, n_devices)
+    if cfg.data_collection.pairs_per_prompt < 1:
+        problems.append(f"data_collection.pairs_per_prompt={cfg.data_collection.pairs_per_prompt} must be >= 1 "
+                        f"(labelled preference pairs per prompt and round)")
     if cfg.experiment.rounds < 1:
         problems.append(f"experiment.rounds={cfg.experiment.rounds} must be >= 1")
     problems += check_training(cfg.training)

@@ -92,13 +92,17 @@ def sample_preference(
 
 
 def make_pairs(
-    groups: Iterable[dict], seed: int, beta: float = 1.0, sampling: bool = True
+    groups: Iterable[dict], seed: int, beta: float = 1.0, sampling: bool = True, per_group: int | None = None
 ) -> list[dict]:
     """Preference records for many prompts; groups with fewer than 2 completions are skipped.
 
     Each group: ``{"id", "prompt", "completions", "rewards"}``. Each record: ``{"id", "prompt",
     "chosen", "rejected", "chosen_reward", "rejected_reward", "p_chosen"}``. The group's id is
     the sampling key, so a prompt's label does not depend on the other groups.
+
+    ``per_group=None``: one pair per group, its highest- and lowest-reward completions.
+    ``per_group=P``: P disjoint pairs of the group's completions in order (1-2, 3-4, ...), each
+    labelled once by its own draw (key ``<id>/<k>``): the same budget rule as value roll-outs.
     """
     check_beta(beta)
     out = []
@@ -108,19 +112,28 @@ def make_pairs(
             raise ValueError(
                 f"make_pairs: group {g['id']!r} has {len(comps)} completions but {len(rewards)} rewards"
             )
-        res = sample_preference(rewards, seed, str(g["id"]), beta, sampling)
-        if res is None:
-            continue
-        c, r, p = res
-        out.append(
-            {
-                "id": g["id"],
-                "prompt": g["prompt"],
-                "chosen": comps[c],
-                "rejected": comps[r],
-                "chosen_reward": float(rewards[c]),
-                "rejected_reward": float(rewards[r]),
-                "p_chosen": p,
-            }
-        )
+        if per_group is None:
+            drawn = [(None, sample_preference(rewards, seed, str(g["id"]), beta, sampling))]
+        else:
+            drawn = []
+            for k in range(min(per_group, len(comps) // 2)):
+                a, b = 2 * k, 2 * k + 1
+                res = sample_preference([rewards[a], rewards[b]], seed, f"{g['id']}/{k}", beta, sampling)
+                drawn.append((k, None if res is None else ((a, b)[res[0]], (a, b)[res[1]], res[2])))
+        for k, res in drawn:
+            if res is None:
+                continue
+            c, r, p = res
+            out.append(
+                {
+                    "id": g["id"],
+                    "prompt": g["prompt"],
+                    "chosen": comps[c],
+                    "rejected": comps[r],
+                    "chosen_reward": float(rewards[c]),
+                    "rejected_reward": float(rewards[r]),
+                    "p_chosen": p,
+                    **({} if k is None else {"pair": k}),
+                }
+            )
     return out
