@@ -221,6 +221,16 @@ def test_smoke_experiment_writes_results_for_every_algorithm_and_eta(tmp_path, t
                                             f"{x['eval_dataset']}.eta{x['eta']:g}.json")
         assert json.loads(cell.read_text()) == x
     assert "pass@1" in r.stdout and (run / "results" / "results.csv").exists()
+    # eta chosen on validation prompts carved from the training data: one selected row per cell
+    val = json.loads((run / "results" / "validation.json").read_text())
+    assert {v["algorithm"] for v in val} == {"base", "PITA", "QSharp", "QSharp-HF"}
+    assert all(v["eval_dataset"] == "arith" and v["prompts"] == 6 for v in val)  # 24 train prompts / 4
+    for a in ("PITA", "QSharp", "QSharp-HF"):
+        for d in ("arith", "sentiment"):
+            cell = [x for x in rows if x["algorithm"] == a and x["eval_dataset"] == d]
+            assert sum(x["selected"] for x in cell) == 1
+            vbest = max((v for v in val if v["algorithm"] == a), key=lambda v: (v["pass@1"], -v["eta"]))
+            assert next(x for x in cell if x["selected"])["eta"] == vbest["eta"]
     curve = (run / "jobs" / "QSharp.tiny.arith.r0.train" / "metrics.jsonl").read_text().splitlines()
     assert curve and "loss" in json.loads(curve[0])
 
@@ -323,3 +333,38 @@ def test_cut_points_are_drawn_uniformly_and_reproducibly():
     seen = Counter(c for k in range(2000) for c in cut_offsets(10, 2, 0, f"e{k}/cuts"))
     assert set(seen) == set(range(10))  # every position, not only {0, L/2}
     assert max(seen.values()) < 1.3 * min(seen.values())  # about uniform (400 each)
+
+
+def test_eta_is_chosen_on_validation_rows_never_on_test_rows():
+    from pita.report.results import select_eta
+
+    def row(eta, v, split=None):
+        r = {"algorithm": "PITA", "family": "tiny", "train_dataset": "arith", "round": 0, "eval_dataset": "arith",
+             "eta": eta, "pass@1": v}
+        return {**r, "split": split} if split else r
+
+    test = [row(0.0, 0.30), row(1.0, 0.31), row(4.0, 0.45)]  # the test split would pick 4
+    val = [row(0.0, 0.20, "validation"), row(1.0, 0.35, "validation"), row(4.0, 0.35, "validation")]
+    select_eta(test, val)
+    assert [r["selected"] for r in test] == [False, True, False]  # validation's best; the tie goes to eta 1
+    alone = [row(4.0, 0.45)]
+    select_eta(alone, [])
+    assert alone[0]["selected"]  # one eta: nothing to choose
+    none = [row(0.0, 0.30), row(4.0, 0.45)]
+    select_eta(none, [])
+    assert not any(r["selected"] for r in none)  # a sweep without validation has no choice
+
+
+def test_validation_prompts_are_carved_from_the_training_split(tiny_cache):
+    from pita.plans import build_plan
+
+    jobs = {j.id: j for j in build_plan(compose(tiny_cache, "experiment.algos=[PITA,DPO]"), [int(8e9)])}
+    gen = jobs["PITA.tiny.arith.r0.gen.s0"].params["request"]
+    val = jobs["PITA.tiny.arith.r0.val.s0"].params["request"]
+    assert gen["dataset"]["held_out"] == val["dataset"]["held_out"] == 10  # 40 train prompts / 4
+    assert jobs["PITA.tiny.arith.r0.gen.s0"].params["n_examples"] == 30  # the rest train
+    assert val["split"] == "held_out" and 0.0 not in val["etas"]
+    assert jobs["PITA.tiny.arith.r0.val.merge"].params["base_eval"] == "base.tiny.arith.val.merge"
+    assert not any(j.startswith("DPO") and ".val." in j for j in jobs)  # nothing to choose for DPO
+    off = {j.id for j in build_plan(compose(tiny_cache, "eval.validation_prompts=0"), [int(8e9)])}
+    assert not any(".val." in j for j in off)

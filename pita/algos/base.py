@@ -49,6 +49,9 @@ class Algorithm:
 
     name: ClassVar[str] = ""
     Config: ClassVar[type] = AlgoConfig
+    tunes_eta: ClassVar[bool] = False  # its rows sweep eta, chosen on validation prompts
+    # it learns from labelled preference pairs (budget: data_collection.pairs_per_prompt)
+    uses_preference_pairs: ClassVar[bool] = False
 
     def __init__(self, config: Any):
         self.c = config
@@ -153,6 +156,7 @@ class PlanContext:
     mem: dict  # memory estimates in GB: gen, train (value models), policy_train
     policy_params: Optional[int]  # parameters of the reference policy (None if its config is unreadable)
     data_request: Callable[[], dict]  # a data-collection request on the training split (data_collection.*)
+    n_validation: int  # validation prompts (the training dataset's held_out split); 0 = none
     eval_request: Callable[[Any], dict]  # an evaluation request for a dataset config (eval.*)
 
     @property
@@ -206,9 +210,41 @@ class PlanContext:
                 merge.deps.append(base)
                 merge.params["base_eval"] = base
             jobs += ev
+        if etas is not None and self.n_validation:
+            jobs += self.validation(algo, r, train, policy, etas)
         return jobs
+
+    def validation(self, algo: str, r: int, train: str, policy: dict, etas: list[float]) -> list[Job]:
+        """The same policy at every eta on the training dataset's validation prompts (its held_out
+        split, carved from the training data): the rows each round's eta is chosen on."""
+        name = f"{self.prefix(algo)}.r{r}.val"
+        sampled = [e for e in etas if e != 0.0]
+        ereq = self.eval_request(self.ds)
+        ereq["split"] = "held_out"
+        ereq["policy"].update(policy)
+        ereq["etas"] = sampled
+        if sampled:
+            ev = self.gen.plan(ereq, name, self.n_validation, deps=[train], memory_gb=self.mem["gen"],
+                               group=f"round {r}")
+        else:
+            ev = [Job(id=f"{name}.merge", kind="eval.merge", deps=[train], params={"shards": []},
+                      resources=Resources(0, 0.0), duration_hint=0.1, group=f"round {r}")]
+        merge = ev[-1]
+        merge.kind = "eval.merge"
+        merge.params["labels"] = {"algorithm": algo, "family": self.family, "train_dataset": self.ds.name,
+                                  "round": r, "eval_dataset": self.ds.name, "task": self.task, "split": "validation"}
+        if 0.0 in etas:
+            base = base_validation(self.family, self.ds.name) + ".merge"
+            merge.deps.append(base)
+            merge.params["base_eval"] = base
+        return ev
 
 
 def base_evaluation(family: str, dataset: str) -> str:
     """Id prefix of the base model's evaluation jobs on ``dataset`` (its merge: ``<prefix>.merge``)."""
     return f"base.{family}.{dataset}.eval"
+
+
+def base_validation(family: str, dataset: str) -> str:
+    """Id prefix of the base model's jobs on ``dataset``'s validation prompts (eta 0 of every guided row)."""
+    return f"base.{family}.{dataset}.val"

@@ -36,6 +36,7 @@ class DPOConfig(PostTrainingConfig):
 class DPO(PostTrainingAlgorithm):
     name = "DPO"
     Config = DPOConfig
+    uses_preference_pairs = True
     train_kind = "algo.dpo_train"
 
     def check(self, cfg, n_devices: int) -> list[str]:

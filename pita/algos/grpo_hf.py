@@ -22,6 +22,7 @@ class GRPOHFConfig(GRPOConfig):
 class GRPOHF(GRPO):
     name = "GRPO-HF"
     Config = GRPOHFConfig
+    uses_preference_pairs = True
 
     def check(self, cfg, n_devices: int) -> list[str]:
         c, k = self.c, self.key

@@ -27,7 +27,7 @@ class PITAConfig(ValueGuidedConfig):
 class PITA(ValueGuidedAlgorithm):
     name = "PITA"
     Config = PITAConfig
-    learns_preferences = True
+    uses_preference_pairs = True
 
     def check(self, cfg, n_devices: int) -> list[str]:
         c, k = self.c, self.key

@@ -24,7 +24,7 @@ class QSharpHFConfig(ValueGuidedConfig):
 class QSharpHF(ValueGuidedAlgorithm):
     name = "QSharp-HF"
     Config = QSharpHFConfig
-    learns_preferences = True
+    uses_preference_pairs = True
 
     def default_loss(self, task: str) -> str:
         return "mle"

@@ -49,7 +49,7 @@ class ValueGuidedConfig(AlgoConfig):
 
 class ValueGuidedAlgorithm(Algorithm):
     Config = ValueGuidedConfig
-    learns_preferences = False  # True: labelled pairs of its roll-outs (data_collection.pairs_per_prompt)
+    tunes_eta = True
 
     def default_loss(self, task: str) -> str:
         return "bce"
@@ -86,7 +86,7 @@ class ValueGuidedAlgorithm(Algorithm):
         for key in ("continuations", "cut_points", "token_budget", "epochs", "head_dim"):
             if getattr(c, key) < 1:
                 p.append(f"{k}.{key}={getattr(c, key)} must be >= 1")
-        if self.learns_preferences:
+        if self.uses_preference_pairs:
             budget = cfg.data_collection.pairs_per_prompt
             have = c.cut_points * (c.continuations // 2)
             if c.cut_points >= 1 and have < budget:

@@ -144,6 +144,10 @@ class EvalConfig:
     top_p: float = 1.0  # nucleus sampling; 1 = off
     batch_size: int = 32  # sequences generated together (halved on CUDA OOM)
     kl_fraction: float = 1.0  # share of the samples the KL estimate uses (stated in the results)
+    # training prompts set aside per training dataset (its held_out split, unless
+    # datasets.<name>.held_out is set) to choose each value-guided row's eta on, never on the test
+    # split; at most a quarter of the training prompts; 0: no validation, eta is not chosen
+    validation_prompts: int = 32
     # cross-dataset evaluation: training dataset -> the datasets its models are evaluated on
     # (default: itself), e.g. {gsm8k: [gsm8k, math500]}; each needs a datasets.<name> entry
     datasets_by_train: Dict[str, List[str]] = field(default_factory=dict)

@@ -36,7 +36,7 @@ def eval_request_factory(cfg, paths):
 
 def experiment_plan(cfg, device_totals: list[int], cuda: bool) -> list[Job]:
     from pita.algos import ALGORITHMS, PlanContext, algorithm
-    from pita.algos.base import base_evaluation
+    from pita.algos.base import base_evaluation, base_validation
     from pita.core.memory import ModelShape, training_bytes
     from pita.datasets.loading import load_examples
     from pita.generation.parallel import ParallelDataGenerator
@@ -64,6 +64,8 @@ def experiment_plan(cfg, device_totals: list[int], cuda: bool) -> list[Job]:
     ev = cfg.eval
     if ev.n < 1:
         problems.append(f"eval.n={ev.n} must be >= 1")
+    if ev.validation_prompts < 0:
+        problems.append(f"eval.validation_prompts={ev.validation_prompts} must be >= 0 (0: eta is not chosen)")
     if not 0 < ev.kl_fraction <= 1:
         problems.append(f"eval.kl_fraction={ev.kl_fraction} must be in (0, 1]")
     datasets, configs = [], {}
@@ -123,6 +125,8 @@ def experiment_plan(cfg, device_totals: list[int], cuda: bool) -> list[Job]:
         mem["policy_train"] = 0.0
     eval_request = eval_request_factory(cfg, paths)
     eval_names = {ds.name: by_train.get(ds.name, [ds.name]) for ds in datasets}
+    tunes = any(alg.tunes_eta for alg in algos.values())
+    n_val = {ds.name: carve_validation(ds, ev.validation_prompts) if tunes else 0 for ds in datasets}
     tests, tasks = {}, {}
 
     def task_of(name: str, split: str) -> str:
@@ -145,9 +149,21 @@ def experiment_plan(cfg, device_totals: list[int], cuda: bool) -> list[Job]:
                                        "round": 0, "eval_dataset": name, "task": tasks[name]},
                                kl_fraction=ev.kl_fraction)
         jobs += base
+    for ds in datasets:  # and on the validation prompts: eta 0 of every guided validation row
+        if n_val[ds.name]:
+            vreq = eval_request(ds)
+            vreq["split"] = "held_out"
+            val = gen.plan(vreq, base_validation(cfg.model.name, ds.name), n_val[ds.name], memory_gb=mem["gen"],
+                           group="base")
+            val[-1].kind = "eval.merge"
+            val[-1].params.update(labels={"algorithm": "base", "family": cfg.model.name, "train_dataset": ds.name,
+                                          "round": 0, "eval_dataset": ds.name, "task": train_tasks[ds.name],
+                                          "split": "validation"}, kl_fraction=ev.kl_fraction)
+            jobs += val
     for ds in datasets:
         rm = paths["reward_models"].get(ds.name)
         ctx = PlanContext(cfg=cfg, ds=ds, paths=paths, gen=gen, n_train=len(load_examples(ds, "train")),
+                          n_validation=n_val[ds.name],
                           evals=[(configs[n], tests[n], tasks[n]) for n in eval_names[ds.name]],
                           task=train_tasks[ds.name], mem=mem, policy_params=policy_params, eval_request=eval_request,
                           data_request=lambda ds=ds, rm=rm: request_for(cfg, ds, paths["reference"], rm))
@@ -158,6 +174,24 @@ def experiment_plan(cfg, device_totals: list[int], cuda: bool) -> list[Job]:
                     j.params["kl_fraction"] = ev.kl_fraction
             jobs += algo_jobs
     return jobs
+
+
+def carve_validation(ds, wanted: int) -> int:
+    """Set aside validation prompts from ``ds``'s training split (its held_out split): the
+    dataset's own ``held_out`` when set, else ``wanted`` capped at a quarter of the training
+    prompts. Returns how many (0: none)."""
+    from pita.datasets.loading import load_examples
+
+    if ds.held_out:
+        return len(load_examples(ds, "held_out"))
+    if wanted <= 0:
+        return 0
+    n = len(load_examples(ds, "train"))
+    ds.held_out = min(wanted, n // 4)
+    if ds.held_out < wanted:
+        log.info("eval.validation_prompts=%d: %s has %d training prompts, so %d are set aside to choose eta on",
+                 wanted, ds.name, n, ds.held_out)
+    return len(load_examples(ds, "held_out")) if ds.held_out else 0
 
 
 def check_training(t) -> list[str]:

@@ -6,7 +6,7 @@ Plots (PNG, matplotlib, under ``results/plots/``):
     frontier_<eval dataset>.png   metric vs KL(policy || reference): one line per value-guided
                                   algorithm and round across eta, one point per trained baseline
                                   and round, the base model as a horizontal line
-    rounds_<eval dataset>.png     metric vs round per algorithm (value-guided: its best eta)
+    rounds_<eval dataset>.png     metric vs round per algorithm (value-guided: the eta chosen on validation)
     timeline.png                  every job attempt as a bar on the device(s) it ran on
 Compute accounting per phase (generation, training, evaluation, merges): jobs, wall time summed
 over jobs, device-seconds (wall x devices held), tokens sampled, peak resident memory.
@@ -101,15 +101,14 @@ def plot_frontier(rows: list[dict], eval_ds: str, out: Path) -> Path:
 
 def plot_rounds(rows: list[dict], eval_ds: str, out: Path) -> Path:
     plt, fig, ax, rows, m = _dataset_axes(rows, eval_ds, (7.5, 4), lambda v: "base")
-    best: dict[str, dict[int, float]] = {}
-    for r in rows:
-        if r["algorithm"] != "base":
-            cur = best.setdefault(r["algorithm"], {})
-            cur[r["round"]] = max(cur.get(r["round"], float("-inf")), r[m])
-    for algo, by in sorted(best.items()):
+    chosen: dict[str, dict[int, float]] = {}
+    for r in rows:  # value-guided rows at the eta chosen on validation prompts, never the test's best
+        if r["algorithm"] != "base" and r.get("selected"):
+            chosen.setdefault(r["algorithm"], {})[r["round"]] = r[m]
+    for algo, by in sorted(chosen.items()):
         rs = sorted(by)
         ax.plot(rs, [by[x] for x in rs], "o-", label=algo)
-    return _save(plt, fig, ax, out / f"rounds_{eval_ds}.png", "round", f"{m} (value-guided: best eta)",
+    return _save(plt, fig, ax, out / f"rounds_{eval_ds}.png", "round", f"{m} (value-guided: eta chosen on validation)",
                  f"{eval_ds}: {m} by round")
 
 
@@ -156,6 +155,34 @@ def _f(v, nd=3) -> str:
     return "" if v is None else (f"{v:.{nd}f}" if isinstance(v, float) else str(v))
 
 
+def _fairness_notes(run: RunPaths, rows: list[dict], swept: set) -> list[str]:
+    """What every row was given: the preference budget, and how eta was chosen."""
+    from omegaconf import OmegaConf
+
+    try:
+        cfg = OmegaConf.load(run.config)
+        budget, val = cfg.data_collection.pairs_per_prompt, cfg.eval.validation_prompts
+    except Exception:  # noqa: BLE001 - an unreadable config only loses these two lines
+        return []
+    out = []
+    from pita.algos import ALGORITHMS
+
+    pref = sorted(a for a in {r["algorithm"] for r in rows}
+                  if a in ALGORITHMS and ALGORITHMS.get(a).uses_preference_pairs)
+    if pref:
+        out.append(f"- preference budget: {budget} labelled pairs per prompt and round for every "
+                   f"preference-learning method ({', '.join(pref)}; `data_collection.pairs_per_prompt`), "
+                   f"each pair labelled once")
+    if swept:
+        chosen = any(r.get("selected") for r in rows if r["algorithm"] in swept)
+        out.append(f"- eta of {', '.join(sorted(swept))}: chosen per round on up to {val} validation prompts carved "
+                   f"from the training data (`eval.validation_prompts`; rows in `results/validation.csv`), never on "
+                   f"the test split; the test rows of every eta are kept for the frontier" if chosen else
+                   f"- eta of {', '.join(sorted(swept))}: not chosen (no validation prompts: "
+                   f"`eval.validation_prompts=0`); every eta's test row is shown")
+    return out
+
+
 def render(run: RunPaths, rows: list[dict] | None = None) -> Path:
     """Write results/report.md (and the plots); returns its path."""
     state = json.loads(run.state.read_text()) if run.state.exists() else {"jobs": {}}
@@ -186,11 +213,14 @@ def render(run: RunPaths, rows: list[dict] | None = None) -> Path:
     lines.append("## Results")
     lines.append("")
     if rows:
+        swept = {r["algorithm"] for r in rows if float(r["eta"]) != 0.0}
+        lines += _fairness_notes(run, rows, swept) + [""]
         tab = []
         for r in rows:
             m = metric_of(r)
             tab.append([r["algorithm"], r["family"], r["train_dataset"], r["round"], r["eval_dataset"],
-                        _f(float(r["eta"]), 2), m, _f(r.get(m)), _f(r.get(m + "_stderr")),
+                        _f(float(r["eta"]), 2) + (" (chosen)" if r.get("selected") and r["algorithm"] in swept else ""),
+                        m, _f(r.get(m)), _f(r.get(m + "_stderr")),
                         _f(r.get("maj@n")), _f(r.get("kl")), _f(r.get("kl_stderr")), r.get("n", ""),
                         _f(r.get("train_device_s"), 0), _f(r.get("eval_device_s"), 0)])
         lines.append(_md_table(["algorithm", "family", "train", "round", "eval", "eta", "metric", "value", "stderr",

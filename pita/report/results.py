@@ -1,6 +1,12 @@
 """Collect every ``eval.merge`` result of a run into results/final_results.json and results.csv,
 one ``results/cells/<algorithm>.<family>.<train dataset>.r<round>.<eval dataset>.eta<eta>.json``
-per row, and render the table printed at the end of a run."""
+per row, and render the table printed at the end of a run.
+
+Rows of a value-guided algorithm sweep eta; the eta each (algorithm, family, training dataset,
+round) reports is chosen on validation prompts carved from the training data (rows labelled
+``split: validation``, kept in results/validation.csv), never on the test split: the test row
+at that eta has ``selected`` true. Every eta's test row stays in the CSV (the frontier plot).
+"""
 
 from __future__ import annotations
 
@@ -9,19 +15,47 @@ import json
 
 from pita.core.paths import RunPaths, atomic_write_json
 
-COLUMNS = ["algorithm", "family", "train_dataset", "round", "eval_dataset", "eta", "pass@1", "pass@1_stderr",
+COLUMNS = ["algorithm", "family", "train_dataset", "round", "eval_dataset", "eta", "selected", "pass@1", "pass@1_stderr",
            "maj@n", "first_sample_acc", "mean_reward", "mean_reward_stderr", "kl", "kl_stderr", "n", "prompts",
            "train_device_s", "eval_device_s", "tokens"]
 
 
-def collect(run: RunPaths) -> list[dict]:
+def collect(run: RunPaths) -> tuple[list[dict], list[dict]]:
+    """(test rows, validation rows) of every completed ``eval.merge``; test rows carry ``selected``."""
     state = json.loads(run.state.read_text())
     rows = []
     for jid, e in sorted(state["jobs"].items()):
         if e.get("kind") == "eval.merge" and e.get("state") == "COMPLETED":
             rows += run.job(jid).read_result().get("results", [])
+    val = [r for r in rows if r.get("split") == "validation"]
+    rows = [r for r in rows if r.get("split") != "validation"]
     add_compute(rows, state, lambda jid: run.job(jid).read_result())
-    return rows
+    select_eta(rows, val)
+    return rows, val
+
+
+def _metric(r: dict) -> str:
+    return "pass@1" if r.get("pass@1") is not None else "mean_reward"
+
+
+def select_eta(rows: list[dict], val: list[dict]) -> None:
+    """Mark the test row of each (algorithm, family, training dataset, round, eval dataset) at the
+    eta that scored best on the validation prompts (ties: the smaller eta, closer to the
+    reference). A cell with one eta is its own choice; a sweep without validation rows has no
+    choice (``selected`` false everywhere, the report says so)."""
+    best: dict[tuple, float] = {}
+    for v in val:
+        key = (v["algorithm"], v["family"], v["train_dataset"], v["round"])
+        score = (v[_metric(v)], -float(v["eta"]))
+        if key not in best or score > best[key][0]:
+            best[key] = (score, float(v["eta"]))
+    cells: dict[tuple, list[dict]] = {}
+    for r in rows:
+        cells.setdefault((r["algorithm"], r["family"], r["train_dataset"], r["round"], r["eval_dataset"]), []).append(r)
+    for key, cell in cells.items():
+        chosen = best.get(key[:4])
+        for r in cell:
+            r["selected"] = len(cell) == 1 or (chosen is not None and float(r["eta"]) == chosen[1])
 
 
 def _device_s(e: dict) -> float:
@@ -60,9 +94,18 @@ def cell_name(r: dict) -> str:
 
 
 def write(run: RunPaths) -> list[dict]:
-    rows = collect(run)
+    rows, val = collect(run)
     if not rows:
         return rows
+    if val:
+        atomic_write_json(run.results / "validation.json", val)
+        with open(run.results / "validation.csv", "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=[c for c in COLUMNS if c not in ("selected", "train_device_s",
+                                                                               "eval_device_s", "tokens")],
+                               extrasaction="ignore")
+            w.writeheader()
+            for r in val:
+                w.writerow(r)
     atomic_write_json(run.results / "final_results.json", rows)
     for r in rows:
         atomic_write_json(run.results / "cells" / f"{cell_name(r)}.json", r)
@@ -80,10 +123,17 @@ def table(rows: list[dict]) -> str:
         return "" if v is None else (f"{v:.3f}" if isinstance(v, float) else str(v))
 
     metric = lambda r: "pass@1" if "pass@1" in r else "mean_reward"  # noqa: E731
-    lines = [f"{'algorithm':<10} {'dataset':<10} {'round':>5} {'eta':>5} {'metric':>11} {'value':>7} {'+-':>6} "
+    lines = [f"{'algorithm':<10} {'dataset':<10} {'round':>5} {'eta':>6} {'metric':>11} {'value':>7} {'+-':>6} "
              f"{'KL':>7} {'+-':>6}"]
     for r in rows:
         m = metric(r)
-        lines.append(f"{r['algorithm']:<10} {r['eval_dataset']:<10} {r['round']:>5} {r['eta']:>5.2f} {m:>11} "
+        eta = f"{r['eta']:.2f}" + ("*" if r.get("selected") and len([x for x in rows if _same_cell(x, r)]) > 1 else " ")
+        lines.append(f"{r['algorithm']:<10} {r['eval_dataset']:<10} {r['round']:>5} {eta:>6} {m:>11} "
                      f"{fmt(r, m):>7} {fmt(r, m + '_stderr'):>6} {fmt(r, 'kl'):>7} {fmt(r, 'kl_stderr'):>6}")
+    if any(len([x for x in rows if _same_cell(x, r)]) > 1 for r in rows):
+        lines.append("* the eta chosen on the validation prompts (results/validation.csv), never on the test split")
     return "\n".join(lines)
+
+
+def _same_cell(a: dict, b: dict) -> bool:
+    return all(a[k] == b[k] for k in ("algorithm", "family", "train_dataset", "round", "eval_dataset"))
