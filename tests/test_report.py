@@ -105,3 +105,18 @@ def test_each_row_carries_the_compute_behind_it():
     assert rows[0]["eval_device_s"] == 6.0  # 12 device-s over the two etas evaluated together
     assert rows[2]["train_device_s"] == 31 and rows[2]["tokens"] == 100 and rows[2]["eval_device_s"] == 0
     assert rows[3]["train_device_s"] == 0 and rows[3]["eval_device_s"] == 7
+
+
+def test_shared_round_zero_data_counts_towards_every_row_that_used_it():
+    from pita.report.results import add_compute
+
+    def job(kind, dur, deps=()):
+        return {"kind": kind, "state": "COMPLETED", "deps": list(deps), "attempts": [{"duration_s": dur, "devices": [{}]}]}
+
+    d = "data.tiny.arith.r0.value_rollouts-abc123"
+    state = {"jobs": {f"{d}.s0": job("generation.shard", 10), f"{d}.merge": job("generation.merge", 1, [f"{d}.s0"]),
+                      "PITA.tiny.arith.r0.train": job("algo.value_train", 20, [f"{d}.merge"]),
+                      "QSharp.tiny.arith.r0.train": job("algo.value_train", 5, [f"{d}.merge"])}}
+    rows = [_row("PITA", 0, 2.0, 0.3, 0.1), _row("QSharp", 0, 2.0, 0.3, 0.1)]
+    add_compute(rows, state, lambda jid: {"tokens": 100 if jid == f"{d}.s0" else 0})
+    assert [r["train_device_s"] for r in rows] == [31, 16] and [r["tokens"] for r in rows] == [100, 100]

@@ -26,6 +26,12 @@ def compose(tiny_cache, *overrides):
                                                     "datasets.arith.toy_test_size=16", *overrides])
 
 
+def data_of(jobs, recipe: str) -> str:
+    """Id prefix of round 0's shared collection of ``recipe`` (named by its request's hash)."""
+    [p] = {j.rsplit(".", 1)[0] for j in jobs if j.startswith(f"data.tiny.arith.r0.{recipe}-")}
+    return p
+
+
 def test_rounds_chain_through_guidance_and_warm_starts(tiny_cache):
     from pita.core.graph import JobGraph
     from pita.plans import build_plan
@@ -34,22 +40,24 @@ def test_rounds_chain_through_guidance_and_warm_starts(tiny_cache):
     jobs = build_plan(cfg, [int(8e9)] * 2)
     g = JobGraph(jobs).validate([int(8e9)] * 2)
     by = g.by_id
+    VR = data_of(by, "value_rollouts")
     for algo in ("PITA", "QSharp", "QSharp-HF"):
         p = f"{algo}.tiny.arith"
         r1 = by[f"{p}.r1.gen.s0"]
         assert r1.deps == [f"{p}.r0.train"]
         assert r1.params["request"]["policy"]["guidance"]["from_job"] == f"{p}.r0.train"
-        assert by[f"{p}.r0.gen.s0"].params["request"]["policy"]["guidance"] is None
+        assert by[VR + ".s0"].params["request"]["policy"]["guidance"] is None
         t1 = by[f"{p}.r1.train"]
         assert t1.params["warm_start"] == f"{p}.r0.train"
-        assert t1.params["data"] == [f"{p}.r0.gen.merge", f"{p}.r1.gen.merge"]  # rounds aggregate
+        # rounds aggregate; round 0 comes from the reference, collected once for all three
+        assert t1.params["data"] == [VR + ".merge", f"{p}.r1.gen.merge"]
         assert by[f"{p}.r1.eval.merge"].kind == "eval.merge"
         assert by[f"{p}.r1.eval.s0"].params["request"]["policy"]["guidance"]["from_job"] == f"{p}.r1.train"
         # eta 0 is not sampled again: its row is the base model's evaluation
         assert 0.0 not in by[f"{p}.r1.eval.s0"].params["request"]["etas"]
         assert by[f"{p}.r1.eval.merge"].params["base_eval"] == "base.tiny.arith.eval.merge"
         assert "base.tiny.arith.eval.merge" in by[f"{p}.r1.eval.merge"].deps
-    assert by["QSharp-HF.tiny.arith.r1.proxy"].params["data"] == ["QSharp-HF.tiny.arith.r0.gen.merge",
+    assert by["QSharp-HF.tiny.arith.r1.proxy"].params["data"] == [VR + ".merge",
                                                                  "QSharp-HF.tiny.arith.r1.gen.merge"]
     assert by["PITA.tiny.arith.r0.train"].params["loss"] == "bce"
     assert by["QSharp-HF.tiny.arith.r0.train"].params["loss"] == "mle"
@@ -359,12 +367,30 @@ def test_validation_prompts_are_carved_from_the_training_split(tiny_cache):
     from pita.plans import build_plan
 
     jobs = {j.id: j for j in build_plan(compose(tiny_cache, "experiment.algos=[PITA,DPO]"), [int(8e9)])}
-    gen = jobs["PITA.tiny.arith.r0.gen.s0"].params["request"]
+    VR = data_of(jobs, "value_rollouts")
+    gen = jobs[VR + ".s0"].params["request"]
     val = jobs["PITA.tiny.arith.r0.val.s0"].params["request"]
     assert gen["dataset"]["held_out"] == val["dataset"]["held_out"] == 10  # 40 train prompts / 4
-    assert jobs["PITA.tiny.arith.r0.gen.s0"].params["n_examples"] == 30  # the rest train
+    assert jobs[VR + ".s0"].params["n_examples"] == 30  # the rest train
     assert val["split"] == "held_out" and 0.0 not in val["etas"]
     assert jobs["PITA.tiny.arith.r0.val.merge"].params["base_eval"] == "base.tiny.arith.val.merge"
     assert not any(j.startswith("DPO") and ".val." in j for j in jobs)  # nothing to choose for DPO
     off = {j.id for j in build_plan(compose(tiny_cache, "eval.validation_prompts=0"), [int(8e9)])}
     assert not any(".val." in j for j in off)
+
+
+def test_round_zero_data_from_the_reference_is_collected_once_per_recipe(tiny_cache):
+    from pita.plans import build_plan
+
+    jobs = {j.id: j for j in build_plan(compose(tiny_cache, "experiment.algos=[PITA,QSharp,QSharp-HF,DPO,GRPO-HF]"),
+                                        [int(8e9)])}
+    gens = sorted({j.rsplit(".", 1)[0] for j in jobs if ".r0." in j and jobs[j].kind == "generation.shard"
+                   and not j.rsplit(".", 2)[-2] in ("eval", "val")})
+    VR, PP = data_of(jobs, "value_rollouts"), data_of(jobs, "preference_pairs")
+    assert gens == [PP, VR]
+    assert jobs["DPO.tiny.arith.r0.train"].params["data"] == PP + ".merge"
+    assert jobs["PITA.tiny.arith.r0.train"].params["data"] == jobs["QSharp.tiny.arith.r0.train"].params["data"]
+    # a different roll-out design is different data: collected separately
+    other = {j.id for j in build_plan(compose(tiny_cache, "algos.QSharp.cut_points=3"), [int(8e9)])}
+    assert VR + ".merge" in other  # the others' data keeps its name
+    assert len({j.rsplit(".", 1)[0] for j in other if j.startswith("data.tiny.arith.r0.value_rollouts-")}) == 2

@@ -22,6 +22,8 @@ Nothing here imports torch or transformers: the orchestrator plans without them.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 from dataclasses import dataclass
 from typing import Any, Callable, ClassVar, Optional
 
@@ -158,6 +160,7 @@ class PlanContext:
     data_request: Callable[[], dict]  # a data-collection request on the training split (data_collection.*)
     n_validation: int  # validation prompts (the training dataset's held_out split); 0 = none
     eval_request: Callable[[Any], dict]  # an evaluation request for a dataset config (eval.*)
+    shared: dict = dataclasses.field(default_factory=dict)  # request -> merge id of data shared by algorithms
 
     @property
     def family(self) -> str:
@@ -171,9 +174,25 @@ class PlanContext:
         """Round r's seed of data collection and policy training."""
         return self.cfg.system.seed * 1000 + r
 
-    def collect(self, req: dict, job_prefix: str, deps: list[str], r: int) -> list[Job]:
-        """Shard jobs + a merge job (the last) collecting ``req`` on the training prompts."""
-        return self.gen.plan(req, job_prefix, self.n_train, deps=deps, memory_gb=self.mem["gen"], group=f"round {r}")
+    def collect(self, req: dict, job_prefix: str, deps: list[str], r: int) -> tuple[list[Job], str]:
+        """(new jobs, merge job id) collecting ``req`` on the training prompts: shard jobs and a
+        merge. Data from the reference itself (no deps: round 0) is shared by every algorithm that
+        asks for the same request, so round 0 is collected once per (family, dataset) and request,
+        under ``data.<family>.<dataset>.r0.<recipe>-<hash of the request>``; the second asker
+        gets no new job."""
+        if deps:
+            jobs = self.gen.plan(req, job_prefix, self.n_train, deps=deps, memory_gb=self.mem["gen"],
+                                 group=f"round {r}")
+            return jobs, jobs[-1].id
+        key = json.dumps(req, sort_keys=True)
+        if key in self.shared:
+            return [], self.shared[key]
+        # named by the request's content, so one algorithm's settings never rename another's data
+        digest = hashlib.sha256(key.encode()).hexdigest()[:6]
+        name = f"data.{self.family}.{self.ds.name}.r{r}.{req['recipe']}-{digest}"
+        jobs = self.gen.plan(req, name, self.n_train, deps=[], memory_gb=self.mem["gen"], group=f"round {r}")
+        self.shared[key] = jobs[-1].id
+        return jobs, jobs[-1].id
 
     def evaluations(self, algo: str, r: int, train: str, policy: dict, etas: list[float] | None = None) -> list[Job]:
         """Round r's evaluation jobs of the model trained by job ``train`` on every dataset of

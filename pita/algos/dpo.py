@@ -53,8 +53,8 @@ class DPO(PostTrainingAlgorithm):
         return {**super().train_params(p), "epochs": c.epochs, "max_length": c.max_length}
 
     def plan_round(self, p, r: int, prev: str | None, merges: list[str], base: dict) -> list[Job]:
-        gen = self.collect_pairs(p, r, prev)
-        merges.append(gen[-1].id)
+        gen, merge = self.collect_pairs(p, r, prev)
+        merges.append(merge)
         train = self.train_job(p, r, ([prev] if prev else []) + [merges[-1]],
                                {**base, "policy_from": prev, "data": merges[-1], "seed": p.seed(r)})
         return gen + [train]

@@ -36,8 +36,8 @@ class GRPOHF(GRPO):
     def plan_round(self, p, r: int, prev: str | None, merges: list[str], base: dict) -> list[Job]:
         from pita.guidance.proxy import proxy_job
 
-        gen = self.collect_pairs(p, r, prev)
-        merges.append(gen[-1].id)
+        gen, merge = self.collect_pairs(p, r, prev)
+        merges.append(merge)
         proxy = proxy_job(f"{p.prefix(self.name)}.r{r}.proxy", merges, p.paths["guidance"], epochs=self.c.proxy_epochs,
                           lr=self.c.proxy_lr, labels=preference_labels(p.cfg), seed=p.cfg.system.seed + r,
                           batch_size=32, token_budget=8192, head_dim=128, memory_gb=p.mem["train"],

@@ -157,8 +157,9 @@ class PostTrainingAlgorithm(Algorithm):
             "compile": cfg.system.compile, "ref_policy": c.ref_policy,
         }
 
-    def collect_pairs(self, p: PlanContext, r: int, prev: str | None) -> list[Job]:
-        """Round r's preference pairs sampled from the round's policy (the reference at round 0)."""
+    def collect_pairs(self, p: PlanContext, r: int, prev: str | None) -> tuple[list[Job], str]:
+        """(new jobs, merge id): round r's preference pairs sampled from the round's policy (the
+        reference at round 0, shared with every algorithm asking for the same pairs)."""
         from pita.algos.base import preference_labels
 
         req = p.data_request()

@@ -126,9 +126,9 @@ class ValueGuidedAlgorithm(Algorithm):
             req["seed"] = p.seed(r)
             if prev_train:
                 req["policy"]["guidance"] = {"from_job": prev_train, "mode": mode, "eta": c.eta, "top_k": c.top_k}
-            gen_jobs = p.collect(req, f"{prefix}.r{r}.gen", [prev_train] if prev_train else [], r)
+            gen_jobs, merge = p.collect(req, f"{prefix}.r{r}.gen", [prev_train] if prev_train else [], r)
             jobs += gen_jobs
-            merges.append(gen_jobs[-1].id)
+            merges.append(merge)
             extra_jobs, extra_params = self.round_inputs(p, r, merges)
             jobs += extra_jobs
             train = f"{prefix}.r{r}.train"

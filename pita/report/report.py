@@ -26,7 +26,7 @@ def metric_of(row: dict) -> str:
 
 def phase_of(job_id: str, kind: str) -> str:
     if kind == "generation.shard":
-        return "evaluation" if ".eval." in job_id else "generation"
+        return "evaluation" if ".eval." in job_id or ".val." in job_id else "generation"
     if kind.endswith("merge"):
         return "merge"
     if "train" in kind or kind.startswith("algo."):

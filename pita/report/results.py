@@ -80,12 +80,25 @@ def add_compute(rows: list[dict], state: dict, result_of) -> None:
         else:
             eval_prefix = f"{a}.{fam}.{tr}.r{rnd}.eval{'' if ev == tr else '-' + ev}."
             train_ids = [j for j in jobs if j.startswith(f"{a}.{fam}.{tr}.r") and ".eval" not in j
-                         and int(j[len(f"{a}.{fam}.{tr}.r"):].split(".", 1)[0]) <= int(rnd)]
+                         and ".val" not in j and int(j[len(f"{a}.{fam}.{tr}.r"):].split(".", 1)[0]) <= int(rnd)]
+            train_ids += shared_data(train_ids, jobs, f"data.{fam}.{tr}.")
         r["train_device_s"] = round(sum(_device_s(jobs[j]) for j in train_ids), 1)
         r["tokens"] = sum(int((result_of(j) or {}).get("tokens") or 0) for j in train_ids
                           if jobs[j].get("kind") == "generation.shard" and jobs[j].get("state") == "COMPLETED")
         ev_s = sum(_device_s(e) for j, e in jobs.items() if j.startswith(eval_prefix))
         r["eval_device_s"] = round(ev_s / etas[(a, fam, tr, rnd, ev)], 1)
+
+
+def shared_data(ids: list[str], jobs: dict, prefix: str) -> list[str]:
+    """The shared data-collection jobs (``data.<family>.<dataset>.*``) that ``ids`` depend on,
+    directly or through their merges: their compute counts towards every row that used them."""
+    out, todo = [], [d for j in ids for d in jobs.get(j, {}).get("deps", [])]
+    while todo:
+        d = todo.pop()
+        if d.startswith(prefix) and d not in out:
+            out.append(d)
+            todo += jobs.get(d, {}).get("deps", [])
+    return out
 
 
 def cell_name(r: dict) -> str:
