@@ -1,4 +1,4 @@
-"""PITA / Q# / Q#-HF on the embedded default: reference vs guided, over seeds.
+"""All six algorithms on the embedded default: the reference vs each method, over seeds.
 
     python -m bench.value_guided [--json] [--seeds 0 1 2] [--rounds 2] [--cache .cache/pita]
                                  [--train-size 1000] [--test-size 200] [--n 4]
@@ -12,7 +12,8 @@ that already finished. Extra Hydra overrides go after ``--``.
 Prints one row per (algorithm, dataset, round, eta): the metric (arith: pass@1 over n samples
 per test prompt; sentiment: mean reward-model score) and KL(policy || reference), both as the
 mean over seeds, with the gain over the same seed's reference (``base``) and its spread, and
-for each (algorithm, dataset) the best mean gain over eta at the last round. Nothing is
+for each (algorithm, dataset) the last round at the eta chosen on each seed's validation prompts
+(the run's ``selected`` rows; never the best eta on the test split), with its KL. Nothing is
 asserted about the numbers.
 """
 
@@ -57,9 +58,15 @@ def run_seed(seed: int, args, extra: list[str]) -> tuple[Path, float]:
 def aggregate(runs: list[Path]) -> dict:
     """{rows: [...], best: [...]} over the runs (one per seed)."""
     cells: dict[tuple, list[tuple[float, float, float]]] = {}
+    selected: dict[tuple, list] = {}
+    last_round: dict[tuple, int] = {}
     for run in runs:
         rows = json.loads((Path(run) / "results" / "final_results.json").read_text())
         base = {r["eval_dataset"]: r for r in rows if r["algorithm"] == "base"}
+        for r in rows:
+            if r["algorithm"] != "base":
+                k = (r["algorithm"], r["eval_dataset"])
+                last_round[k] = max(last_round.get(k, 0), int(r["round"]))
         for r in rows:
             m = metric_of(r)
             b = base.get(r["eval_dataset"])
@@ -67,6 +74,9 @@ def aggregate(runs: list[Path]) -> dict:
             key = (r["algorithm"], r["eval_dataset"], r["round"] if r["algorithm"] != "base" else "-",
                    float(r["eta"]), m)
             cells.setdefault(key, []).append((r[m], r.get("kl") or 0.0, gain))
+            k = (r["algorithm"], r["eval_dataset"])
+            if r["algorithm"] != "base" and r.get("selected") and int(r["round"]) == last_round[k]:
+                selected.setdefault(k, []).append((r[m], r.get("kl") or 0.0, gain, float(r["eta"]), m))
     out = []
     for (algo, ds, rnd, eta, m), vals in sorted(cells.items(), key=lambda kv: tuple(map(str, kv[0]))):
         v, kl, g = zip(*vals)
@@ -74,14 +84,14 @@ def aggregate(runs: list[Path]) -> dict:
                     "value": statistics.mean(v), "value_sd": statistics.stdev(v) if len(v) > 1 else 0.0,
                     "kl": statistics.mean(kl), "gain": statistics.mean(g),
                     "gain_sd": statistics.stdev(g) if len(g) > 1 else 0.0})
-    best = []
-    for algo, ds in sorted({(r["algorithm"], r["dataset"]) for r in out if r["algorithm"] != "base"}):
-        rows = [r for r in out if (r["algorithm"], r["dataset"]) == (algo, ds)]
-        last = max(r["round"] for r in rows)
-        top = max((r for r in rows if r["round"] == last), key=lambda r: r["gain"])
-        best.append({"algorithm": algo, "dataset": ds, "round": last, "eta": top["eta"], "metric": top["metric"],
-                     "gain": top["gain"], "gain_sd": top["gain_sd"], "kl": top["kl"]})
-    return {"runs": [str(r) for r in runs], "rows": out, "best": best}
+    chosen = []
+    for (algo, ds), vals in sorted(selected.items()):
+        v, kl, g, etas, m = zip(*vals)
+        chosen.append({"algorithm": algo, "dataset": ds, "round": last_round[(algo, ds)], "metric": m[0],
+                       "etas": list(etas), "seeds": len(vals), "value": statistics.mean(v),
+                       "gain": statistics.mean(g), "gain_sd": statistics.stdev(g) if len(g) > 1 else 0.0,
+                       "kl": statistics.mean(kl), "kl_sd": statistics.stdev(kl) if len(kl) > 1 else 0.0})
+    return {"runs": [str(r) for r in runs], "rows": out, "chosen": chosen}
 
 
 def render(res: dict) -> str:
@@ -91,14 +101,16 @@ def render(res: dict) -> str:
         lines.append(f"{r['algorithm']:<10} {r['dataset']:<10} {r['round']!s:>5} {r['eta']:>5.2f} {r['metric']:>11} "
                      f"{r['value']:>7.3f} {r['value_sd']:>6.3f} {r['gain']:>+7.3f} {r['gain_sd']:>6.3f} {r['kl']:>7.3f}")
     lines.append("")
-    lines.append("best mean gain over eta at the last round:")
-    for b in res["best"]:
-        lines.append(f"  {b['algorithm']:<10} {b['dataset']:<10} round {b['round']} eta {b['eta']:.2f}: "
-                     f"{b['metric']} {b['gain']:+.3f} (sd {b['gain_sd']:.3f}), KL {b['kl']:.3f}")
+    lines.append("last round, eta chosen on each seed's validation prompts (mean over seeds):")
+    for b in res["chosen"]:
+        etas = "" if all(e == 0.0 for e in b["etas"]) else f" eta {'/'.join(f'{e:g}' for e in b['etas'])}"
+        lines.append(f"  {b['algorithm']:<10} {b['dataset']:<10} round {b['round']}{etas}: {b['metric']} "
+                     f"{b['value']:.3f}, gain {b['gain']:+.3f} (sd {b['gain_sd']:.3f}), KL {b['kl']:.3f} "
+                     f"(sd {b['kl_sd']:.3f})")
     return "\n".join(lines)
 
 
-def main(argv=None, algos=("PITA", "QSharp", "QSharp-HF"), name="bench-vg", prog="python -m bench.value_guided",
+def main(argv=None, algos=("PITA", "QSharp", "QSharp-HF", "DPO", "GRPO", "GRPO-HF"), name="bench-vg", prog="python -m bench.value_guided",
          doc=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     extra = argv[argv.index("--") + 1:] if "--" in argv else []
