@@ -10,12 +10,12 @@ from dataclasses import dataclass
 from pita.algos.base import preference_labels, register_algorithm
 from pita.algos.grpo import GRPO, GRPOConfig
 from pita.core.job import Job
+from pita.guidance.proxy import ProxyKeys, check_proxy_keys, proxy_job
 
 
 @dataclass
-class GRPOHFConfig(GRPOConfig):
-    proxy_epochs: int = 2  # proxy reward model: passes over the pairs per round
-    proxy_lr: float = 5e-4  # learning rate of the proxy reward model
+class GRPOHFConfig(ProxyKeys, GRPOConfig):
+    pass
 
 
 @register_algorithm
@@ -25,17 +25,9 @@ class GRPOHF(GRPO):
     uses_preference_pairs = True
 
     def check(self, cfg, n_devices: int) -> list[str]:
-        c, k = self.c, self.key
-        p = super().check(cfg, n_devices)
-        if c.proxy_epochs < 1:
-            p.append(f"{k}.proxy_epochs={c.proxy_epochs} must be >= 1")
-        if not c.proxy_lr > 0:
-            p.append(f"{k}.proxy_lr={c.proxy_lr} must be > 0")
-        return p
+        return super().check(cfg, n_devices) + check_proxy_keys(self.key, self.c)
 
     def plan_round(self, p, r: int, prev: str | None, merges: list[str], base: dict) -> list[Job]:
-        from pita.guidance.proxy import proxy_job
-
         gen, merge = self.collect_pairs(p, r, prev)
         merges.append(merge)
         proxy = proxy_job(f"{p.prefix(self.name)}.r{r}.proxy", merges, p.paths["guidance"], epochs=self.c.proxy_epochs,

@@ -12,12 +12,12 @@ from dataclasses import dataclass
 from pita.algos.base import preference_labels, register_algorithm, training_settings
 from pita.algos.value_guided import ValueGuidedAlgorithm, ValueGuidedConfig, returns_examples
 from pita.core.job import Job
+from pita.guidance.proxy import ProxyKeys, check_proxy_keys, proxy_job
 
 
 @dataclass
-class QSharpHFConfig(ValueGuidedConfig):
-    proxy_epochs: int = 2  # proxy reward model: passes over the pairs per round
-    proxy_lr: float = 5e-4  # learning rate of the proxy reward model
+class QSharpHFConfig(ProxyKeys, ValueGuidedConfig):
+    pass
 
 
 @register_algorithm
@@ -30,17 +30,9 @@ class QSharpHF(ValueGuidedAlgorithm):
         return "mle"
 
     def check(self, cfg, n_devices: int) -> list[str]:
-        c, k = self.c, self.key
-        p = super().check(cfg, n_devices)
-        if c.proxy_epochs < 1:
-            p.append(f"{k}.proxy_epochs={c.proxy_epochs} must be >= 1")
-        if not c.proxy_lr > 0:
-            p.append(f"{k}.proxy_lr={c.proxy_lr} must be > 0")
-        return p
+        return super().check(cfg, n_devices) + check_proxy_keys(self.key, self.c)
 
     def round_inputs(self, p, r: int, merges: list[str]) -> tuple[list[Job], dict]:
-        from pita.guidance.proxy import proxy_job
-
         c = self.c
         job = proxy_job(f"{p.prefix(self.name)}.r{r}.proxy", merges, p.paths["guidance"], epochs=c.proxy_epochs,
                         lr=c.proxy_lr, labels=preference_labels(p.cfg), seed=p.cfg.system.seed + r, batch_size=c.batch_size,

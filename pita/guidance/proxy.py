@@ -12,10 +12,29 @@ rewards state no preference and are left out.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from pita.core.errors import JobError
 from pita.core.job import Job, Resources, add_kind_module, job_kind
 
 add_kind_module("pita.guidance.proxy")
+
+
+@dataclass
+class ProxyKeys:
+    """The keys of an algorithm that trains a proxy reward model (mixed into its config)."""
+
+    proxy_epochs: int = 2  # proxy reward model: passes over the pairs per round
+    proxy_lr: float = 5e-4  # learning rate of the proxy reward model
+
+
+def check_proxy_keys(k: str, c) -> list[str]:
+    p = []
+    if c.proxy_epochs < 1:
+        p.append(f"{k}.proxy_epochs={c.proxy_epochs} must be >= 1")
+    if not c.proxy_lr > 0:
+        p.append(f"{k}.proxy_lr={c.proxy_lr} must be > 0")
+    return p
 
 
 def proxy_job(job_id: str, data: list[str], backbone: str, epochs: int, lr: float, labels: dict, seed: int,
