@@ -73,6 +73,8 @@ def test_rounds_chain_through_guidance_and_warm_starts(tiny_cache):
     ("algos.PITA.top_k=100000", "larger than the vocabulary"),
     ("algos.QSharp.lm_prior=-1", "algos.QSharp.lm_prior=-1.0 must be >= 0"),
     ("experiment.algos=[PITAA]", "did you mean 'PITA'"),
+    ("algos.PITA.mode=mle", "algos.PITA.mode=mle does not fit algos.PITA.loss=bce (its default on arith"),
+    ("algos.QSharp-HF.mode=bernoulli", "algos.QSharp-HF.mode=bernoulli does not fit algos.QSharp-HF.loss=mle"),
 ])
 def test_bad_algorithm_settings_are_refused_before_work(tiny_cache, override, needle):
     from pita.plans import build_plan

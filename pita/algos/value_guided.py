@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import List, Optional
 
 from pita.algos.base import ALGORITHMS, AlgoConfig, Algorithm, PlanContext, check_common, training_settings
-from pita.core.errors import JobError
+from pita.core.errors import ConfigError, JobError
 from pita.core.job import Job, Resources, add_kind_module, job_kind
 
 add_kind_module("pita.algos.value_guided")
@@ -73,6 +73,8 @@ class ValueGuidedAlgorithm(Algorithm):
             p.append(unknown_name(f"{k}.mode", c.mode, MODES))
         if c.loss == "bradley_terry":
             p.append(f"{k}.loss=bradley_terry trains the Q#-HF proxy, not a value model; use bce, mse or mle")
+        if c.mode in MODES and c.loss in LOSSES and c.loss != "bradley_terry":
+            p += self.guidance_problems(c.loss, c.mode, "")
         if c.num_atoms < 2:
             p.append(f"{k}.num_atoms={c.num_atoms} must be >= 2")
         if c.v_min is not None and c.v_max is not None and c.v_min >= c.v_max:
@@ -98,6 +100,16 @@ class ValueGuidedAlgorithm(Algorithm):
             p.append(f"{k}.lm_prior={c.lm_prior} must be >= 0 (0 starts the head without the LM prior)")
         return p
 
+    def guidance_problems(self, loss: str, mode: str, where: str) -> list[str]:
+        """mle guidance reads a distribution over atoms, which only loss=mle trains (and a loss=mle
+        head has nothing else to offer): a mismatch would fail every evaluation after training."""
+        if (mode == "mle") == (loss == "mle"):
+            return []
+        k = self.key
+        return [f"{k}.mode={mode} does not fit {k}.loss={loss}{where}: mle guidance needs a value model trained "
+                f"with loss=mle, and a loss=mle model guides only in mode mle; set {k}.mode="
+                f"{'mle' if loss == 'mle' else 'bernoulli (or expectation)'} or {k}.loss={'mle' if mode == 'mle' else 'bce'}"]
+
     def check_models(self, paths: dict) -> list[str]:
         if self.c.top_k == -1:
             return []
@@ -116,6 +128,9 @@ class ValueGuidedAlgorithm(Algorithm):
     def plan(self, p: PlanContext) -> list[Job]:
         c, algo = self.c, self.name
         loss, mode = self.losses(p.task)
+        bad = self.guidance_problems(loss, mode, f" (its default on {p.ds.name}, a {p.task} task)")
+        if bad:
+            raise ConfigError(bad)
         prefix = p.prefix(algo)
         jobs: list[Job] = []
         prev_train, merges = None, []
