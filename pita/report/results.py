@@ -129,6 +129,9 @@ def write(run: RunPaths) -> list[dict]:
         w.writeheader()
         for r in rows:
             w.writerow(r)
+    from pita.report.tracker import send_results
+
+    send_results(run, rows)  # logging.tracker: the final table (does nothing without one)
     return rows
 
 
