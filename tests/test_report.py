@@ -250,7 +250,7 @@ def test_the_report_opens_with_the_headline_then_every_row_sorted(recorded_run):
             f"{best['gain']:+.3f} [{best['gain_ci_lo']:+.3f}, {best['gain_ci_hi']:+.3f}] |") in head
     assert f"| arith | DPO | 1 |  | pass@1 | {dpo['pass@1']:.3f} [" in head  # no eta for a baseline
     assert "| arith | base |  |  | pass@1 |" in head and "(reference)" in head
-    assert f"{PROMPTS} prompts × {SAMPLES} samples" in text and text.count("prompts × ") == 1
+    assert f"{PROMPTS} test prompts × {SAMPLES} samples" in text and text.count("prompts × ") == 1
     full = text[text.index("### Every row"):text.index("KL is a Monte Carlo")]
     order = [(ln.split(" | ")[0][2:], ln.split(" | ")[4], ln.split(" | ")[5]) for ln in full.splitlines()
              if ln.startswith("| ") and not ln.startswith("| algorithm")]

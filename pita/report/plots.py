@@ -80,6 +80,7 @@ def _legends(ax, plt, algos: list[str], rounds: list, extra: list = ()):
     leg = ax.legend(handles=h1, title="algorithm", fontsize=7, title_fontsize=7, loc="upper left",
                     bbox_to_anchor=(1.01, 1.0))
     ax.add_artist(leg)
+    leg.set_clip_on(False)  # add_artist clips to the axes, which would cut a legend placed beside them
     if rounds:
         h2 = [Line2D([], [], color="black", marker=round_style(r)[0], ls=round_style(r)[1], ms=5, label=f"round {r}")
               for r in rounds]
@@ -112,62 +113,82 @@ def swept_algorithms(rows: list[dict]) -> set:
 
 
 def _x_scale(ax, xs: list[float]) -> str:
-    """Symmetric-log x when one point's KL dwarfs the rest (so they are not squeezed into a sliver)."""
+    """Symmetric-log x when the largest KL is far beyond the bulk (over 3x the 75th percentile),
+    so that one outlier does not squeeze every other point against the axis."""
     pos = sorted(abs(x) for x in xs if x is not None and abs(x) > 0)
-    if len(pos) < 3:
+    if len(pos) < 4:
         return "linear"
-    typical = pos[len(pos) // 2]
-    if pos[-1] > 8 * typical:
-        ax.set_xscale("symlog", linthresh=max(typical / 2, 1e-3), linscale=0.5)
+    p75 = pos[(3 * len(pos)) // 4]
+    if pos[-1] > 3 * p75:
+        from matplotlib.ticker import FixedLocator, FuncFormatter
+
+        lin = max(p75 / 4, 1e-3)
+        ax.set_xscale("symlog", linthresh=lin, linscale=0.6)
+        ticks = [0] + [t for t in (0.01, 0.03, 0.1, 0.3, 1, 3, 10, 30, 100) if 0.9 * lin <= t <= pos[-1] * 1.5]
+        ax.xaxis.set_major_locator(FixedLocator(ticks))
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
         return "symlog"
     return "linear"
 
 
+def _save(fig, plt, path: Path) -> Path:
+    # bbox_inches: the legends sit outside the axes and must not be cut off
+    fig.savefig(path, dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    return path
+
+
 def plot_frontier(rows: list[dict], eval_ds: str, out: Path) -> Path:
+    """One panel per round (same y axis): each algorithm's points of that round, value-guided
+    ones joined across eta with eta written beside each point (eta 0 is the base model's star)."""
+    from matplotlib.lines import Line2D
+
     plt = _plt()
     rows = [r for r in rows if r["eval_dataset"] == eval_ds]
     m = metric_of(rows[0])
     swept = swept_algorithms(rows)
-    fig, ax = plt.subplots(figsize=(9.5, 5.2))
-    extra = _base(ax, rows, m, with_point=True)
     series: dict[tuple, list[dict]] = {}
     for r in rows:
         if r["algorithm"] != "base":
             series.setdefault((r["algorithm"], r["train_dataset"], int(r["round"])), []).append(r)
     order = algorithm_order({a for a, _, _ in series})
+    rounds = sorted({k[2] for k in series}) or [0]
+    fig, axes = plt.subplots(1, len(rounds), figsize=(4.6 * len(rounds) + 0.8, 4.6), sharey=True, squeeze=False)
     xs_all = [float(r.get("kl") or 0.0) for r in rows]
-    for (algo, train, rnd), pts in sorted(series.items(), key=lambda kv: (order.index(kv[0][0]),) + kv[0][1:]):
-        pts = sorted(pts, key=lambda r: float(r["eta"]))
-        xs, ys = [float(r.get("kl") or 0.0) for r in pts], [r[m] for r in pts]
-        marker, ls = round_style(rnd)
-        c = colour_of(algo)
-        ax.errorbar(xs, ys, yerr=_err(ys, [r.get(f"{m}_ci_lo") for r in pts], [r.get(f"{m}_ci_hi") for r in pts]),
-                    xerr=_err(xs, [r.get("kl_ci_lo") for r in pts], [r.get("kl_ci_hi") for r in pts]),
-                    color=c, marker=marker, ls=ls if len(pts) > 1 else "none", ms=5, lw=1.2, elinewidth=0.8,
-                    capsize=2, alpha=0.9)
-        if algo in swept:
-            for r, x, y in zip(pts, xs, ys):
-                ax.annotate(f"η={float(r['eta']):g}", (x, y), textcoords="offset points", xytext=(4, 4),
-                            fontsize=6, color=c)
-                if r.get("selected"):
-                    ax.plot([x], [y], marker="o", ms=12, mfc="none", mec=c, mew=1.2, ls="none")
-    from matplotlib.lines import Line2D
-
+    extra = []
+    for ax, rnd in zip(axes[0], rounds):
+        extra = _base(ax, rows, m, with_point=True)
+        for (algo, train, rr), pts in sorted(series.items(), key=lambda kv: (order.index(kv[0][0]),) + kv[0][1:]):
+            if rr != rnd:
+                continue
+            pts = sorted(pts, key=lambda r: float(r["eta"]))
+            xs, ys = [float(r.get("kl") or 0.0) for r in pts], [r[m] for r in pts]
+            marker, ls = round_style(rnd)
+            c = colour_of(algo)
+            ax.errorbar(xs, ys, yerr=_err(ys, [r.get(f"{m}_ci_lo") for r in pts], [r.get(f"{m}_ci_hi") for r in pts]),
+                        xerr=_err(xs, [r.get("kl_ci_lo") for r in pts], [r.get("kl_ci_hi") for r in pts]),
+                        color=c, marker=marker, ls=ls if len(pts) > 1 else "none", ms=5, lw=1.3, elinewidth=0.7,
+                        capsize=1.5, alpha=0.85)
+            if algo in swept:
+                for r, x, y in zip(pts, xs, ys):
+                    if float(r["eta"]) != 0.0:
+                        ax.annotate(f"η={float(r['eta']):g}", (x, y), textcoords="offset points", xytext=(4, 3),
+                                    fontsize=6.5, color=c)
+                    if r.get("selected"):
+                        ax.plot([x], [y], marker="o", ms=12, mfc="none", mec=c, mew=1.4, ls="none")
+        scale = _x_scale(ax, xs_all)
+        ax.set_title(f"round {rnd}", fontsize=9)
+        ax.set_xlabel("KL(policy || reference), nats/sequence" + ("\n(symmetric log scale)" if scale != "linear" else ""),
+                      fontsize=8)
+        ax.grid(alpha=0.3)
+    axes[0][0].set_ylabel(f"{m} (error bars: 95% CI)")
     if swept:
         extra.append(Line2D([], [], marker="o", ms=10, mfc="none", mec="black", ls="none",
                             label="η chosen on validation"))
-    scale = _x_scale(ax, xs_all)
-    rounds = sorted({k[2] for k in series})
-    _legends(ax, plt, order, rounds, extra)
-    ax.set_xlabel("KL(policy || reference), nats per sequence" + (" (symmetric log scale)" if scale != "linear" else ""))
-    ax.set_ylabel(f"{m} (95% CI)")
-    ax.set_title(f"{eval_ds}: {m} vs KL; value-guided lines run over η")
-    ax.grid(alpha=0.3)
+    _legends(axes[0][-1], plt, order, rounds, extra)
+    fig.suptitle(f"{eval_ds}: {m} vs KL to the reference (value-guided: one line across η)", fontsize=10)
     fig.tight_layout()
-    path = out / f"frontier_{eval_ds}.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(fig, plt, out / f"frontier_{eval_ds}.png")
 
 
 def plot_rounds(rows: list[dict], eval_ds: str, out: Path) -> Path:
@@ -205,26 +226,31 @@ def plot_rounds(rows: list[dict], eval_ds: str, out: Path) -> Path:
         ax.set_xticks(all_rounds)
         ax.set_xlim(min(all_rounds) - 0.5, max(all_rounds) + 0.5)
     _legends(ax, plt, order, all_rounds, extra)
-    ax.set_xlabel("round")
-    ax.set_ylabel(f"{m} (95% CI)")
+    ax.set_xlabel("round (algorithms set slightly apart so that their error bars do not overlap)", fontsize=8)
+    ax.set_ylabel(f"{m} (error bars: 95% CI)")
     ax.set_title(f"{eval_ds}: {m} by round (value-guided: η chosen on validation)")
     ax.grid(alpha=0.3)
     fig.tight_layout()
-    path = out / f"rounds_{eval_ds}.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(fig, plt, out / f"rounds_{eval_ds}.png")
 
 
 # ---------------------------------------------------------------- training curves
-# panel -> (title, [(key in metrics.jsonl, what it is)]); the first key a job logs is drawn
+# panel -> (title, which jobs, key in metrics.jsonl). "value" jobs are the value-model trainer's
+# (pita/guidance/train.py: rows without a learning rate), "policy" jobs TRL's (DPO, GRPO, GRPO-HF)
 PANELS = {
-    "loss": ("training loss (value model / policy)", [("loss", "")]),
-    "proxy": ("proxy reward model loss (Bradley-Terry)", [("loss", "")]),
-    "reward": ("reward per step", [("reward", "GRPO: mean reward of the group"),
-                                   ("rewards/margins", "DPO: implicit reward margin")]),
-    "kl": ("KL to the reference per step (GRPO)", [("kl", "")]),
+    "value": ("value model loss (PITA, Q#, Q#-HF)", "value", "loss"),
+    "proxy": ("proxy reward model loss (Bradley-Terry)", "proxy", "loss"),
+    "policy": ("policy loss (TRL)", "policy", "loss"),
+    "reward": ("GRPO: mean reward of the sampled group", "policy", "reward"),
+    "margin": ("DPO: implicit reward margin (chosen - rejected)", "policy", "rewards/margins"),
+    "kl": ("GRPO: KL to its reference per step", "policy", "kl"),
 }
+
+
+def _job_kind(stage: str, rows: list[dict]) -> str:
+    if stage == "proxy":
+        return "proxy"
+    return "policy" if any("learning_rate" in r for r in rows) else "value"
 
 
 def parse_training_job(job_id: str):
@@ -268,45 +294,44 @@ def training_curves(jobs_dir: Path) -> dict[str, dict[tuple, list[dict]]]:
 def plot_training(curves: dict[tuple, list[dict]], dataset: str, out: Path) -> Path | None:
     """``training_<dataset>.png``: one panel per quantity that some job logged, one line per job."""
     plt = _plt()
-    panels = []  # (name, title, [(algo, rnd, xs, ys, label)])
-    for name, (title, keys) in PANELS.items():
-        lines, notes = [], []
-        for (algo, rnd, stage), rows in sorted(curves.items(), key=lambda kv: (algorithm_order(
-                {k[0] for k in curves}).index(kv[0][0]), kv[0][1])):
-            if (stage == "proxy") != (name == "proxy"):
+    order = algorithm_order({k[0] for k in curves})
+    panels = []  # (title, [(algo, rnd, xs, ys)])
+    for title, kind, key in PANELS.values():
+        lines = []
+        for (algo, rnd, stage), rows in sorted(curves.items(), key=lambda kv: (order.index(kv[0][0]), kv[0][1])):
+            if _job_kind(stage, rows) != kind:
                 continue
-            for key, note in keys:
-                pts = [(r["step"], r[key]) for r in rows if isinstance(r.get(key), (int, float))
-                       and math.isfinite(r[key])]
-                if pts:
-                    lines.append((algo, rnd, [p[0] for p in pts], [p[1] for p in pts]))
-                    if note and note not in notes:
-                        notes.append(note)
-                    break
+            pts = [(r["step"], r[key]) for r in rows if isinstance(r.get(key), (int, float))
+                   and not isinstance(r.get(key), bool) and math.isfinite(r[key])]
+            if pts:
+                lines.append((algo, rnd, [p[0] for p in pts], [p[1] for p in pts]))
         if lines:
-            panels.append((name, title + ("\n" + "; ".join(notes) if notes else ""), lines))
+            panels.append((title, lines))
     if not panels:
         return None
-    fig, axes = plt.subplots(1, len(panels), figsize=(4.3 * len(panels) + 1.6, 3.8), squeeze=False)
+    cols = min(3, len(panels))
+    nrows = math.ceil(len(panels) / cols)
+    fig, axes = plt.subplots(nrows, cols, figsize=(4.6 * cols + 1.8, 3.4 * nrows), squeeze=False)
     algos, rounds = set(), set()
-    for ax, (name, title, lines) in zip(axes[0], panels):
+    flat = [ax for row in axes for ax in row]
+    for ax, (title, lines) in zip(flat, panels):
         for algo, rnd, xs, ys in lines:
             marker, ls = round_style(rnd)
-            ax.plot(xs, ys, color=colour_of(algo), ls=ls, marker=marker, ms=2.5, markevery=max(1, len(xs) // 8),
-                    lw=1.1)
+            ax.plot(xs, ys, color=colour_of(algo), ls=ls, marker=marker, ms=3, markevery=max(1, len(xs) // 8),
+                    lw=1.0)
             algos.add(algo)
             rounds.add(rnd)
-        ax.set_title(title, fontsize=8)
-        ax.set_xlabel("optimizer step")
+        ax.set_title(title, fontsize=9)
+        ax.set_xlabel("optimizer step", fontsize=8)
         ax.grid(alpha=0.3)
         ax.tick_params(labelsize=7)
-    _legends(axes[0][-1], plt, algorithm_order(algos), sorted(rounds))
-    fig.suptitle(f"training on {dataset}: every training job's logged metrics (metrics.jsonl)", fontsize=9)
+    for ax in flat[len(panels):]:
+        ax.set_visible(False)
+    _legends(flat[cols - 1], plt, algorithm_order(algos), sorted(rounds))
+    fig.suptitle(f"training on {dataset}: each training job's logged metrics per step (jobs/<id>/metrics.jsonl)",
+                 fontsize=10)
     fig.tight_layout()
-    path = out / f"training_{dataset}.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(fig, plt, out / f"training_{dataset}.png")
 
 
 # ---------------------------------------------------------------- timeline
@@ -336,8 +361,5 @@ def plot_timeline(state: dict, out: Path, phase_of) -> Path | None:
     handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in colors.values()]
     ax.legend(handles, list(colors), fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     ax.set_title("jobs per device (failed attempts outlined in red)")
-    path = out / "timeline.png"
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(fig, plt, out / "timeline.png")

@@ -122,7 +122,8 @@ def headline_rows(rows: list[dict]) -> list[dict]:
         key = (r["eval_dataset"], r["family"], r["train_dataset"], r["algorithm"])
         if key not in last or int(r["round"]) > int(last[key]["round"]):
             last[key] = r
-    return sort_rows(list(last.values()))
+    rows = sort_rows(list(last.values()))
+    return sorted(rows, key=lambda r: r["eval_dataset"])  # stable: per dataset, base first, then algorithms
 
 
 def sample_counts(rows: list[dict]) -> str:
@@ -130,9 +131,9 @@ def sample_counts(rows: list[dict]) -> str:
     per: dict[str, set] = {}
     for r in rows:
         per.setdefault(r["eval_dataset"], set()).add((r.get("prompts"), r.get("n")))
-    text = {ds: " or ".join(f"{p} prompts × {n} samples" for p, n in sorted(v, key=str)) for ds, v in per.items()}
+    text = {ds: " or ".join(f"{p} test prompts × {n} samples" for p, n in sorted(v, key=str)) for ds, v in per.items()}
     if len(set(text.values())) == 1:
-        return f"{next(iter(text.values()))} per evaluation (every dataset)"
+        return f"{next(iter(text.values()))} per prompt (every dataset)"
     return "; ".join(f"{ds}: {t}" for ds, t in sorted(text.items()))
 
 
@@ -224,7 +225,7 @@ def render(run: RunPaths, rows: list[dict] | None = None) -> Path:
     lines.append("")
     if rows:
         swept = swept_algorithms(rows)
-        lines.append(f"Every evaluation: {sample_counts(rows)}. {_interval_note(rows)}")
+        lines.append(f"Every row evaluates {sample_counts(rows)}. {_interval_note(rows)}")
         lines.append("")
         lines += _fairness_notes(run, rows, swept) + [""]
         lines += ["### Headline: last round, η chosen on validation", "", headline_table(rows, swept), ""]
