@@ -54,7 +54,8 @@ def test_the_report_has_the_table_the_plots_compute_failures_and_config(run):
 
     path = render(run)
     text = path.read_text()
-    assert "| PITA | tiny | arith | 1 | arith | 2.00 | pass@1 | 0.310 |" in text
+    assert "| PITA | tiny | arith | arith | 1 | 2 | pass@1 | 0.310 | [0.290, 0.330] |" in text  # no records: +-1.96 se
+    assert "value ± 1.96 stderr" in text
     for png in ("frontier_arith", "frontier_sentiment", "rounds_arith", "rounds_sentiment", "timeline"):
         f = run.results / "plots" / f"{png}.png"
         assert f.stat().st_size > 1000 and f.read_bytes()[:4] == b"\x89PNG"
@@ -62,7 +63,7 @@ def test_the_report_has_the_table_the_plots_compute_failures_and_config(run):
     assert "| generation | 1 | 10.0 | 10.0 | 321 | 1.00 |" in text
     assert "| training | 2 | 25.0 | 25.0 | 0 |" in text
     assert "`DPO.tiny.arith.r0.train`: boom (log: `x/job.log`)" in text
-    assert "name: exp" in text
+    assert "[`config.yaml`](../config.yaml)" in text and "name: exp" not in text  # linked, not dumped
 
 
 def test_compute_accounting_counts_device_seconds_over_every_device_held(run):
@@ -120,3 +121,174 @@ def test_shared_round_zero_data_counts_towards_every_row_that_used_it():
     rows = [_row("PITA", 0, 2.0, 0.3, 0.1), _row("QSharp", 0, 2.0, 0.3, 0.1)]
     add_compute(rows, state, lambda jid: {"tokens": 100 if jid == f"{d}.s0" else 0})
     assert [r["train_device_s"] for r in rows] == [31, 16] and [r["tokens"] for r in rows] == [100, 100]
+
+
+# ---------------------------------------------------------------- intervals, headline, full table
+def test_bootstrap_draws_are_paired_and_reproduce_the_point_estimate_of_constant_columns():
+    """Prompts with (num, den) = (1, 1) and (3, 3): every draw's ratio is 1. Two identical
+    columns drawn together differ by exactly 0 in every draw (paired), and the seed fixes the draws."""
+    from pita.eval.metrics import bootstrap_ratios, percentile_interval
+
+    d = bootstrap_ratios({"a": ([1, 3], [1, 3])}, resamples=50, seed=3)
+    assert d["a"] == [1.0] * 50
+    d = bootstrap_ratios({"b": ([0.0, 1.0, 0.5], [1, 1, 1]), "c": ([0.0, 1.0, 0.5], [1, 1, 1])}, resamples=200, seed=3)
+    assert all(x - y == 0 for x, y in zip(d["b"], d["c"]))
+    assert d == bootstrap_ratios({"b": ([0.0, 1.0, 0.5], [1, 1, 1]), "c": ([0.0, 1.0, 0.5], [1, 1, 1])},
+                                 resamples=200, seed=3)
+    lo, hi = percentile_interval(d["b"])
+    assert 0.0 <= lo < 0.5 < hi <= 1.0
+    with pytest.raises(ValueError, match="different numbers of prompts"):
+        bootstrap_ratios({"a": ([1], [1]), "b": ([1, 2], [1, 1])})
+
+
+PROMPTS, SAMPLES = 24, 4
+
+
+def _records(p_correct, eta, logp_gap=0.0, seed=0):
+    """Per-sample records of one evaluation: prompt i's samples are correct with probability p_correct(i)."""
+    import random
+
+    rng = random.Random(seed)
+    out = []
+    for i in range(PROMPTS):
+        for s in range(SAMPLES):
+            ok = rng.random() < p_correct(i)
+            out.append({"id": f"q{i:02d}", "eta": eta, "sample": s, "correct": ok, "extracted": "1" if ok else "2",
+                        "logp": -5.0 + logp_gap * (1 + (i % 3)), "logp_ref": -5.0})
+    return out
+
+
+def _eval_job(run, jid, labels, by_eta: dict, reused: dict | None = None):
+    """An eval.merge's saved records and result, as pita/eval/jobs.py writes them."""
+    from datasets import Dataset
+
+    from pita.eval.metrics import summarize
+
+    results, records = [], []
+    if reused:
+        results.append({**reused, **labels, "eta": 0.0, "reused_from": "base.tiny.arith.eval.merge"})
+    for eta, recs in by_eta.items():
+        records += recs
+        groups = {}
+        for r in recs:
+            groups.setdefault(r["id"], []).append(r)
+        results.append({**labels, "eta": eta, **summarize([groups[k] for k in sorted(groups)], "math")})
+    jp = run.job(jid)
+    jp.dir.mkdir(parents=True)
+    if records:
+        Dataset.from_list(records).save_to_disk(str(jp.artifacts / "data"))
+    jp.result.write_text(json.dumps({"labels": labels, "results": results}))
+    return results
+
+
+@pytest.fixture()
+def recorded_run(tmp_path):
+    """base; PITA rounds 0-1 sweeping eta {0, 1, 2} with validation choosing 2 in round 1; DPO rounds 0-1.
+    PITA r1 at eta 2 is the base model's samples with prompts 0-5 made correct: it never loses a prompt."""
+    run = RunPaths(tmp_path / "exp" / "2026-01-01_00-00-00")
+    run.results.mkdir(parents=True)
+    lab = lambda a, r, split=None: {"algorithm": a, "family": "tiny", "train_dataset": "arith", "round": r,  # noqa: E731
+                                    "eval_dataset": "arith", "task": "math", **({"split": split} if split else {})}
+    base_p = lambda i: 0.2 + 0.6 * (i % 5) / 4  # noqa: E731
+    base_recs = _records(base_p, 0.0, seed=1)
+    base_row = _eval_job(run, "base.tiny.arith.eval.merge", lab("base", 0), {0.0: base_recs})[0]
+    better = [{**r, "eta": 2.0, "correct": r["correct"] or int(r["id"][1:]) < 6, "logp": r["logp"] + 0.3}
+              for r in base_recs]
+    _eval_job(run, "PITA.tiny.arith.r0.eval.merge", lab("PITA", 0),
+              {1.0: _records(base_p, 1.0, 0.1, seed=2), 2.0: _records(base_p, 2.0, 0.2, seed=3)}, reused=base_row)
+    _eval_job(run, "PITA.tiny.arith.r1.eval.merge", lab("PITA", 1),
+              {1.0: _records(base_p, 1.0, 0.1, seed=4), 2.0: better}, reused=base_row)
+    for r in (0, 1):
+        _eval_job(run, f"PITA.tiny.arith.r{r}.val.merge", lab("PITA", r, "validation"),
+                  {0.0: _records(lambda i: 0.3, 0.0, seed=5), 1.0: _records(lambda i: 0.6 - 0.4 * r, 1.0, seed=6),
+                   2.0: _records(lambda i: 0.2 + 0.5 * r, 2.0, seed=7)})
+        _eval_job(run, f"DPO.tiny.arith.r{r}.eval.merge", lab("DPO", r), {0.0: _records(base_p, 0.0, 0.5, seed=8 + r)})
+    jobs = {d.name: {"kind": "eval.merge", "state": "COMPLETED", "attempts": []} for d in run.jobs_dir.iterdir()}
+    run.state.write_text(json.dumps({"jobs": jobs}))
+    (run.root / "config.yaml").write_text("experiment:\n  name: exp\n")
+    return run
+
+
+def test_every_row_carries_bootstrap_intervals_and_a_paired_gain(recorded_run):
+    from pita.report import results
+
+    rows = results.write(recorded_run)
+    by = {(r["algorithm"], r["round"], r["eta"]): r for r in rows}
+    for r in rows:
+        assert r["ci_method"].startswith("bootstrap")
+        assert r["pass@1_ci_lo"] <= r["pass@1"] <= r["pass@1_ci_hi"] and r["pass@1_ci_lo"] < r["pass@1_ci_hi"]
+        assert r["kl_ci_lo"] <= r["kl"] <= r["kl_ci_hi"]
+    base, best = by[("base", 0, 0.0)], by[("PITA", 1, 2.0)]
+    assert "gain" not in base and best["selected"] and not by[("PITA", 1, 1.0)]["selected"]
+    assert best["gain"] == pytest.approx(best["pass@1"] - base["pass@1"]) and best["gain"] > 0
+    # paired: the row never loses a prompt to the base, so no resample shows a loss; an interval that
+    # treated the two as independent would reach well below 0
+    assert 0.0 <= best["gain_ci_lo"] < best["gain"] < best["gain_ci_hi"]
+    independent = best["gain"] - 1.96 * (best["pass@1_stderr"] ** 2 + base["pass@1_stderr"] ** 2) ** 0.5
+    assert independent < 0
+    # eta 0 is the base model's evaluation: its records, the same interval, a gain of exactly 0
+    reused = by[("PITA", 1, 0.0)]
+    assert (reused["pass@1_ci_lo"], reused["pass@1_ci_hi"]) == (base["pass@1_ci_lo"], base["pass@1_ci_hi"])
+    assert reused["gain"] == reused["gain_ci_lo"] == reused["gain_ci_hi"] == 0.0
+    csv_header = (recorded_run.results / "results.csv").read_text().splitlines()[0]
+    assert "pass@1_ci_lo" in csv_header and "gain_ci_hi" in csv_header
+
+
+def test_the_report_opens_with_the_headline_then_every_row_sorted(recorded_run):
+    from pita.report import results
+    from pita.report.report import render
+
+    rows = results.write(recorded_run)
+    by = {(r["algorithm"], r["round"], r["eta"]): r for r in rows}
+    text = render(recorded_run, rows).read_text()
+    head = text[text.index("### Headline"):text.index("### Every row")]
+    lines = [ln for ln in head.splitlines() if ln.startswith("| arith")]
+    assert [ln.split(" | ")[1] for ln in lines] == ["base", "PITA", "DPO"]  # base first, then registry order
+    best, dpo = by[("PITA", 1, 2.0)], by[("DPO", 1, 0.0)]
+    assert (f"| arith | PITA | 1 | 2 (chosen) | pass@1 | {best['pass@1']:.3f} [{best['pass@1_ci_lo']:.3f}, "
+            f"{best['pass@1_ci_hi']:.3f}] | {best['kl']:.3f} [{best['kl_ci_lo']:.3f}, {best['kl_ci_hi']:.3f}] | "
+            f"{best['gain']:+.3f} [{best['gain_ci_lo']:+.3f}, {best['gain_ci_hi']:+.3f}] |") in head
+    assert f"| arith | DPO | 1 |  | pass@1 | {dpo['pass@1']:.3f} [" in head  # no eta for a baseline
+    assert "| arith | base |  |  | pass@1 |" in head and "(reference)" in head
+    assert f"{PROMPTS} test prompts × {SAMPLES} samples" in text and text.count("prompts × ") == 1
+    full = text[text.index("### Every row"):text.index("KL is a Monte Carlo")]
+    order = [(ln.split(" | ")[0][2:], ln.split(" | ")[4], ln.split(" | ")[5]) for ln in full.splitlines()
+             if ln.startswith("| ") and not ln.startswith("| algorithm")]
+    assert order == [("base", "", ""), ("PITA", "0", "0"), ("PITA", "0", "1 (chosen)"), ("PITA", "0", "2"),
+                     ("PITA", "1", "0"), ("PITA", "1", "1"), ("PITA", "1", "2 (chosen)"), ("DPO", "0", ""),
+                     ("DPO", "1", "")]
+    assert "[`config.yaml`](../config.yaml)" in text and "name: exp" not in text
+
+
+def test_training_curves_are_drawn_from_each_jobs_metrics(tmp_path):
+    from pita.report.plots import plot_training, training_curves
+
+    jobs = tmp_path / "jobs"
+    rows = {"PITA.tiny.arith.r0.train": [{"epoch": 0, "step": s, "loss": 0.7 - 0.01 * s} for s in range(1, 9)],
+            "PITA.tiny.arith.r1.train": [{"epoch": 0, "step": s, "loss": 0.6 - 0.01 * s} for s in range(1, 9)],
+            "QSharp-HF.tiny.arith.r0.proxy": [{"epoch": 0, "step": s, "loss": 0.69} for s in range(1, 5)],
+            "GRPO.tiny.arith.r0.train": [{"loss": 0.01, "reward": 0.1 * s, "kl": 0.01 * s, "step": s}
+                                         for s in range(1, 6)] + [{"train_runtime": 3.0, "train_loss": 0.0, "step": 5}],
+            "DPO.tiny.sentiment.r0.train": [{"loss": 0.69, "rewards/margins": 0.1 * s, "step": s} for s in range(1, 4)],
+            "data.tiny.arith.r0.value_rollouts-abc.merge": [{"step": 1, "loss": 9.0}]}
+    for jid, rs in rows.items():
+        (jobs / jid).mkdir(parents=True)
+        (jobs / jid / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rs))
+    curves = training_curves(jobs)
+    assert sorted(curves) == ["arith", "sentiment"]
+    assert sorted(curves["arith"]) == [("GRPO", 0, "train"), ("PITA", 0, "train"), ("PITA", 1, "train"),
+                                       ("QSharp-HF", 0, "proxy")]
+    assert len(curves["arith"][("GRPO", 0, "train")]) == 5  # TRL's closing summary row is not a step
+    for ds in curves:
+        f = plot_training(curves[ds], ds, tmp_path)
+        assert f == tmp_path / f"training_{ds}.png" and f.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_every_algorithm_keeps_one_colour_and_every_round_one_style():
+    from pita.report.plots import PALETTE, colour_of, round_style
+
+    algos = ["PITA", "QSharp", "QSharp-HF", "DPO", "GRPO", "GRPO-HF"]
+    colours = [colour_of(a) for a in algos]
+    assert len(set(colours)) == len(algos) and colour_of("base") not in colours
+    assert all(c in PALETTE for c in colours) and colour_of("PITA") == colour_of("PITA")
+    assert len({round_style(r) for r in range(4)}) == 4

@@ -66,6 +66,8 @@ def dpo_train(ctx):
     from transformers import AutoModelForCausalLM
     from trl import DPOConfig as TRLDPOConfig, DPOTrainer
 
+    from pita.report.tracker import tracker_settings
+
     p = ctx.params
     if p.get("devices", 1) > 1 and world_size() == 1:
         return run_distributed(ctx, "algo.dpo_train", p["devices"])
@@ -81,7 +83,8 @@ def dpo_train(ctx):
         ref_model = AutoModelForCausalLM.from_pretrained(p["reference"], dtype=model.dtype)
     ds = Dataset.from_list([{"prompt": user(r["prompt"]), "chosen": assistant(r["chosen"]),
                              "rejected": assistant(r["rejected"])} for r in pairs])
-    args = training_args(TRLDPOConfig, p, str(ctx.paths.artifacts / "trainer"), cuda, num_train_epochs=p["epochs"],
+    args = training_args(TRLDPOConfig, p, str(ctx.paths.artifacts / "trainer"), cuda, tracker_settings(ctx),
+                         num_train_epochs=p["epochs"],
                          max_length=p["max_length"])
     ctx.log.info("DPO from %s on %d pairs (of %d; ties dropped), reference policy %s, beta %s", path, len(pairs),
                  len(records), "original" if ref_model is not None or not p["policy_from"] else "previous", p["beta"])

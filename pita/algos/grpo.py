@@ -150,7 +150,10 @@ def grpo_trainer(ctx, p: dict):
     extra = {}
     if p["use_vllm"]:
         extra.update(use_vllm=True, vllm_mode=p["vllm_mode"], vllm_gpu_memory_utilization=p["vllm_gpu_memory_utilization"])
-    args = training_args(TRLGRPOConfig, p, str(ctx.paths.artifacts / "trainer"), cuda, max_steps=p["max_steps"],
+    from pita.report.tracker import tracker_settings
+
+    args = training_args(TRLGRPOConfig, p, str(ctx.paths.artifacts / "trainer"), cuda, tracker_settings(ctx),
+                         max_steps=p["max_steps"],
                          num_generations=p["num_generations"], max_completion_length=p["max_completion_length"],
                          temperature=p["temperature"], **extra)
     # TRL builds its KL reference from the path the policy was loaded from, which after round 0 is

@@ -202,9 +202,12 @@ def on_cuda() -> bool:
     return default_device().startswith("cuda")
 
 
-def training_args(cls, p: dict, out: str, cuda: bool, **extra):
-    """TRL's ``cls`` (DPOConfig, GRPOConfig) from a training job's params."""
+def training_args(cls, p: dict, out: str, cuda: bool, tracker=None, **extra):
+    """TRL's ``cls`` (DPOConfig, GRPOConfig) from a training job's params; ``tracker``
+    (``pita.report.tracker.tracker_settings(ctx)``) sets TRL's ``report_to``."""
     import torch
+
+    from pita.report.tracker import prepare_trl
 
     # mixed precision on CUDA: autocast in bf16 (fp16 where bf16 is unsupported or asked for),
     # fp32 master weights (load_policy)
@@ -215,7 +218,7 @@ def training_args(cls, p: dict, out: str, cuda: bool, **extra):
                per_device_train_batch_size=per_device,
                gradient_accumulation_steps=p["gradient_accumulation_steps"], learning_rate=p["lr"], beta=p["beta"],
                gradient_checkpointing=bool(p["gradient_checkpointing"]), seed=p["seed"], data_seed=p["seed"],
-               logging_steps=1, report_to=[], save_strategy="no", disable_tqdm=True,
+               logging_steps=1, **prepare_trl(tracker), save_strategy="no", disable_tqdm=True,
                dataloader_num_workers=int(p.get("num_workers", 0)),
                ddp_find_unused_parameters=False if p["devices"] > 1 else None, **extra)
 

@@ -191,6 +191,7 @@ def value_train(ctx):
     from pita.guidance.proxy import shared_settings
     from pita.guidance.value_model import HeadSpec, ValueModel
     from pita.models.lm import default_device
+    from pita.report.tracker import tracker_settings
 
     p = ctx.params
     dev = default_device()
@@ -221,7 +222,7 @@ def value_train(ctx):
                              batch_size=p["batch_size"], **shared_settings(p), seed=p["seed"])
     ctx.log.info("%s: %d examples (%s loss), targets mean %.3f", algo, len(examples), p["loss"],
                  sum(e.target for e in examples) / len(examples))
-    curve = train(vm, examples, settings, ctx.log, pad_id=0, device=dev)
+    curve = train(vm, examples, settings, ctx.log, pad_id=0, device=dev, tracker=tracker_settings(ctx))
     out = ctx.paths.artifacts / "model"
     vm.save(out)
     ctx.paths.write_metrics(curve)

@@ -161,6 +161,17 @@ class GenerationConfig:
 
 
 @dataclass
+class LoggingConfig:
+    """Experiment trackers (pita/report/tracker.py): training metrics and the final results table."""
+
+    # none | tensorboard (event files under <run>/tensorboard/, offline) | wandb (needs pip install
+    # wandb; WANDB_MODE=offline keeps it on disk): TRL's report_to, the value-model and proxy
+    # trainers' loss per step, and the final results table
+    tracker: str = "none"
+    project: str = "pita"  # wandb project of every run's jobs (each run's folder is its group)
+
+
+@dataclass
 class PitaConfig:
     experiment: ExperimentConfig = field(default_factory=ExperimentConfig)
     system: SystemConfig = field(default_factory=SystemConfig)
@@ -175,6 +186,7 @@ class PitaConfig:
     # does not have is refused
     algos: Dict[str, Any] = field(default_factory=default_configs)
     eval: EvalConfig = field(default_factory=EvalConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
     resume_from: Optional[str] = None  # an earlier run folder: re-run only its unfinished jobs
     resume_force: bool = False  # resume even if overrides change the job graph
 

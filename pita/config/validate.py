@@ -76,6 +76,10 @@ def validate_config(cfg: DictConfig) -> None:
         if name not in ALGORITHMS:
             p.append(unknown_name("algos", name, ALGORITHMS.names()) + " (algos.<name> holds the settings of a "
                      "registered algorithm)")
+    if cfg.get("logging") is not None:
+        from pita.report.tracker import check_tracker
+
+        p += check_tracker(cfg.logging.tracker)
     gb = cfg.generation.batch_size
     need(gb is None or (isinstance(gb, int) and not isinstance(gb, bool) and gb >= 1), "generation.batch_size", gb,
          "must be a positive integer (the per-device data-generation batch), or null to use data_collection.batch_size")

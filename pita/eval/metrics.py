@@ -213,3 +213,46 @@ def summarize(groups: Groups, task: str, kl_fraction: float = 1.0) -> dict:
     if any("logp" in s for s in flat):
         out.update(kl_metrics(flat, kl_fraction))
     return out
+
+
+def bootstrap_ratios(columns: Mapping[str, tuple[Sequence[float], Sequence[float]]], resamples: int = 1000,
+                     seed: int = 0) -> dict[str, list[float]]:
+    """Bootstrap over prompts: ``resamples`` draws of the prompts with replacement, the same draws
+    for every column, and per draw each column's ``sum(num[i]) / sum(den[i])`` over the drawn
+    prompts i.
+
+    A column is (num, den), one entry per prompt, all columns over the same prompts in the same
+    order. A mean over prompts is (per-prompt values, ones); a mean over samples is (per-prompt
+    sums, per-prompt counts); so each column's statistic on the original prompts is its point
+    estimate. Drawing the prompts once for all columns is what makes a difference of two columns
+    (a row minus the base model on the same prompts) a paired comparison. A draw whose
+    denominator is 0 gives nan. Seeded: the same inputs give the same draws.
+    """
+    import numpy as np
+
+    cols = {k: (np.asarray(n, dtype=float), np.asarray(d, dtype=float)) for k, (n, d) in columns.items()}
+    sizes = {len(n) for n, _ in cols.values()} | {len(d) for _, d in cols.values()}
+    if len(sizes) > 1:
+        raise ValueError(f"bootstrap_ratios: columns cover different numbers of prompts ({sorted(sizes)})")
+    n_prompts = sizes.pop() if sizes else 0
+    if n_prompts == 0:
+        return {k: [] for k in cols}
+    idx = np.random.default_rng(seed).integers(0, n_prompts, size=(resamples, n_prompts))
+    out = {}
+    with np.errstate(invalid="ignore", divide="ignore"):
+        for k, (num, den) in cols.items():
+            d = den[idx].sum(1)
+            out[k] = np.where(d > 0, num[idx].sum(1) / np.where(d > 0, d, 1), np.nan).tolist()
+    return out
+
+
+def percentile_interval(draws: Sequence[float], level: float = 0.95) -> tuple[float, float]:
+    """The central ``level`` interval of bootstrap draws (percentile method; nan draws ignored)."""
+    import numpy as np
+
+    a = np.asarray(draws, dtype=float)
+    a = a[~np.isnan(a)]
+    if a.size == 0:
+        return math.nan, math.nan
+    lo, hi = np.quantile(a, [(1 - level) / 2, (1 + level) / 2])
+    return float(lo), float(hi)

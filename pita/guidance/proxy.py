@@ -97,6 +97,7 @@ def proxy_train(ctx):
 
     from pita.guidance.rollouts import continuation_pairs, read_rounds, sequence_ids
     from pita.guidance.train import PairExample, TrainSettings, train
+    from pita.report.tracker import tracker_settings
     from pita.guidance.value_model import ValueModel
     from pita.models.lm import default_device
 
@@ -120,7 +121,7 @@ def proxy_train(ctx):
     dev = default_device()
     curve = train(vm, examples, TrainSettings(epochs=p["epochs"], lr=p["lr"], token_budget=p["token_budget"],
                                               batch_size=p["batch_size"], seed=p["seed"], **shared_settings(p)),
-                  ctx.log, pad_id=0, device=dev)
+                  ctx.log, pad_id=0, device=dev, tracker=tracker_settings(ctx))
     out = ctx.paths.artifacts / "model"
     vm.save(out)
     ctx.paths.write_metrics(curve)

@@ -149,10 +149,19 @@ def calibrate(vm, examples: list[SeqExample], pad_id: int = 0, device: str = "cp
 
 
 def train(vm, examples: list, s: TrainSettings, logger: logging.Logger = log, pad_id: int = 0,
-          device: str = "cpu") -> list[dict]:
-    """Train in place; returns the loss curve [{"epoch", "step", "loss"}]."""
+          device: str = "cpu", tracker=None) -> list[dict]:
+    """Train in place; returns the loss curve [{"epoch", "step", "loss"}]. With ``tracker``
+    (``pita.report.tracker.TrackerSettings``) every step's loss also goes to that tracker."""
     if not examples:
         raise JobError("no training examples: the data collection produced nothing usable")
+    from pita.report.tracker import open_tracker
+
+    with open_tracker(tracker) as t:
+        return _train(vm, examples, s, logger, pad_id, device, t)
+
+
+def _train(vm, examples: list, s: TrainSettings, logger: logging.Logger, pad_id: int, device: str,
+           tracker) -> list[dict]:
     torch.manual_seed(s.seed)
     rng = random.Random(s.seed)
     vm.to(device).train()
@@ -196,6 +205,7 @@ def train(vm, examples: list, s: TrainSettings, logger: logging.Logger = log, pa
             total += lv * len(batch)
             count += len(batch)
             curve.append({"epoch": epoch, "step": step, "loss": lv})
+            tracker.log({"train/loss": lv, "train/epoch": epoch}, step)
         logger.info("epoch %d: mean loss %.4f over %d examples", epoch, total / max(count, 1), count)
     vm.eval()
     return curve

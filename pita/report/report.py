@@ -1,15 +1,14 @@
-"""``results/report.md`` and its plots, from what a run saved (results, state, config).
+"""``results/report.md``, from what a run saved (results, state, config, training metrics).
 
     python -m pita report outputs/NAME/<time>      re-render from the saved files
 
-Plots (PNG, matplotlib, under ``results/plots/``):
-    frontier_<eval dataset>.png   metric vs KL(policy || reference): one line per value-guided
-                                  algorithm and round across eta, one point per trained baseline
-                                  and round, the base model as a horizontal line
-    rounds_<eval dataset>.png     metric vs round per algorithm (value-guided: the eta chosen on validation)
-    timeline.png                  every job attempt as a bar on the device(s) it ran on
-Compute accounting per phase (generation, training, evaluation, merges): jobs, wall time summed
-over jobs, device-seconds (wall x devices held), tokens sampled, peak resident memory.
+The report opens with a headline table: per evaluation dataset and algorithm, the last round's
+row at the eta chosen on validation, its metric and KL with 95% intervals (bootstrap over
+prompts, pita/report/intervals.py) and the paired gain over the base model. Every row follows,
+base first, then algorithms in registry order; eta appears only for algorithms that sweep it.
+Then the plots (pita/report/plots.py), compute per phase (jobs, wall time summed over jobs,
+device-seconds = wall x devices held, tokens sampled, peak resident memory), failures, and a
+link to the run's ``config.yaml``.
 """
 
 from __future__ import annotations
@@ -19,9 +18,9 @@ import time
 from pathlib import Path
 
 from pita.core.paths import RunPaths
-
-def metric_of(row: dict) -> str:
-    return "pass@1" if row.get("pass@1") is not None else "mean_reward"
+from pita.report.intervals import add_intervals, metric_of
+from pita.report.plots import (algorithm_order, plot_frontier, plot_rounds, plot_timeline, plot_training,
+                               swept_algorithms, training_curves)
 
 
 def phase_of(job_id: str, kind: str) -> str:
@@ -51,98 +50,6 @@ def compute_table(state: dict, results_of) -> list[dict]:
             a["tokens"] += int((results_of(jid) or {}).get("tokens") or 0)
     order = ["generation", "training", "evaluation", "merge"]
     return sorted(acc.values(), key=lambda r: (order.index(r["phase"]) if r["phase"] in order else 99, r["phase"]))
-
-
-def _plt():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def _dataset_axes(rows: list[dict], eval_ds: str, figsize, base_label):
-    """(plt, fig, ax, the dataset's rows, its metric), with the base model drawn as a line."""
-    plt = _plt()
-    rows = [r for r in rows if r["eval_dataset"] == eval_ds]
-    m = metric_of(rows[0])
-    fig, ax = plt.subplots(figsize=figsize)
-    for b in [r for r in rows if r["algorithm"] == "base"]:
-        ax.axhline(b[m], color="grey", ls="--", lw=1, label=base_label(b[m]))
-    return plt, fig, ax, rows, m
-
-
-def _save(plt, fig, ax, path: Path, xlabel: str, ylabel: str, title: str) -> Path:
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel(ylabel)
-    ax.set_title(title)
-    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
-
-
-def plot_frontier(rows: list[dict], eval_ds: str, out: Path) -> Path:
-    plt, fig, ax, rows, m = _dataset_axes(rows, eval_ds, (8.5, 4.5), lambda v: f"base ({v:.3f})")
-    series: dict[tuple, list[dict]] = {}
-    for r in rows:
-        if r["algorithm"] != "base":
-            series.setdefault((r["algorithm"], r["round"]), []).append(r)
-    for (algo, rnd), pts in sorted(series.items()):
-        pts = sorted(pts, key=lambda r: float(r["eta"]))
-        xs, ys = [float(r.get("kl") or 0.0) for r in pts], [r[m] for r in pts]
-        ax.plot(xs, ys, "o-" if len(pts) > 1 else "s", ms=4, label=f"{algo} r{rnd}")
-    return _save(plt, fig, ax, out / f"frontier_{eval_ds}.png", "KL(policy || reference), nats per sequence", m,
-                 f"{eval_ds}: {m} vs KL (value-guided lines run over eta)")
-
-
-def plot_rounds(rows: list[dict], eval_ds: str, out: Path) -> Path:
-    plt, fig, ax, rows, m = _dataset_axes(rows, eval_ds, (7.5, 4), lambda v: "base")
-    chosen: dict[str, dict[int, float]] = {}
-    for r in rows:  # value-guided rows at the eta chosen on validation prompts, never the test's best
-        if r["algorithm"] != "base" and r.get("selected"):
-            chosen.setdefault(r["algorithm"], {})[r["round"]] = r[m]
-    for algo, by in sorted(chosen.items()):
-        rs = sorted(by)
-        ax.plot(rs, [by[x] for x in rs], "o-", label=algo)
-    return _save(plt, fig, ax, out / f"rounds_{eval_ds}.png", "round", f"{m} (value-guided: eta chosen on validation)",
-                 f"{eval_ds}: {m} by round")
-
-
-def plot_timeline(state: dict, out: Path) -> Path | None:
-    plt = _plt()
-    bars = []  # (lane, start, duration, phase)
-    for jid, j in state.get("jobs", {}).items():
-        for at in j.get("attempts", []):
-            if not at.get("start"):
-                continue
-            devs = at.get("devices") or []
-            lanes = [f"{d.get('kind', 'dev')}{d.get('index', '?')}" for d in devs] or ["host"]
-            dur = float(at.get("duration_s") or (at.get("end") or at["start"]) - at["start"])
-            for lane in lanes:
-                bars.append((lane, at["start"], dur, phase_of(jid, j.get("kind", "")), at.get("status")))
-    if not bars:
-        return None
-    t0 = min(b[1] for b in bars)
-    lanes = sorted({b[0] for b in bars})
-    colors = {"generation": "tab:blue", "training": "tab:orange", "evaluation": "tab:green", "merge": "tab:grey"}
-    fig, ax = plt.subplots(figsize=(10, 1.2 + 0.5 * len(lanes)))
-    for lane, start, dur, ph, status in bars:
-        ax.barh(lanes.index(lane), dur, left=start - t0, height=0.6, color=colors.get(ph, "tab:purple"),
-                edgecolor="red" if status not in (None, "ok") else "black", lw=0.3)
-    ax.set_yticks(range(len(lanes)), lanes)
-    ax.set_xlabel("seconds since the first job started")
-    handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in colors.values()]
-    ax.legend(handles, list(colors), fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
-    ax.set_title("jobs per device (failed attempts outlined in red)")
-    path = out / "timeline.png"
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
 
 
 def _md_table(header: list[str], rows: list[list]) -> str:
@@ -183,12 +90,114 @@ def _fairness_notes(run: RunPaths, rows: list[dict], swept: set) -> list[str]:
     return out
 
 
+def _ci(v, lo, hi, nd=3, signed=False) -> str:
+    """``0.312 [0.281, 0.344]``; the value alone when there is no interval."""
+    if v is None:
+        return ""
+    f = (lambda x: f"{x:+.{nd}f}") if signed else (lambda x: f"{x:.{nd}f}")
+    return f(v) + (f" [{f(lo)}, {f(hi)}]" if lo is not None and hi is not None else "")
+
+
+def sort_rows(rows: list[dict]) -> list[dict]:
+    """Base first, then algorithms in registry order, then eval dataset, family, training dataset, round, eta."""
+    order = ["base"] + algorithm_order({r["algorithm"] for r in rows})
+    return sorted(rows, key=lambda r: (order.index(r["algorithm"]), r["eval_dataset"], r["family"],
+                                       r["train_dataset"], int(r["round"]), float(r["eta"])))
+
+
+def eta_cell(r: dict, swept: set) -> str:
+    """The eta of an algorithm that sweeps it (the chosen one marked), blank for every other."""
+    if r["algorithm"] not in swept:
+        return ""
+    return f"{float(r['eta']):g}" + (" (chosen)" if r.get("selected") else "")
+
+
+def headline_rows(rows: list[dict]) -> list[dict]:
+    """Per (eval dataset, family, training dataset, algorithm): the last round's row at the eta
+    chosen on validation (the base model's single row; a sweep without a choice is left out)."""
+    last: dict[tuple, dict] = {}
+    for r in rows:
+        if not (r["algorithm"] == "base" or r.get("selected")):
+            continue
+        key = (r["eval_dataset"], r["family"], r["train_dataset"], r["algorithm"])
+        if key not in last or int(r["round"]) > int(last[key]["round"]):
+            last[key] = r
+    rows = sort_rows(list(last.values()))
+    return sorted(rows, key=lambda r: r["eval_dataset"])  # stable: per dataset, base first, then algorithms
+
+
+def sample_counts(rows: list[dict]) -> str:
+    """``arith: 64 prompts × 8 samples; sentiment: ...`` (one entry when every dataset agrees)."""
+    per: dict[str, set] = {}
+    for r in rows:
+        per.setdefault(r["eval_dataset"], set()).add((r.get("prompts"), r.get("n")))
+    text = {ds: " or ".join(f"{p} test prompts × {n} samples" for p, n in sorted(v, key=str)) for ds, v in per.items()}
+    if len(set(text.values())) == 1:
+        return f"{next(iter(text.values()))} per prompt (every dataset)"
+    return "; ".join(f"{ds}: {t}" for ds, t in sorted(text.items()))
+
+
+def headline_table(rows: list[dict], swept: set) -> str:
+    head = headline_rows(rows)
+    multi_fam = len({r["family"] for r in rows}) > 1
+    cross = any(r["train_dataset"] != r["eval_dataset"] for r in rows if r["algorithm"] != "base")
+    header = ["dataset"] + (["family"] if multi_fam else []) + ["algorithm"] + (["trained on"] if cross else []) + \
+        ["round", "η", "metric", "value [95% CI]", "KL [95% CI]", "gain over base [95% CI]"]
+    tab = []
+    for r in head:
+        m = metric_of(r)
+        tab.append([r["eval_dataset"]] + ([r["family"]] if multi_fam else []) + [r["algorithm"]] +
+                   ([r["train_dataset"] if r["algorithm"] != "base" else ""] if cross else []) +
+                   ["" if r["algorithm"] == "base" else r["round"], eta_cell(r, swept), m,
+                    _ci(r.get(m), r.get(f"{m}_ci_lo"), r.get(f"{m}_ci_hi")),
+                    _ci(r.get("kl"), r.get("kl_ci_lo"), r.get("kl_ci_hi")),
+                    "(reference)" if r["algorithm"] == "base" else
+                    _ci(r.get("gain"), r.get("gain_ci_lo"), r.get("gain_ci_hi"), signed=True)])
+    return _md_table(header, tab)
+
+
+def full_table(rows: list[dict], swept: set) -> str:
+    tab = []
+    for r in sort_rows(rows):
+        m = metric_of(r)
+        tab.append([r["algorithm"], r["family"], r["train_dataset"] if r["algorithm"] != "base" else "",
+                    r["eval_dataset"], "" if r["algorithm"] == "base" else r["round"], eta_cell(r, swept), m,
+                    _f(r.get(m)), _span(r.get(f"{m}_ci_lo"), r.get(f"{m}_ci_hi")),
+                    _f(r.get("maj@n")), _f(r.get("kl")), _span(r.get("kl_ci_lo"), r.get("kl_ci_hi")),
+                    "" if r.get("gain") is None else f"{r['gain']:+.3f}",
+                    _span(r.get("gain_ci_lo"), r.get("gain_ci_hi"), signed=True),
+                    _f(r.get("train_device_s"), 0), _f(r.get("eval_device_s"), 0)])
+    return _md_table(["algorithm", "family", "train", "eval", "round", "η", "metric", "value", "95% CI", "maj@n",
+                      "KL", "KL 95% CI", "gain", "gain 95% CI", "train dev-s", "eval dev-s"], tab)
+
+
+def _span(lo, hi, nd=3, signed=False) -> str:
+    if lo is None or hi is None:
+        return ""
+    return f"[{lo:+.{nd}f}, {hi:+.{nd}f}]" if signed else f"[{lo:.{nd}f}, {hi:.{nd}f}]"
+
+
+def _interval_note(rows: list[dict]) -> str:
+    methods = sorted({r.get("ci_method") for r in rows if r.get("ci_method")})
+    from pita.report.intervals import NORMAL
+
+    text = ("Intervals are 95%: " + "; ".join(methods) + ". The gain over base is paired: the row and the base "
+            "model's row of the same dataset, on the same resampled prompts.")
+    if NORMAL in methods:
+        old = sum(1 for r in rows if r.get("ci_method") == NORMAL)
+        text += (f" {old} row(s) have no saved per-sample records (a run made before they were kept): their "
+                 f"intervals are value ± 1.96 stderr, and their gain's treats row and base as independent.")
+    return text
+
+
 def render(run: RunPaths, rows: list[dict] | None = None) -> Path:
     """Write results/report.md (and the plots); returns its path."""
     state = json.loads(run.state.read_text()) if run.state.exists() else {"jobs": {}}
     if rows is None:
         f = run.results / "final_results.json"
         rows = json.loads(f.read_text()) if f.exists() else []
+    if rows and any("ci_method" not in r for r in rows):  # results written before intervals were stored
+        add_intervals(rows, run)
     plots = run.results / "plots"
     plots.mkdir(parents=True, exist_ok=True)
 
@@ -207,28 +216,27 @@ def render(run: RunPaths, rows: list[dict] | None = None) -> Path:
         lines.append(f"- first job started {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(min(started)))}, "
                      f"last finished {time.strftime('%H:%M:%S', time.localtime(max(finished)))}: "
                      f"{max(finished) - min(started):.0f} s of wall time")
-    lines.append(f"- files: `results/final_results.json`, `results/results.csv`, `results/cells/`, "
-                 f"`run.log`, `state.json`")
+    lines.append("- configuration: [`config.yaml`](../config.yaml) (the resolved config that ran; "
+                 "`resume_from` reloads it)")
+    lines.append("- files: `results/final_results.json`, `results/results.csv`, `results/cells/`, "
+                 "`run.log`, `state.json`")
     lines.append("")
     lines.append("## Results")
     lines.append("")
     if rows:
-        swept = {r["algorithm"] for r in rows if float(r["eta"]) != 0.0}
-        lines += _fairness_notes(run, rows, swept) + [""]
-        tab = []
-        for r in rows:
-            m = metric_of(r)
-            tab.append([r["algorithm"], r["family"], r["train_dataset"], r["round"], r["eval_dataset"],
-                        _f(float(r["eta"]), 2) + (" (chosen)" if r.get("selected") and r["algorithm"] in swept else ""),
-                        m, _f(r.get(m)), _f(r.get(m + "_stderr")),
-                        _f(r.get("maj@n")), _f(r.get("kl")), _f(r.get("kl_stderr")), r.get("n", ""),
-                        _f(r.get("train_device_s"), 0), _f(r.get("eval_device_s"), 0)])
-        lines.append(_md_table(["algorithm", "family", "train", "round", "eval", "eta", "metric", "value", "stderr",
-                                "maj@n", "KL", "KL stderr", "n", "train dev-s", "eval dev-s"], tab))
+        swept = swept_algorithms(rows)
+        lines.append(f"Every row evaluates {sample_counts(rows)}. {_interval_note(rows)}")
         lines.append("")
+        lines += _fairness_notes(run, rows, swept) + [""]
+        lines += ["### Headline: last round, η chosen on validation", "", headline_table(rows, swept), ""]
+        if any(r["algorithm"] in swept for r in rows) and not any(r.get("selected") for r in rows
+                                                                  if r["algorithm"] in swept):
+            lines += ["Value-guided algorithms are missing above: no η was chosen (no validation prompts).", ""]
+        lines += [f"### Every row ({len(rows)})", "", full_table(rows, swept), ""]
         lines.append("KL is a Monte Carlo estimate over the evaluated samples of log pi(y|x) - log pi_ref(y|x) "
                      "(0 for the base model), against the same untruncated reference for every row; value-guided "
-                     "rows at eta 0 are the reference itself: the base model's evaluation, reused.")
+                     "rows at η 0 are the reference itself: the base model's evaluation, reused. η is blank for "
+                     "algorithms that do not sweep it.")
         lines.append("")
         for eds in sorted({r["eval_dataset"] for r in rows}):
             fp = plot_frontier(rows, eds, plots)
@@ -238,6 +246,13 @@ def render(run: RunPaths, rows: list[dict] | None = None) -> Path:
     else:
         lines.append("No evaluation finished; see `python -m pita status` for what failed.")
         lines.append("")
+    curves = training_curves(run.jobs_dir)
+    if curves:
+        lines += ["## Training", "", "Per step, from each training job's `jobs/<id>/metrics.jsonl`.", ""]
+        for ds in sorted(curves):
+            tp = plot_training(curves[ds], ds, plots)
+            if tp is not None:
+                lines += [f"![training {ds}]({tp.relative_to(run.results)})", ""]
     lines.append("## Compute")
     lines.append("")
     comp = compute_table(state, result_of)
@@ -245,7 +260,7 @@ def render(run: RunPaths, rows: list[dict] | None = None) -> Path:
                            [[c["phase"], c["jobs"], _f(c["wall_s"], 1), _f(c["device_s"], 1), c["tokens"],
                              _f(c["peak_rss_gb"], 2)] for c in comp]))
     lines.append("")
-    tl = plot_timeline(state, plots)
+    tl = plot_timeline(state, plots, phase_of)
     if tl is not None:
         lines += [f"![timeline]({tl.relative_to(run.results)})", ""]
     failed = [(jid, j) for jid, j in sorted(state["jobs"].items()) if j.get("state") == "FAILED"]
@@ -253,8 +268,6 @@ def render(run: RunPaths, rows: list[dict] | None = None) -> Path:
         lines += ["## Failures", ""]
         lines += [f"- `{jid}`: {j.get('error')} (log: `{j.get('log')}`)" for jid, j in failed]
         lines.append("")
-    if run.config.exists():
-        lines += ["## Configuration", "", "```yaml", run.config.read_text().rstrip(), "```", ""]
     path = run.results / "report.md"
     path.write_text("\n".join(lines))
     return path

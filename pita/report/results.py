@@ -6,6 +6,10 @@ Rows of a value-guided algorithm sweep eta; the eta each (algorithm, family, tra
 round) reports is chosen on validation prompts carved from the training data (rows labelled
 ``split: validation``, kept in results/validation.csv), never on the test split: the test row
 at that eta has ``selected`` true. Every eta's test row stays in the CSV (the frontier plot).
+
+Each test row carries ``eval_job`` (the ``eval.merge`` that produced it) and its 95% confidence
+intervals and gain over the base model (pita/report/intervals.py), computed here once so that the
+report and the plots read the same numbers.
 """
 
 from __future__ import annotations
@@ -14,10 +18,11 @@ import csv
 import json
 
 from pita.core.paths import RunPaths, atomic_write_json
+from pita.report.intervals import CI_COLUMNS, add_intervals, metric_of as _metric
 
 COLUMNS = ["algorithm", "family", "train_dataset", "round", "eval_dataset", "eta", "selected", "pass@1", "pass@1_stderr",
            "maj@n", "first_sample_acc", "mean_reward", "mean_reward_stderr", "kl", "kl_stderr", "n", "prompts",
-           "train_device_s", "eval_device_s", "tokens"]
+           "train_device_s", "eval_device_s", "tokens", *CI_COLUMNS, "eval_job", "reused_from"]
 
 
 def collect(run: RunPaths) -> tuple[list[dict], list[dict]]:
@@ -26,16 +31,13 @@ def collect(run: RunPaths) -> tuple[list[dict], list[dict]]:
     rows = []
     for jid, e in sorted(state["jobs"].items()):
         if e.get("kind") == "eval.merge" and e.get("state") == "COMPLETED":
-            rows += run.job(jid).read_result().get("results", [])
+            rows += [{**r, "eval_job": jid} for r in run.job(jid).read_result().get("results", [])]
     val = [r for r in rows if r.get("split") == "validation"]
     rows = [r for r in rows if r.get("split") != "validation"]
     add_compute(rows, state, lambda jid: run.job(jid).read_result())
     select_eta(rows, val)
+    add_intervals(rows, run)
     return rows, val
-
-
-def _metric(r: dict) -> str:
-    return "pass@1" if r.get("pass@1") is not None else "mean_reward"
 
 
 def select_eta(rows: list[dict], val: list[dict]) -> None:
@@ -113,8 +115,8 @@ def write(run: RunPaths) -> list[dict]:
     if val:
         atomic_write_json(run.results / "validation.json", val)
         with open(run.results / "validation.csv", "w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=[c for c in COLUMNS if c not in ("selected", "train_device_s",
-                                                                               "eval_device_s", "tokens")],
+            w = csv.DictWriter(f, fieldnames=[c for c in COLUMNS if c not in ("selected", "train_device_s", "eval_device_s",
+                                                                               "tokens", *CI_COLUMNS)],
                                extrasaction="ignore")
             w.writeheader()
             for r in val:
@@ -127,6 +129,9 @@ def write(run: RunPaths) -> list[dict]:
         w.writeheader()
         for r in rows:
             w.writerow(r)
+    from pita.report.tracker import send_results
+
+    send_results(run, rows)  # logging.tracker: the final table (does nothing without one)
     return rows
 
 
