@@ -28,7 +28,7 @@ def test_concurrent_updates_are_never_lost(tmp_path):
     for p in procs:
         p.join(60)
         assert p.exitcode == 0
-    jobs = json.loads(path.read_text())["jobs"]
+    jobs = StateStore(path).read()["jobs"]
     assert len(jobs) == 120
     assert {j["by"] for j in jobs.values()} == {"w0", "w1", "w2"}
 
