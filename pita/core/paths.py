@@ -165,6 +165,7 @@ def check_free_space(output_dir: Path | str, need_bytes: float) -> None:
                           f"disk, or lower system.min_free_gb")
 
 
+NAME_MAX = 255  # bytes in one file or folder name (ext4, xfs, NFS, Lustre)
 RELATIVE_KEY = "_run_relative"  # result.json: which values are paths relative to the run folder
 
 
@@ -241,6 +242,9 @@ class RunPaths:
         if not name or name in (".", "..") or "/" in name or "\\" in name or name.startswith("-"):
             raise ConfigError(f"experiment.name={name!r} must be a plain folder name (no '/', '\\', "
                               f"or leading '-'); for example experiment.name=my_experiment")
+        if len(name.encode()) > NAME_MAX:
+            raise ConfigError(f"experiment.name={name[:40] + '...'!r} is {len(name.encode())} bytes long; a folder name "
+                              f"holds at most {NAME_MAX} bytes on common file systems: choose a shorter experiment.name")
 
     @classmethod
     def create(cls, output_dir: Path | str, experiment: str, now: float | None = None,
@@ -282,8 +286,8 @@ class RunPaths:
             raise ResumeError(f"resume_from={str(root)!r} is a file, not a run folder; pass the folder that "
                               f"holds state.json (e.g. {root.parent})")
         paths = cls(root)
-        missing = [p.name for p in (paths.state, paths.config) if not p.exists()]
-        if missing:
-            raise ResumeError(f"resume_from={str(root)!r} is not a run folder: {', '.join(missing)} missing; "
-                              f"pass outputs/<experiment>/<YYYY-MM-DD_HH-MM-SS>")
+        marks = [paths.state, paths.state.with_suffix(".db"), paths.config, paths.jobs_dir]
+        if not any(p.exists() for p in marks):
+            raise ResumeError(f"resume_from={str(root)!r} is not a run folder: it has none of state.db, state.json, "
+                              f"config.yaml, jobs/; pass outputs/<experiment>/<YYYY-MM-DD_HH-MM-SS>")
         return paths
