@@ -450,6 +450,20 @@ class Executor:
                 return False
         return False
 
+    def _space_needed(self) -> float:
+        """Bytes the rest of the run needs, judged by what the finished jobs wrote (once, when the
+        disk is full), and never less than system.min_free_gb."""
+        used = 0
+        for folder, _, files in os.walk(self.run_paths.root):
+            for f in files:
+                try:
+                    used += os.lstat(os.path.join(folder, f)).st_size
+                except OSError:
+                    pass
+        done = max(1, self.sched.counts()["COMPLETED"])
+        left = len(self.graph) - self.sched.counts()["COMPLETED"]
+        return max(self.s.min_free_gb * 2**30, 1.5 * used / done * left, 64 * 2**20)
+
     def _disk_full(self, t0: float, e: BaseException) -> RunSummary:
         """Stop cleanly: end the running jobs (they re-run on resume), keep what can be kept, and
         say how much space to free where."""
@@ -460,7 +474,7 @@ class Executor:
         except OSError:
             free = 0
         msg = (f"no space left on the file system of {self.run_paths.root} ({free / 2**20:.1f} MiB free; {e}); "
-               f"the run stopped. Free at least {self.s.min_free_gb:g} GiB there (system.min_free_gb), then resume "
+               f"the run stopped. Free at least {self._space_needed() / 2**30:.2f} GiB there, then resume "
                f"with: resume_from={self.run_paths.root}")
         log.error("%s", msg)
         for f in self.backend.shutdown(self.s.kill_grace_s) or []:

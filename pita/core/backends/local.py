@@ -310,6 +310,7 @@ class LocalBackend(Backend):
                     grace = proc.grace_s if proc.grace_s is not None else self.kill_grace_s
                     if proc.term_sent is not None and not proc.kill_sent and now - proc.term_sent > grace:
                         proc.kill_sent = True
+                        proc.forced_reason += f"; still running {grace:g}s after SIGTERM, so killed (SIGKILL)"
                         self._kill_all(proc)
                     continue
                 # The worker is gone; make sure nothing it started lingers, in its group or not.
