@@ -244,6 +244,7 @@ def _resume_config(cfg: DictConfig, overrides: list[str]):
     run = RunPaths.open_existing(cfg.resume_from)
     owner = OwnerLock(run.root)
     note = owner.acquire()  # RunOwned (exit 2) while another orchestrator runs it
+    _OWNED.append(owner)
     if note:
         print(f"warning: {note}", file=sys.stderr)
     store = StateStore(run.state)
@@ -278,8 +279,19 @@ def _resume_config(cfg: DictConfig, overrides: list[str]):
 
 
 # ---------------------------------------------------------------- run
+_OWNED: list = []  # owner locks taken by this command; released however it ends
+
+
 def run_experiment(cfg: DictConfig, overrides: list[str] | None = None) -> int:
     """Plan, validate, run; return the exit code. ConfigError -> message and 2."""
+    try:
+        return _run_experiment(cfg, overrides)
+    finally:  # a refused resume (graph changed, bad override) is not an orchestrator that died
+        while _OWNED:
+            _OWNED.pop().release()
+
+
+def _run_experiment(cfg: DictConfig, overrides: list[str] | None) -> int:
     from pita.core.state import is_disk_full
 
     try:
@@ -370,6 +382,7 @@ def _run(cfg: DictConfig, overrides: list[str]) -> int:
 
             run = RunPaths.create(sy.output_dir, cfg.experiment.name, min_free_bytes=sy.min_free_gb * 2**30)
             owner = OwnerLock(run.root)
+            _OWNED.append(owner)
             try:
                 owner.acquire()
             except OSError as e:

@@ -157,8 +157,9 @@ def test_two_resumes_at_once_run_each_job_once(tmp_path):
     assert "in use by another orchestrator" in [o for (_, o), x in zip(outs, (a, b)) if x.returncode == 2][0]
     jobs = json.loads((run / "state.json").read_text())["jobs"]
     assert all(e["state"] == "COMPLETED" for e in jobs.values())
-    # no job ran twice to completion: each has one successful attempt
-    assert all(sum(a["status"] == "ok" for a in e.get("attempts", [])) == 1 for e in jobs.values())
+    # no job ran twice to completion (one that finished just before the SIGKILL may have no record)
+    assert all(sum(a["status"] == "ok" for a in e.get("attempts", [])) <= 1 for e in jobs.values())
+    assert all(len(e.get("attempts", [])) <= 1 for e in jobs.values())
 
 
 # ---------------------------------------------------------------- 3. resume that checks its facts

@@ -86,7 +86,7 @@ def validate_config(cfg: DictConfig) -> None:
     need(_number(s.job_seconds) and 0 <= s.job_seconds <= MAX_JOB_SECONDS, "synthetic.job_seconds", s.job_seconds,
          f"must be a number of seconds in [0, {MAX_JOB_SECONDS:g}] (each stand-in job sleeps this long)")
     need(_number(s.memory_gb) and s.memory_gb >= 0, "synthetic.memory_gb", s.memory_gb,
-         "must be a finite number >= 0 (GB per job)")
+         "must be >= 0 (a finite number of GB per job)")
     for key in ("algos", "families", "datasets"):
         need(len(s[key]) > 0, f"synthetic.{key}", list(s[key]), "must list at least one name")
     from pita.algos import ALGORITHMS
