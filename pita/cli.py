@@ -104,7 +104,7 @@ def check_overrides(overrides: list[str]) -> None:
     try:
         parsed = OverridesParser.create().parse_overrides(plain)
     except Exception as e:
-        raise ConfigError(f"cannot parse the overrides {plain}: {str(e).splitlines()[0]}")
+        raise ConfigError(_parse_problems(plain) or [f"cannot parse the overrides {plain}: {str(e).splitlines()[0]}"])
     sweep = any(o.is_sweep_override() for o in parsed)
     for o in parsed:
         key = o.key_or_group
@@ -144,6 +144,27 @@ def check_overrides(overrides: list[str]) -> None:
             except Exception as e:
                 problems.append(f"{o}: {first_line(e)}")
     raise ConfigError(problems or [f"{' '.join(plain)}: {whole}"])
+
+
+def _parse_problems(overrides: list[str]) -> list[str]:
+    """Each override that does not parse on its own, with the fix (quoting, usually)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parser = OverridesParser.create()
+    out = []
+    for o in overrides:
+        try:
+            parser.parse_overrides([o])
+        except Exception as e:  # noqa: BLE001 - Hydra's lexer and parser errors
+            key, _, value = o.partition("=")
+            odd = sorted({c for c in value if not c.isascii()})
+            if odd:
+                out.append(f"{o}: the value holds {', '.join(repr(c) for c in odd)}, which an unquoted value cannot; "
+                           f"quote it, e.g. '{key}=\"{value}\"' (the single quotes are for the shell)")
+            else:
+                out.append(f"{o}: cannot be parsed ({str(e).splitlines()[0]}); quote the value, e.g. "
+                           f"'{key}=\"{value}\"'")
+    return out
 
 
 def check_cli_overrides(argv: list[str] | None = None) -> None:
@@ -212,33 +233,80 @@ def _drop_foreign_algo_keys(saved: DictConfig, where) -> None:
 
 
 def _resume_config(cfg: DictConfig, overrides: list[str]):
+    """The run folder (owned from here on), its saved config, the new config and the keys that
+    differ. A damaged or missing state or config is rebuilt from the jobs' launch.json files and
+    .done markers (:mod:`pita.core.recovery`)."""
+    from pita.core.owner import OwnerLock
     from pita.core.paths import RunPaths
+    from pita.core.recovery import config_from_jobs, rebuild_state
     from pita.core.state import StateStore
 
     run = RunPaths.open_existing(cfg.resume_from)
-    StateStore(run.state).read()  # refuses a corrupt state.json
+    owner = OwnerLock(run.root)
+    note = owner.acquire()  # RunOwned (exit 2) while another orchestrator runs it
+    _OWNED.append(owner)
+    if note:
+        print(f"warning: {note}", file=sys.stderr)
+    store = StateStore(run.state)
+    try:
+        if not store.exists():
+            raise ResumeError(f"{run.state} and {store.db_path.name} are missing")
+        store.read()
+        rebuilt = False
+    except ResumeError as e:
+        store.close()
+        n, done = rebuild_state(run)
+        rebuilt = True
+        print(f"note: the run state could not be read ({e}); rebuilt it from the jobs' launch.json files and "
+              f".done markers: {n} job(s) started before, {done} of them complete", file=sys.stderr)
+    finally:
+        store.close()
     try:
         saved = OmegaConf.load(run.config)
+        if not isinstance(saved, DictConfig) or "experiment" not in saved:
+            raise ValueError("not a pita config")
     except Exception as e:
-        raise ResumeError(f"{run.config} cannot be read ({e}); the run cannot be resumed") from e
+        saved = OmegaConf.create(config_from_jobs(run))
+        print(f"note: {run.config.name} could not be read ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); "
+              f"using the config its jobs ran with (jobs/*/launch.json)", file=sys.stderr)
     _drop_foreign_algo_keys(saved, run.config)
     new = _apply_overrides(saved, overrides)
     new.resume_from = str(run.root)
     new.resume_force = bool(cfg.resume_force)
     a, b = _flatten(OmegaConf.to_container(saved)), _flatten(OmegaConf.to_container(new))
     changed = sorted(k for k in set(a) | set(b) if k not in RESUME_KEYS and a.get(k) != b.get(k))
-    return run, saved, new, changed
+    return run, saved, new, changed, owner, rebuilt
 
 
 # ---------------------------------------------------------------- run
+_OWNED: list = []  # owner locks taken by this command; released however it ends
+
+
 def run_experiment(cfg: DictConfig, overrides: list[str] | None = None) -> int:
     """Plan, validate, run; return the exit code. ConfigError -> message and 2."""
+    try:
+        return _run_experiment(cfg, overrides)
+    finally:  # a refused resume (graph changed, bad override) is not an orchestrator that died
+        while _OWNED:
+            _OWNED.pop().release()
+
+
+def _run_experiment(cfg: DictConfig, overrides: list[str] | None) -> int:
+    from pita.core.state import is_disk_full
+
     try:
         return _run(cfg, _task_overrides(overrides))
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         log.debug("configuration error", exc_info=True)
         return 2
+    except OSError as e:
+        if not is_disk_full(e):
+            raise
+        print(f"error: no space left on device ({e}); free space (at least system.min_free_gb="
+              f"{cfg.system.min_free_gb:g} GiB) under {cfg.system.output_dir}; a run folder that was started "
+              f"resumes with resume_from= once space is freed", file=sys.stderr)
+        return 1
 
 
 def _run(cfg: DictConfig, overrides: list[str]) -> int:
@@ -253,8 +321,9 @@ def _run(cfg: DictConfig, overrides: list[str]) -> int:
     from pita.plans import build_plan
 
     resume = cfg.get("resume_from")
+    owner = rebuilt = None
     if resume:
-        run, saved, cfg, changed = _resume_config(cfg, overrides)
+        run, saved, cfg, changed, owner, rebuilt = _resume_config(cfg, overrides)
     validate_config(cfg)
     sy, ex = cfg.system, cfg.executor
     cpu_n = min(os.cpu_count() or 1, 2) if sy.cpu_devices == "auto" else int(sy.cpu_devices)
@@ -278,13 +347,21 @@ def _run(cfg: DictConfig, overrides: list[str]) -> int:
         backend = ray_backend if ex.backend == "ray" else make_backend(ex.backend)
         start_note = f"workers: {ex.backend} backend"
     try:
-        graph = JobGraph(build_plan(cfg, totals, cuda=not gpus.is_cpu)).validate(totals, ex.memory_margin)
+        planned = build_plan(cfg, totals, cuda=not gpus.is_cpu)
+        if len(planned) > ex.max_jobs:
+            raise ConfigError(f"the plan has {len(planned)} jobs, more than executor.max_jobs={ex.max_jobs}: plan fewer "
+                              f"rounds, algorithms or datasets, or raise executor.max_jobs")
+        graph = JobGraph(planned).validate(totals, ex.memory_margin)
 
         if resume:
             saved_jobs = StateStore(run.state).read()["jobs"]
             old_fp = {k: v.get("fingerprint") for k, v in saved_jobs.items()}
             new_fp = graph.fingerprints()
-            differs = sorted(j for j in set(old_fp) | set(new_fp) if old_fp.get(j) != new_fp.get(j))
+            if rebuilt:  # only jobs that started left their fingerprint (launch.json)
+                old_fp = {k: v for k, v in old_fp.items() if v is not None}
+                differs = sorted(j for j in old_fp if old_fp[j] != new_fp.get(j))
+            else:
+                differs = sorted(j for j in set(old_fp) | set(new_fp) if old_fp.get(j) != new_fp.get(j))
             graph_keys = [k for k in changed if not k.startswith(EXECUTION_KEYS)]
             if differs and not cfg.resume_force:
                 raise ResumeError(
@@ -301,12 +378,24 @@ def _run(cfg: DictConfig, overrides: list[str]) -> int:
                     if j in graph.by_id:
                         run.job(j).clear_for_rerun()
         else:
+            from pita.core.owner import OwnerLock
+
             run = RunPaths.create(sy.output_dir, cfg.experiment.name, min_free_bytes=sy.min_free_gb * 2**30)
+            owner = OwnerLock(run.root)
+            _OWNED.append(owner)
+            try:
+                owner.acquire()
+            except OSError as e:
+                _remove_new_run(run, owner)
+                raise ConfigError(f"cannot write to the new run folder {run.root} ({e.strerror}); "
+                                  f"{_space_hint(sy, run.root, e)}") from e
         try:
             atomic_write(run.config, OmegaConf.to_yaml(cfg, resolve=True) if not resume else OmegaConf.to_yaml(cfg))
         except OSError as e:
-            raise ConfigError(f"cannot write to the run folder {run.root} ({e.strerror}); free space or choose "
-                              f"system.output_dir") from e
+            if not resume:  # nothing ran and nothing is kept: the next try starts clean
+                _remove_new_run(run, owner)
+            raise ConfigError(f"cannot write {run.config} ({e.strerror}); {_space_hint(sy, run.root, e)}"
+                              + ("" if not resume else "; the run folder is unchanged: resume it again then")) from e
         setup_logging(run.run_log)
         log.info("run folder: %s", run.root)
         if not sy.use_parallel_execution:
@@ -323,13 +412,20 @@ def _run(cfg: DictConfig, overrides: list[str]) -> int:
             gpu_summary_interval_s=sy.gpu_summary_interval_s, progress=ex.progress,
             progress_interval_s=ex.progress_interval_s,
             threads_per_job=max(1, (os.cpu_count() or 1) // len(gpus.devices)) if gpus.is_cpu else None,
-            max_running=None if sy.use_parallel_execution else 1)
+            max_running=None if sy.use_parallel_execution else 1, min_free_gb=sy.min_free_gb)
         log.info("%s", start_note)
         config_dict = OmegaConf.to_container(cfg, resolve=True)
-        summary = Executor(graph, gpus, backend, run, settings, config_dict).run()
+        summary = Executor(graph, gpus, backend, run, settings, config_dict, owner=owner).run()
     except BaseException:
         backend.close()  # nothing ran, or the run is over: no warm process left behind
+        if owner is not None:
+            owner.release()
         raise
+    if summary.disk_full:
+        owner.release()
+        _print_summary(summary, run)
+        print(f"error: {summary.disk_full}", file=sys.stderr)
+        return summary.exit_code
     from pita.report.results import table, write
 
     rows = write(run)
@@ -337,8 +433,35 @@ def _run(cfg: DictConfig, overrides: list[str]) -> int:
         print("\n" + table(rows))
         print(f"results: {run.results / 'results.csv'}")
     _write_report(run, rows)
+    owner.release()
     _print_summary(summary, run)
     return summary.exit_code
+
+
+def _space_hint(sy, root, e: OSError) -> str:
+    from pita.core.state import is_disk_full
+
+    if not is_disk_full(e):
+        return "check the permissions there, or choose another system.output_dir"
+    import shutil
+
+    try:
+        free = f"{shutil.disk_usage(root if Path(root).exists() else sy.output_dir).free / 2**20:.1f} MiB free"
+    except OSError:
+        free = "no space left"
+    return (f"the disk of system.output_dir={sy.output_dir!r} is full ({free}): free at least "
+            f"{max(sy.min_free_gb, 1.0):g} GiB there (system.min_free_gb), or point system.output_dir at another disk")
+
+
+def _remove_new_run(run, owner) -> None:
+    """A run folder that could not even hold its config: remove it rather than leave a husk."""
+    import shutil
+
+    try:
+        owner.release()
+    except OSError:
+        pass
+    shutil.rmtree(run.root, ignore_errors=True)
 
 
 def _ray_inventory(ex, cpu_n: int):
@@ -401,24 +524,41 @@ def _print_summary(summary, run) -> None:
 # ---------------------------------------------------------------- pita status
 def status_main(run_dir: str, show_all: bool = False) -> int:
     """Jobs by state and by group (round), what runs where and for how long, failures with their
-    logs; reads state.json under its lock, so it works on a live run."""
+    logs; whether an orchestrator owns the run now (its owner lock) or it stopped. Reads the state
+    database without blocking the run."""
     import time
     from collections import Counter
 
+    from pita.core.owner import describe, probe
     from pita.core.paths import RunPaths
     from pita.core.state import StateStore
 
     try:
         run = RunPaths.open_existing(run_dir)
-        data = StateStore(run.state).read()
+        store = StateStore(run.state)
+        if not store.exists():
+            raise ResumeError(f"{run.root} has no state (state.db, state.json); resume_from= rebuilds it from "
+                              f"the jobs' folders")
+        data = store.read()
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     jobs = data["jobs"]
     now = time.time()
+    owned, owner = probe(run.root)
+    if owned:
+        live = f"running: {describe(owner)}"
+    elif data.get("finished") and not data.get("interrupted"):
+        live = "finished"
+    elif data.get("interrupted"):
+        live = "interrupted"
+    else:
+        live = (f"stopped: its orchestrator ({describe(owner)}) is gone without finishing" if owner else "stopped")
     counts = Counter(j.get("state", "PENDING") for j in jobs.values())
-    live = "finished" if data.get("finished") else ("interrupted" if data.get("interrupted") else "live or stopped")
     print(f"{run.root} ({live}): {len(jobs)} jobs; " + ", ".join(f"{k.lower()} {v}" for k, v in sorted(counts.items())))
+    if not owned and counts.get("RUNNING"):
+        print(f"  ({counts['RUNNING']} job(s) were running when it stopped; resume with: "
+              f"python run_parallel.py resume_from={run.root})")
     groups: dict[str, Counter] = {}
     for j in jobs.values():
         groups.setdefault(j.get("group") or "-", Counter())[j.get("state", "PENDING")] += 1
@@ -432,14 +572,15 @@ def status_main(run_dir: str, show_all: bool = False) -> int:
         st = j.get("state", "PENDING")
         n = max(int(j.get("attempt") or 0), len(j.get("attempts", [])))
         if st == "RUNNING":
-            took = f"running {now - (j.get('started') or now):.0f}s"
+            took = f"running {now - (j.get('started') or now):.0f}s" if owned else "was running when it stopped"
         elif j.get("duration_s") is not None:
             took = f"{j['duration_s']:.1f}s"
         else:
             took = ""
         extra = ""
         if st == "FAILED":
-            extra = f"\n           error: {j.get('error')}\n           log: {j.get('log')}"
+            log_path = j.get("log") or f"jobs/{jid}/job.log"
+            extra = f"\n           error: {j.get('error')}\n           log: {run.root / log_path}"
         elif st == "SKIPPED":
             extra = f"  ({j.get('reason') or 'a dependency failed'})"
         return f"  {st:<9} {jid}  on {devs(j)}, attempt{'s' if n != 1 else ''} {n}, {took}{extra}"
@@ -452,7 +593,7 @@ def status_main(run_dir: str, show_all: bool = False) -> int:
             print(line(jid, j))
     busy = Counter(d.get("label", "?") for j in jobs.values() if j.get("state") == "RUNNING"
                    for d in j.get("devices", []))
-    if busy:
+    if busy and owned:
         print("devices: " + ", ".join(f"{k} {v} job{'s' if v != 1 else ''}" for k, v in sorted(busy.items())))
     print(f"log: {run.run_log}")
     return 0
@@ -460,7 +601,10 @@ def status_main(run_dir: str, show_all: bool = False) -> int:
 
 def console_main(argv: list[str] | None = None) -> int:
     import argparse
+    import signal
 
+    # Output piped into `head` and the like: end quietly when the reader goes away, as Unix tools do.
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)
     ap = argparse.ArgumentParser(prog="pita", description="Inspect pita runs (run them with run_parallel.py).")
     sub = ap.add_subparsers(dest="cmd", required=True)
     st = sub.add_parser("status", help="jobs by state, devices, failures and their logs")

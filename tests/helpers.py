@@ -25,7 +25,7 @@ def run_graph(jobs, tmp_path, backend="local", devices=2, run=None, worker_start
     gpus = GPUManager.from_inventory(devices, 8e9, kind="cpu")
     run = run or RunPaths.create(tmp_path, "t")
     setup_logging(run.run_log, console=False)
-    s = ExecutorSettings(progress="off", poll_interval_s=0.02, kill_grace_s=2, **settings)
+    s = ExecutorSettings(**{"progress": "off", "poll_interval_s": 0.02, "kill_grace_s": 2, **settings})
     be = make_backend(backend, worker_start=worker_start) if backend == "local" else make_backend(backend)
     summary = Executor(JobGraph(jobs).validate([d.total_bytes for d in gpus.devices]), gpus, be, run, s).run()
     state = json.loads(run.state.read_text())

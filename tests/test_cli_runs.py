@@ -53,6 +53,13 @@ def test_demo_style_run_completes(tmp_path):
     (["experiment.name=a/b"], "experiment.name"),
     (["executor.memory_margin=-1", "synthetic.rounds=0"], "2 problems"),
     (["resume_from=/nonexistent/run"], "does not exist"),
+    (["experiment.name=" + "x" * 300], "is 300 bytes long"),
+    (["experiment.name=café"], "quote it, e.g. 'experiment.name=\"café\"'"),
+    (["synthetic.memory_gb=1000"], "synthetic.memory_gb=1000: every stand-in job"),
+    (["synthetic.fail=[PITA.tiny.arith.r0.trian]"], "did you mean 'PITA.tiny.arith.r0.train'"),
+    (["synthetic.job_seconds=1e308"], "synthetic.job_seconds=1e+308"),
+    (["synthetic.rounds=100000"], "more than executor.max_jobs=100000"),
+    (["experiment.workload=experiment", "experiment.rounds=100000"], "experiment.rounds=100000 with 6 algorithms"),
 ])
 def test_bad_input_exits_2_and_names_the_key(tmp_path, args, needle):
     r = cli(args, tmp_path)
@@ -61,16 +68,23 @@ def test_bad_input_exits_2_and_names_the_key(tmp_path, args, needle):
     assert not any(tmp_path.rglob("state.json"))  # nothing started
 
 
-def test_resume_from_a_file_or_a_corrupt_state(tmp_path):
+def test_eval_settings_are_blamed_on_eval(tmp_path):
+    r = cli(["eval.temperature=-1", "eval.top_p=0", "eval.batch_size=0", "eval.max_new_tokens=0"], tmp_path)
+    assert r.returncode == 2, r.stderr
+    for needle in ("eval.temperature=-1.0: must be >= 0", "eval.top_p=0.0: must be in (0, 1]",
+                   "eval.batch_size=0: must be a positive integer", "eval.max_new_tokens=0: must be a positive"):
+        assert needle in r.stderr
+    assert "data_collection" not in r.stderr and not any(tmp_path.rglob("state.*"))
+
+
+def test_resume_from_a_file_or_a_folder_that_is_no_run(tmp_path):
     f = tmp_path / "file.txt"
     f.write_text("x")
     r = cli([f"resume_from={f}"], tmp_path)
     assert r.returncode == 2 and "is a file" in r.stderr
-    r = cli(["experiment.name=c", "synthetic.job_seconds=0", *SMALL], tmp_path)
-    run = only_run(tmp_path, "c")
-    (run / "state.json").write_text("{not json")
-    r = cli([f"resume_from={run}"], tmp_path)
-    assert r.returncode == 2 and "corrupt" in r.stderr
+    (tmp_path / "empty").mkdir()
+    r = cli([f"resume_from={tmp_path / 'empty'}"], tmp_path)
+    assert r.returncode == 2 and "is not a run folder" in r.stderr
 
 
 def test_failure_exit_code_and_summary(tmp_path):

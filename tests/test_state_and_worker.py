@@ -28,7 +28,7 @@ def test_concurrent_updates_are_never_lost(tmp_path):
     for p in procs:
         p.join(60)
         assert p.exitcode == 0
-    jobs = json.loads(path.read_text())["jobs"]
+    jobs = StateStore(path).read()["jobs"]
     assert len(jobs) == 120
     assert {j["by"] for j in jobs.values()} == {"w0", "w1", "w2"}
 
@@ -66,3 +66,18 @@ def test_is_oom_recognises_cuda_out_of_memory_only():
     assert not is_oom(RuntimeError("shape mismatch"))
     assert not is_oom(MemoryError("host"))
     assert not is_oom(ValueError("CUDA out of memory"))  # only the runtime's own error types
+
+
+def test_a_state_change_writes_only_the_rows_it_touches(tmp_path):
+    """The cost of a change must not grow with the run: one job's change rewrites that job's row
+    (and the run's 'updated' field), whether the run has 10 jobs or 5,000."""
+    store = StateStore(tmp_path / "state.json")
+    for n in (10, 5000):
+        store.apply({f"j{i}": {"state": "PENDING"} for i in range(n)})
+        conn = store._connect()
+        before = conn.total_changes
+        store.apply({"j3": {"state": "RUNNING"}}, attempts={"j3": [{"n": n}]})
+        assert conn.total_changes - before == 2
+    assert store.job("j3")["attempts"] == [{"n": 10}, {"n": 5000}] and store.read()["jobs"]["j4"]["state"] == "PENDING"
+    store.write_snapshot()
+    assert json.loads((tmp_path / "state.json").read_text())["jobs"]["j3"]["state"] == "RUNNING"

@@ -85,6 +85,7 @@ class ExecutorConfig:
     starvation_passes: Optional[int] = 50  # see pita/core/scheduler.py; null disables the guard
     progress: str = "auto"  # auto | rich | plain | off
     progress_interval_s: float = 30.0  # plain progress lines when not on a terminal
+    max_jobs: int = 100000  # refuse a plan with more jobs (before planning when its size is known)
     ray: RayConfig = field(default_factory=RayConfig)
 
 

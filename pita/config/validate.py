@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 from omegaconf import DictConfig, ListConfig
 
 from pita.core.backends import BACKEND_NAMES
@@ -12,6 +14,21 @@ from pita.core.paths import RunPaths
 from pita.plans import WORKLOADS
 
 PROGRESS = ("auto", "rich", "plain", "off")
+MAX_JOB_SECONDS = 86400.0  # a stand-in job sleeps at most a day
+
+
+def _number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _count(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 1
+
+
+def synthetic_jobs(s) -> int:
+    """How many jobs the synthetic workload plans (pita/plans/synthetic.py's grid)."""
+    per_round = s.gen_shards + 1 + 1 + s.eval_shards + 1  # shards, merge, train, eval shards, merge
+    return len(s.families) * len(s.datasets) * ((s.eval_shards + 1) + len(s.algos) * s.rounds * per_round)
 
 
 def validate_config(cfg: DictConfig) -> None:
@@ -66,8 +83,10 @@ def validate_config(cfg: DictConfig) -> None:
     for key in ("rounds", "gen_shards", "eval_shards"):
         v = s[key]
         need(isinstance(v, int) and v >= 1, f"synthetic.{key}", v, "must be an integer >= 1")
-    need(s.job_seconds >= 0, "synthetic.job_seconds", s.job_seconds, "must be >= 0")
-    need(s.memory_gb >= 0, "synthetic.memory_gb", s.memory_gb, "must be >= 0 (GB per job)")
+    need(_number(s.job_seconds) and 0 <= s.job_seconds <= MAX_JOB_SECONDS, "synthetic.job_seconds", s.job_seconds,
+         f"must be a number of seconds in [0, {MAX_JOB_SECONDS:g}] (each stand-in job sleeps this long)")
+    need(_number(s.memory_gb) and s.memory_gb >= 0, "synthetic.memory_gb", s.memory_gb,
+         "must be >= 0 (a finite number of GB per job)")
     for key in ("algos", "families", "datasets"):
         need(len(s[key]) > 0, f"synthetic.{key}", list(s[key]), "must list at least one name")
     from pita.algos import ALGORITHMS
@@ -80,6 +99,32 @@ def validate_config(cfg: DictConfig) -> None:
         from pita.report.tracker import check_tracker
 
         p += check_tracker(cfg.logging.tracker)
+    ev = cfg.eval
+    need(_number(ev.temperature) and ev.temperature >= 0, "eval.temperature", ev.temperature,
+         "must be >= 0 (0 = greedy; 1 samples from the policy as it is)")
+    need(_number(ev.top_p) and 0 < ev.top_p <= 1, "eval.top_p", ev.top_p, "must be in (0, 1] (1 = off)")
+    need(_count(ev.batch_size), "eval.batch_size", ev.batch_size,
+         "must be a positive integer (sequences generated together; halved on CUDA out of memory)")
+    need(_count(ev.max_new_tokens), "eval.max_new_tokens", ev.max_new_tokens,
+         "must be a positive integer (the completion length limit)")
+
+    # The plan's size, before planning it (a plan of millions of jobs takes minutes and gigabytes).
+    mj = ex.max_jobs
+    need(_count(mj), "executor.max_jobs", mj, "must be a positive integer")
+    if _count(mj) and cfg.experiment.workload == "synthetic" and all(
+            _count(s[k]) for k in ("rounds", "gen_shards", "eval_shards")):
+        n = synthetic_jobs(s)
+        if n > mj:
+            p.append(f"synthetic.rounds={s.rounds} (with {len(s.algos)} algorithms, {len(s.families)} families, "
+                     f"{len(s.datasets)} datasets, {s.gen_shards}+{s.eval_shards} shards) plans {n} jobs, more than "
+                     f"executor.max_jobs={mj}: lower synthetic.rounds or the lists, or raise executor.max_jobs")
+    if _count(mj) and cfg.experiment.workload == "experiment" and isinstance(cfg.experiment.rounds, int):
+        r = cfg.experiment.rounds
+        at_least = r * len(cfg.experiment.algos) * len(cfg.experiment.datasets)  # a job per round at least
+        if at_least > mj:
+            p.append(f"experiment.rounds={r} with {len(cfg.experiment.algos)} algorithms and "
+                     f"{len(cfg.experiment.datasets)} datasets plans more than {at_least} jobs, more than "
+                     f"executor.max_jobs={mj}: lower experiment.rounds, or raise executor.max_jobs")
     gb = cfg.generation.batch_size
     need(gb is None or (isinstance(gb, int) and not isinstance(gb, bool) and gb >= 1), "generation.batch_size", gb,
          "must be a positive integer (the per-device data-generation batch), or null to use data_collection.batch_size")

@@ -26,7 +26,8 @@ class JobContext:
         return self.job.params
 
     def dep_result(self, job_id: str) -> dict:
-        """``result.json`` of a dependency (it is COMPLETED, so the file exists)."""
+        """``result.json`` of a dependency (it is COMPLETED, so the file exists); paths inside the
+        run folder, stored relative to it, come back whole for where the folder is now."""
         if job_id not in self.job.deps:
             raise KeyError(f"{job_id!r} is not a dependency of {self.job.id!r}")
-        return json.loads(self.run.job(job_id).result.read_text())
+        return self.run.from_relative(json.loads(self.run.job(job_id).result.read_text()))

@@ -8,10 +8,15 @@ Failure rules:
     job raised            FAILED (traceback in its job.log); descendants SKIPPED; others go on
     CUDA out of memory    retried with params[batch_param] halved, at most oom_retries times
     worker died           (signal, os._exit, segfault) retried crash_retries times, then FAILED
-    timeout               attempt killed (TERM, then KILL), FAILED
+    timeout               TERM once, KILL the job's processes after kill_grace_s, FAILED
     Ctrl-C / SIGTERM      stop scheduling, end every worker's process group, save, exit 130
-A job counts as COMPLETED only once its ``.done`` marker exists, so a resumed run redoes exactly
-the jobs whose marker is missing.
+    disk full             stop scheduling, end the running jobs, save what can be saved, exit 1
+                          with the free space needed; the folder resumes once space is freed
+    state store locked    another process holds state.db's write lock: changes wait in memory
+                          (with a warning) and are written once it lets go; jobs go on
+A job counts as COMPLETED only once its ``.done`` marker exists and the outputs it lists are
+there, so a resumed run redoes exactly the jobs that did not finish (or lost their outputs).
+The executor owns the run folder while it runs (:mod:`pita.core.owner`).
 """
 
 from __future__ import annotations
@@ -29,10 +34,11 @@ from pita.core.gpu_manager import GPUManager
 from pita.core.graph import JobGraph
 from pita.core.job import JobState, kind_target
 from pita.core.logs import LogPump
+from pita.core.owner import OwnerLock
 from pita.core.paths import RunPaths
 from pita.core.progress import Progress
 from pita.core.scheduler import Scheduler
-from pita.core.state import StateStore
+from pita.core.state import StateBusy, StateStore, is_disk_full
 
 log = logging.getLogger("pita.executor")
 joblog = logging.getLogger("pita.executor.jobs")  # per-job start/done lines: run.log only
@@ -57,6 +63,8 @@ class ExecutorSettings:
     progress_interval_s: float = 30.0
     threads_per_job: int | None = None
     max_running: int | None = None  # jobs running at once in all (system.use_parallel_execution=false: 1)
+    min_free_gb: float = 1.0  # said when the disk fills: free at least this much, then resume
+    snapshot_interval_s: float = 30.0  # state.json rewritten at most this often (and at the end)
 
 
 @dataclass
@@ -65,21 +73,31 @@ class RunSummary:
     failures: list[dict] = field(default_factory=list)
     interrupted: bool = False
     wall_s: float = 0.0
+    disk_full: str = ""  # the message, when the run stopped because its disk filled
 
     @property
     def exit_code(self) -> int:
+        if self.disk_full:
+            return 1
         if self.interrupted:
             return EXIT_INTERRUPTED
         return 1 if self.counts.get("FAILED", 0) or self.counts.get("SKIPPED", 0) else 0
 
 
+class DiskFull(Exception):
+    """The run folder's file system is full: the run stops (and resumes once space is freed)."""
+
+
 class Executor:
     def __init__(self, graph: JobGraph, gpus: GPUManager, backend: Backend, run: RunPaths,
-                 settings: ExecutorSettings, config: dict | None = None):
+                 settings: ExecutorSettings, config: dict | None = None, owner: OwnerLock | None = None):
         self.graph, self.gpus, self.backend, self.run_paths = graph, gpus, backend, run
         self.s = settings
         self.config = config or {}
-        self.state = StateStore(run.state)
+        self.owner = owner  # None: taken (and released) by run()
+        # A short busy timeout: if another process holds the database, the loop goes on and the
+        # changes wait in memory (see _flush) rather than the run stalling or crashing.
+        self.state = StateStore(run.state, busy_timeout_s=0.5)
         self.sched = Scheduler(graph, [d.total_bytes for d in gpus.devices], settings.memory_margin,
                                settings.max_jobs_per_device, settings.max_cpu_jobs, settings.starvation_passes,
                                max_running=settings.max_running)
@@ -89,6 +107,12 @@ class Executor:
         self.crash_count: Counter = Counter()
         self.started_at: dict[str, float] = {}
         self.pending_state: dict[str, dict] = {}
+        self.pending_attempts: dict[str, list[dict]] = {}
+        self.timed_out: set[str] = set()
+        self._busy_since: float | None = None
+        self._busy_note = 0.0
+        self._last_snapshot = 0.0
+        self._snapshot_cost = 0.0
         self._stop: int | None = None
         self.pump = LogPump(run.run_log)
         self.progress = Progress(settings.progress, settings.progress_interval_s)
@@ -97,57 +121,132 @@ class Executor:
     def _note(self, job_id: str, **fields) -> None:
         self.pending_state.setdefault(job_id, {}).update(fields)
 
-    def _flush(self) -> None:
-        if self.pending_state:
-            changes, self.pending_state = self.pending_state, {}
-            self.state.update_jobs(changes)
+    def _flush(self, wait: bool = False) -> bool:
+        """Write the tick's changes in one transaction; True once nothing is pending.
 
-    def _append_attempt(self, job_id: str, record: dict) -> None:
-        def apply(data):
-            data["jobs"].setdefault(job_id, {}).setdefault("attempts", []).append(record)
-        self._flush()
-        self.state.update(apply)
+        If another process holds the database, the changes stay in memory and the loop goes on
+        (a warning now and then); with ``wait`` (start and end of the run) this waits for it."""
+        while self.pending_state or self.pending_attempts:
+            try:
+                self.state.apply(self.pending_state, self.pending_attempts)
+            except StateBusy as e:
+                now = time.time()
+                self._busy_since = self._busy_since or now
+                if now - self._busy_note >= 10:
+                    self._busy_note = now
+                    log.warning("the state store is locked by another process (%s) for %.0fs now; %s %d job "
+                                "change(s) in memory (the jobs' results are safe in their folders)", e,
+                                now - self._busy_since, "waiting to write" if wait else "running on, keeping",
+                                len(self.pending_state) + len(self.pending_attempts))
+                if not wait:
+                    return False
+                time.sleep(0.5)
+                continue
+            except Exception as e:
+                if is_disk_full(e):
+                    raise DiskFull(str(e)) from e
+                raise
+            if self._busy_since is not None:
+                log.info("the state store is free again after %.0fs; changes written", time.time() - self._busy_since)
+                self._busy_since = None
+            self.pending_state, self.pending_attempts = {}, {}
+        return True
+
+    def _snapshot(self, force: bool = False) -> None:
+        """state.json for people and the report; rewritten at most every snapshot_interval_s (and
+        never taking more than ~5% of the loop's time), so its cost does not grow per job."""
+        now = time.time()
+        if not force and now - self._last_snapshot < max(self.s.snapshot_interval_s, 20 * self._snapshot_cost):
+            return
+        t = time.perf_counter()
+        try:
+            self.state.write_snapshot()
+        except Exception as e:
+            if is_disk_full(e):
+                raise DiskFull(str(e)) from e
+            raise
+        self._snapshot_cost = time.perf_counter() - t
+        self._last_snapshot = now
 
     # ------------------------------------------------------------------ setup
     def _init_state(self) -> None:
-        """Register every job; keep COMPLETED those whose marker exists (resume), reset the rest."""
+        """Register every job; keep COMPLETED those whose marker and outputs exist, reset the rest."""
         saved = self.state.read()
         devices = [dict(d.describe(), label=d.label) for d in self.gpus.devices]
-        resumed = 0
+        resumed, redo = 0, {}
+        done = {}
+        for j in self.graph.jobs:
+            jp = self.run_paths.job(j.id)
+            problem = jp.done_problem()
+            done[j.id] = problem is None
+            if problem is not None and problem != "no .done marker":
+                redo[j.id] = problem
 
         def apply(data):
             nonlocal resumed
             data.setdefault("created", time.time())
+            data["version"] = 2
             data["devices"] = devices
             data.setdefault("runs", []).append({"started": time.time(), "pid": os.getpid(),
                                                 "backend": self.backend.name})
             for j in self.graph.jobs:
                 entry = data["jobs"].setdefault(j.id, {})
-                entry.update(kind=j.kind, group=j.group, deps=j.deps, log=str(self.run_paths.job(j.id).log),
+                entry.update(kind=j.kind, group=j.group, deps=j.deps, log=f"jobs/{j.id}/job.log",
                              fingerprint=j.fingerprint())
-                if self.run_paths.job(j.id).is_done():
+                if done[j.id]:
                     entry["state"] = JobState.COMPLETED.value
                     resumed += 1
                 else:
-                    entry.update(state=JobState.PENDING.value, error=None, reason=None)
+                    entry.update(state=JobState.PENDING.value, error=None, reason=redo.get(j.id))
 
-        self.state.update(apply)
+        while True:
+            try:
+                self.state.update(apply)
+                break
+            except StateBusy as e:
+                log.warning("waiting for the state store, locked by another process (%s)", e)
+                time.sleep(1.0)
+            except Exception as e:
+                if is_disk_full(e):
+                    raise DiskFull(str(e)) from e
+                raise
+        for jid, why in redo.items():
+            log.warning("re-running %s: %s", jid, why)
         for j in self.graph.jobs:
             jp = self.run_paths.job(j.id)
-            if jp.is_done():
+            if done[j.id]:
                 self.sched.mark_completed(j.id)
-            else:
+            elif jp.dir.exists():
                 jp.clear_for_rerun()
             prior = saved["jobs"].get(j.id, {}).get("attempts", [])
             self.attempts[j.id] = max((a.get("n", 0) for a in prior), default=0)
         if resumed:
             log.info("resume: %d of %d jobs already completed; running the other %d",
                      resumed, len(self.graph), len(self.graph) - resumed)
+        self._snapshot(force=True)
 
     # ------------------------------------------------------------------ main loop
     def run(self) -> RunSummary:
         t0 = time.time()
-        self._init_state()
+        own = self.owner is None
+        if own:
+            self.owner = OwnerLock(self.run_paths.root)
+            note = self.owner.acquire()
+            if note:
+                log.warning("%s", note)
+        try:
+            return self._run(t0)
+        finally:
+            self.state.close()
+            if own:
+                self.owner.release()
+
+    def _run(self, t0: float) -> RunSummary:
+        try:
+            self._init_state()
+        except DiskFull as e:
+            self.backend.close()
+            return self._disk_full(t0, e)
         log.info("%d jobs on %d device(s) [%s] with the %s backend", len(self.graph), len(self.gpus.devices),
                  self.gpus.source, self.backend.name)
         for line in self.gpus.summary():
@@ -169,27 +268,39 @@ class Executor:
                 if self._stop is not None:
                     return self._interrupt(t0)
                 now = time.time()
-                if now - last_refresh >= self.s.memory_refresh_s:
-                    self._observe_memory()
-                    last_refresh = now
-                started = self.sched.schedule()
-                for job_id, ordinals in started:
-                    self._launch(job_id, ordinals)
-                if not started and not self.backend.running() and self.sched.ready() and now - last_wait_note > 60:
-                    last_wait_note = now
-                    self._explain_wait()
-                for f in self.backend.poll(timeout=self.s.poll_interval_s):
-                    self._handle(f)
-                self._check_timeouts()
-                self.pump.pump()
-                self._flush()
+                try:
+                    if now - last_refresh >= self.s.memory_refresh_s:
+                        self._observe_memory()
+                        last_refresh = now
+                    started = self.sched.schedule()
+                    for job_id, ordinals in started:
+                        self._launch(job_id, ordinals)
+                    if not started and not self.backend.running() and self.sched.ready() and now - last_wait_note > 60:
+                        last_wait_note = now
+                        self._explain_wait()
+                    for f in self.backend.poll(timeout=self.s.poll_interval_s):
+                        self._handle(f)
+                    self._check_timeouts()
+                    self.pump.pump()
+                    self._flush()
+                    self._snapshot()
+                except DiskFull as e:
+                    return self._disk_full(t0, e)
+                except OSError as e:
+                    if is_disk_full(e):
+                        return self._disk_full(t0, e)
+                    raise
                 if now - last_summary >= self.s.gpu_summary_interval_s:
                     last_summary = now
                     for line in self._device_lines():
                         log.info("%s", line)
-                self.progress.update(self._group_counts(), self._device_lines())
+                if self.progress.due():
+                    self.progress.update(self._group_counts(), self._device_lines())
             self.progress.update(self._group_counts(), self._device_lines(), force=True)
-            return self._finish(t0, interrupted=False)
+            try:
+                return self._finish(t0, interrupted=False)
+            except DiskFull as e:
+                return self._disk_full(t0, e)
         finally:
             self.progress.stop()
             for s, h in old.items():
@@ -209,7 +320,8 @@ class Executor:
         job_dict = dict(job.to_dict(), params=self.params[job_id])
         launch = Launch(job=job_dict, target=kind_target(job.kind), attempt=n, run_dir=str(self.run_paths.root),
                         config=self.config, devices=[dict(d.describe(), label=d.label) for d in devs],
-                        env=self.gpus.env_for(ordinals, self.s.threads_per_job), paths=jp, tag=f"{job_id} {labels}")
+                        env=self.gpus.env_for(ordinals, self.s.threads_per_job), paths=jp, tag=f"{job_id} {labels}",
+                        fingerprint=job.fingerprint())
         self.pump.add(job_id, jp.log, launch.tag)
         self.started_at[job_id] = time.time()
         where = ", ".join(f"{d.label} ({d.uuid})" for d in devs) or "host"
@@ -220,17 +332,28 @@ class Executor:
         try:
             self.backend.start(launch)
         except Exception as e:  # the backend could not start it: a failure of this job, not of the run
+            if is_disk_full(e):
+                self.sched.requeue(job_id)
+                self._note(job_id, state=JobState.PENDING.value, reason="disk full")
+                raise DiskFull(f"{e} (starting {job_id})") from e
             log.exception("could not start %s", job_id)
             self._handle(Finished(job_id, n, "died", None, f"backend could not start the worker: {e}"))
 
     def _check_timeouts(self) -> None:
+        """A job past its limit gets TERM once; the backend KILLs its processes kill_grace_s later
+        (a job that ignores TERM, or is stopped, still ends), and it is reported FAILED."""
         now = time.time()
         for job_id in self.backend.running():
+            if job_id in self.timed_out:
+                continue
             job = self.graph[job_id]
             limit = job.retry.timeout_s if job.retry.timeout_s is not None else self.s.job_timeout_s
             if limit and now - self.started_at.get(job_id, now) > limit:
-                log.warning("%s ran past its timeout of %.1fs; killing it", job_id, limit)
-                self.backend.kill(job_id, status="timeout", reason=f"timed out after {limit:g}s")
+                self.timed_out.add(job_id)
+                log.warning("%s ran past its timeout of %.1fs; sending TERM, then KILL after %gs "
+                            "(executor.kill_grace_s)", job_id, limit, self.s.kill_grace_s)
+                self.backend.kill(job_id, status="timeout", reason=f"timed out after {limit:g}s",
+                                  grace_s=self.s.kill_grace_s)
 
     # ------------------------------------------------------------------ outcomes
     def _handle(self, f: Finished) -> None:
@@ -241,10 +364,11 @@ class Executor:
         ordinals = self.sched.placement.get(f.job_id, [])
         devs = [self.gpus.devices[o] for o in ordinals]
         where = ",".join(d.label for d in devs) or "host"
+        self.timed_out.discard(f.job_id)
         record = {"n": f.attempt, "status": f.status, "start": self.started_at.get(f.job_id), "end": now,
                   "devices": [d.describe() for d in devs], "exit_code": f.exit_code, "error": f.error or None,
                   job.retry.batch_param: self.params[f.job_id].get(job.retry.batch_param), **f.extra}
-        self._append_attempt(f.job_id, record)
+        self.pending_attempts.setdefault(f.job_id, []).append(record)
         peak = f.extra.get("peak_gpu_bytes") or f.extra.get("peak_rss_bytes")
         peak_txt = f", peak {'GPU' if f.extra.get('peak_gpu_bytes') else 'RSS'} {peak / 1e9:.2f} GB" if peak else ""
         if f.status == "ok" and jp.is_done():
@@ -259,6 +383,11 @@ class Executor:
             self.sched.requeue(f.job_id)
             self._note(f.job_id, state=JobState.PENDING.value, reason="interrupted")
             return
+        if f.status != "ok" and self._out_of_space(f):
+            # Not the job's fault: it runs again once space is freed (resume).
+            self.sched.requeue(f.job_id)
+            self._note(f.job_id, state=JobState.PENDING.value, reason="disk full")
+            raise DiskFull(f"{f.job_id}: {f.error}")
         if f.status == "oom":
             limit = job.retry.oom_retries if job.retry.oom_retries is not None else self.s.oom_retries
             bs = self.params[f.job_id].get(job.retry.batch_param)
@@ -307,18 +436,85 @@ class Executor:
                 self._note(f.job_id, state=JobState.PENDING.value, reason="interrupted")
         return self._finish(t0, interrupted=True)
 
+    def _out_of_space(self, f: Finished) -> bool:
+        """The attempt failed because the run folder's disk is full (its error says so, or the disk
+        has next to nothing left), rather than because of the job."""
+        if f.status == "nospace" or "No space left on device" in (f.error or "") or "disk is full" in (f.error or ""):
+            return True
+        if f.status in ("died", "error"):
+            import shutil
+
+            try:
+                return shutil.disk_usage(self.run_paths.root).free < 1 << 20
+            except OSError:
+                return False
+        return False
+
+    def _space_needed(self) -> float:
+        """Bytes the rest of the run needs, judged by what the finished jobs wrote (once, when the
+        disk is full), and never less than system.min_free_gb."""
+        used = 0
+        for folder, _, files in os.walk(self.run_paths.root):
+            for f in files:
+                try:
+                    used += os.lstat(os.path.join(folder, f)).st_size
+                except OSError:
+                    pass
+        done = max(1, self.sched.counts()["COMPLETED"])
+        left = len(self.graph) - self.sched.counts()["COMPLETED"]
+        return max(self.s.min_free_gb * 2**30, 1.5 * used / done * left, 64 * 2**20)
+
+    def _disk_full(self, t0: float, e: BaseException) -> RunSummary:
+        """Stop cleanly: end the running jobs (they re-run on resume), keep what can be kept, and
+        say how much space to free where."""
+        import shutil
+
+        try:
+            free = shutil.disk_usage(self.run_paths.root).free
+        except OSError:
+            free = 0
+        msg = (f"no space left on the file system of {self.run_paths.root} ({free / 2**20:.1f} MiB free; {e}); "
+               f"the run stopped. Free at least {self._space_needed() / 2**30:.2f} GiB there, then resume "
+               f"with: resume_from={self.run_paths.root}")
+        log.error("%s", msg)
+        for f in self.backend.shutdown(self.s.kill_grace_s) or []:
+            self.pump.remove(f.job_id)
+            if f.status == "ok" and self.run_paths.job(f.job_id).is_done():
+                self.sched.mark_completed(f.job_id)
+                self._note(f.job_id, state=JobState.COMPLETED.value, finished=time.time())
+            else:
+                self.sched.requeue(f.job_id)
+                self._note(f.job_id, state=JobState.PENDING.value, reason="disk full")
+        counts = self.sched.counts()
+        try:  # best effort: on resume the markers decide anyway
+            self._flush()
+            self.state.apply(meta={"interrupted": True, "counts": counts})
+            self._snapshot(force=True)
+        except Exception:  # noqa: BLE001 - still full
+            pass
+        return RunSummary(counts, interrupted=True, wall_s=time.time() - t0, disk_full=msg)
+
     def _finish(self, t0: float, interrupted: bool) -> RunSummary:
         counts = self.sched.counts()
         summary = RunSummary(counts, interrupted=interrupted, wall_s=time.time() - t0)
-        data = self.state.read()
+        self._flush(wait=True)
         for jid, st in self.sched.state.items():
             if st == JobState.FAILED:
-                entry = data["jobs"].get(jid, {})
+                entry = self.state.job(jid)
                 devs = ",".join(d.get("label", "") for d in entry.get("devices", [])) or "host"
                 summary.failures.append({"job": jid, "device": devs, "error": self.sched.reason.get(jid, ""),
                                          "log": str(self.run_paths.job(jid).log)})
-        self._flush()
-        self.state.update(lambda d: d.update(finished=time.time(), counts=counts, interrupted=interrupted))
+        while True:
+            try:
+                self.state.apply(meta={"finished": time.time(), "counts": counts, "interrupted": interrupted})
+                break
+            except StateBusy:
+                time.sleep(0.5)
+            except Exception as e:
+                if is_disk_full(e):
+                    raise DiskFull(str(e)) from e
+                raise
+        self._snapshot(force=True)
         log.info("%s after %.1fs: %d completed, %d failed, %d skipped, %d not run",
                  "interrupted" if interrupted else "finished", summary.wall_s, counts["COMPLETED"],
                  counts["FAILED"], counts["SKIPPED"], counts["PENDING"] + counts["RUNNING"])
@@ -341,6 +537,7 @@ class Executor:
         return self.gpus.summary({o: self.sched.jobs_on(o) for o in range(len(self.gpus.devices))})
 
     def _group_counts(self) -> dict[str, Counter]:
+        """Jobs by group and state (a pass over every job: called only when progress is shown)."""
         out: dict[str, Counter] = {}
         for j in self.graph.jobs:
             out.setdefault(j.group or "jobs", Counter())[self.sched.state[j.id].value] += 1

@@ -43,6 +43,9 @@ class JobGraph:
             seen.add(j.id)
             if not JOB_ID_RE.match(j.id):
                 problems.append(f"job id {j.id!r} may hold only letters, digits, '.', '_' and '-' (it names a folder)")
+            elif len(j.id.encode()) > 255:
+                problems.append(f"job id {j.id[:60] + '...'!r} is {len(j.id.encode())} bytes long; it names a folder, "
+                                f"which holds at most 255: use shorter names in the config that builds it")
         kinds = known_kinds() if check_kinds else None
         for j in self.jobs:
             if kinds is not None and j.kind not in kinds:

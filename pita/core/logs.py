@@ -30,12 +30,34 @@ def setup_logging(run_log: Path | None, console: bool = True, level: int = loggi
         ch.addFilter(lambda r: r.levelno >= logging.WARNING or not r.name.startswith("pita.executor.jobs"))
         root.addHandler(ch)
     if run_log is not None:
-        fh = logging.FileHandler(run_log, mode="a", encoding="utf-8")
+        fh = RunLogHandler(run_log, mode="a", encoding="utf-8")
         fh.setFormatter(fmt)
         fh._pita = True
         root.addHandler(fh)
     for noisy in ("filelock", "urllib3", "matplotlib"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+class RunLogHandler(logging.FileHandler):
+    """run.log; on a full disk it says so once on stderr and drops lines (instead of a traceback
+    per line): the executor notices the full disk itself and stops the run."""
+
+    full = False
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if not self.full:
+            super().emit(record)
+
+    def handleError(self, record: logging.LogRecord) -> None:
+        import errno
+
+        e = sys.exc_info()[1]
+        if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+            self.full = True
+            print(f"warning: {self.baseFilename}: no space left on device; log lines go to the console only",
+                  file=sys.stderr)
+            return
+        super().handleError(record)
 
 
 class LogPump:
@@ -71,10 +93,16 @@ class LogPump:
             self.follow[jid] = (path, offset + cut, prefix)
 
     def remove(self, job_id: str) -> None:
-        self.pump(job_id, final=True)
+        try:
+            self.pump(job_id, final=True)
+        except OSError:  # a full disk: the lines stay in the job's own log
+            pass
         self.follow.pop(job_id, None)
 
     def close(self) -> None:
         for jid in list(self.follow):
             self.remove(jid)
-        self.out.close()
+        try:
+            self.out.close()
+        except OSError:
+            pass

@@ -4,6 +4,10 @@
       run.log  config.yaml  state.json
       jobs/<job-id>/  job.log  launch.json  attempt-<n>.json  result.json  artifacts/  .done
       results/
+      state.db (the state, SQLite)  owner.lock (held by the orchestrator that runs it)
+
+Nothing stored in the folder names the folder itself: result paths are kept relative to it, so
+a run folder can be moved and still resumed.
 """
 
 from __future__ import annotations
@@ -86,8 +90,53 @@ class JobPaths:
     def is_done(self) -> bool:
         return self.done.exists()
 
+    def outputs(self) -> dict[str, int]:
+        """The job's declared outputs and their sizes: result.json, metrics.jsonl and everything
+        under artifacts/ (what the .done marker records, and what resume checks)."""
+        out = {}
+        for name in ("result.json", "metrics.jsonl"):
+            try:
+                out[name] = (self.dir / name).stat().st_size
+            except FileNotFoundError:
+                pass
+        for folder, _, files in os.walk(self.artifacts):
+            for f in files:
+                full = os.path.join(folder, f)
+                out[os.path.relpath(full, self.dir)] = os.stat(full).st_size
+        return out
+
+    def write_done(self, attempt: int) -> None:
+        """The completion marker, written last, listing the outputs it vouches for."""
+        atomic_write(self.done, json.dumps({"attempt": attempt, "finished": time.time(), "outputs": self.outputs()}))
+
+    def done_problem(self) -> str | None:
+        """None if the job is complete: its marker exists and every output it lists is there with
+        the size it had; otherwise why not (said in the log when resume re-runs it)."""
+        try:
+            text = self.done.read_text()
+        except FileNotFoundError:
+            return "no .done marker"
+        try:
+            marker = json.loads(text)
+        except ValueError:
+            marker = {}
+        outputs = marker.get("outputs") if isinstance(marker, dict) else None
+        if not isinstance(outputs, dict):  # a marker from before outputs were listed
+            outputs = {"result.json": None}
+        for name, size in sorted(outputs.items()):
+            try:
+                now = (self.dir / name).stat().st_size
+            except FileNotFoundError:
+                return f"its .done marker lists {name}, which is missing"
+            if size is not None and now != size:
+                return f"{name} is {now} bytes, but its .done marker recorded {size}"
+        return None
+
     def read_result(self) -> dict:
-        return json.loads(self.result.read_text()) if self.result.exists() else {}
+        """result.json, with the paths stored relative to the run folder made whole again."""
+        if not self.result.exists():
+            return {}
+        return RunPaths(self.dir.parent.parent).from_relative(json.loads(self.result.read_text()))
 
     def clear_for_rerun(self) -> None:
         """Drop a stale result and marker of an unfinished attempt; keep logs and checkpoints."""
@@ -114,6 +163,10 @@ def check_free_space(output_dir: Path | str, need_bytes: float) -> None:
                           f"system of {probe}, and a run needs at least system.min_free_gb="
                           f"{need_bytes / 2**30:g} GiB; free space there, point system.output_dir at a larger "
                           f"disk, or lower system.min_free_gb")
+
+
+NAME_MAX = 255  # bytes in one file or folder name (ext4, xfs, NFS, Lustre)
+RELATIVE_KEY = "_run_relative"  # result.json: which values are paths relative to the run folder
 
 
 class RunPaths:
@@ -145,11 +198,53 @@ class RunPaths:
     def job(self, job_id: str) -> JobPaths:
         return JobPaths(self.jobs_dir / job_id)
 
+    @property
+    def owner_lock(self) -> Path:
+        return self.root / "owner.lock"
+
+    def to_relative(self, result: dict) -> dict:
+        """``result`` with every string that is a path inside this run folder made relative to it
+        (listed under ``_run_relative``), so a moved run folder still resumes."""
+        roots = sorted({str(self.root).rstrip(os.sep), os.path.abspath(self.root), os.path.realpath(self.root)},
+                       key=len, reverse=True)
+        found: list[list] = []
+
+        def walk(x, where):
+            if isinstance(x, str):
+                for r in roots:
+                    if x == r or x.startswith(r + os.sep):
+                        found.append(where)
+                        return os.path.relpath(x, r)
+                return x
+            if isinstance(x, dict):
+                return {k: walk(v, where + [k]) for k, v in x.items()}
+            if isinstance(x, (list, tuple)):
+                return [walk(v, where + [i]) for i, v in enumerate(x)]
+            return x
+
+        out = walk(result, [])
+        if found:
+            out[RELATIVE_KEY] = found
+        return out
+
+    def from_relative(self, result: dict) -> dict:
+        """Undo :meth:`to_relative` against this run folder, wherever it now is."""
+        where_all = result.pop(RELATIVE_KEY, None) if isinstance(result, dict) else None
+        for where in where_all or []:
+            node = result
+            for k in where[:-1]:
+                node = node[k]
+            node[where[-1]] = str(self.root / node[where[-1]])
+        return result
+
     @staticmethod
     def check_name(name: str) -> None:
         if not name or name in (".", "..") or "/" in name or "\\" in name or name.startswith("-"):
             raise ConfigError(f"experiment.name={name!r} must be a plain folder name (no '/', '\\', "
                               f"or leading '-'); for example experiment.name=my_experiment")
+        if len(name.encode()) > NAME_MAX:
+            raise ConfigError(f"experiment.name={name[:40] + '...'!r} is {len(name.encode())} bytes long; a folder name "
+                              f"holds at most {NAME_MAX} bytes on common file systems: choose a shorter experiment.name")
 
     @classmethod
     def create(cls, output_dir: Path | str, experiment: str, now: float | None = None,
@@ -191,8 +286,8 @@ class RunPaths:
             raise ResumeError(f"resume_from={str(root)!r} is a file, not a run folder; pass the folder that "
                               f"holds state.json (e.g. {root.parent})")
         paths = cls(root)
-        missing = [p.name for p in (paths.state, paths.config) if not p.exists()]
-        if missing:
-            raise ResumeError(f"resume_from={str(root)!r} is not a run folder: {', '.join(missing)} missing; "
-                              f"pass outputs/<experiment>/<YYYY-MM-DD_HH-MM-SS>")
+        marks = [paths.state, paths.state.with_suffix(".db"), paths.config, paths.jobs_dir]
+        if not any(p.exists() for p in marks):
+            raise ResumeError(f"resume_from={str(root)!r} is not a run folder: it has none of state.db, state.json, "
+                              f"config.yaml, jobs/; pass outputs/<experiment>/<YYYY-MM-DD_HH-MM-SS>")
         return paths

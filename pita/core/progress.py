@@ -17,6 +17,7 @@ class Progress:
         self.enabled = mode != "off"
         self.interval_s = interval_s
         self._last = 0.0
+        self._last_live = 0.0
         self._live = None
 
     def start(self) -> None:
@@ -26,6 +27,20 @@ class Progress:
 
             self._live = Live(console=Console(stderr=True), refresh_per_second=4, transient=False)
             self._live.start()
+
+    def due(self) -> bool:
+        """Whether an update would show anything now (counting jobs by group is a pass over all of
+        them, so the executor asks first: a live table at most 4 times a second, plain lines every
+        ``interval_s``)."""
+        if not self.enabled:
+            return False
+        now = time.time()
+        if self._live is not None:
+            if now - self._last_live < 0.25:
+                return False
+            self._last_live = now
+            return True
+        return now - self._last >= self.interval_s
 
     def update(self, groups: dict[str, Counter], devices: list[str], force: bool = False) -> None:
         if not self.enabled:

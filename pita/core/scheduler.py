@@ -25,6 +25,7 @@ Rules:
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass, field
 
 from pita.core.graph import JobGraph
@@ -61,8 +62,46 @@ class Scheduler:
         self.reason: dict[str, str] = {}
         self.placement: dict[str, list[int]] = {}
         self._waiting = {j.id: len(set(j.deps)) for j in graph.jobs}
-        self._ready: set[str] = {j.id for j in graph.jobs if not j.deps}
+        # The ready jobs, kept sorted by priority: a pass looks at them in order and stops as soon
+        # as nothing more can start, so its cost does not grow with the number of waiting jobs.
+        self._ready: set[str] = set()
+        self._ready_order: list[tuple[float, str]] = []
+        self._ready_host: list[tuple[float, str]] = []  # the ready jobs that hold no device
+        for j in graph.jobs:
+            if not j.deps:
+                self._add_ready(j.id)
         self._cpu_running: set[str] = set()
+        self._running: set[str] = set()
+        self._terminal = 0
+
+    def _key(self, job_id: str) -> tuple[float, str]:
+        return (-self.graph.priority[job_id], job_id)
+
+    def _add_ready(self, job_id: str) -> None:
+        if job_id not in self._ready:
+            self._ready.add(job_id)
+            bisect.insort(self._ready_order, self._key(job_id))
+            if self.graph[job_id].resources.devices == 0:
+                bisect.insort(self._ready_host, self._key(job_id))
+
+    def _drop_ready(self, job_id: str) -> None:
+        if job_id in self._ready:
+            self._ready.discard(job_id)
+            key = self._key(job_id)
+            for order in (self._ready_order, self._ready_host):
+                i = bisect.bisect_left(order, key)
+                if i < len(order) and order[i] == key:
+                    del order[i]
+
+    def _set(self, job_id: str, new: JobState) -> None:
+        """Change a job's state, keeping the running set and the count of finished jobs."""
+        old = self.state[job_id]
+        self._terminal += int(new.terminal) - int(old.terminal)
+        if new == JobState.RUNNING:
+            self._running.add(job_id)
+        else:
+            self._running.discard(job_id)
+        self.state[job_id] = new
 
     # ------------------------------------------------------------------ state changes
     def mark_completed(self, job_id: str) -> None:
@@ -71,33 +110,34 @@ class Scheduler:
         if prev == JobState.COMPLETED:
             return
         self._release(job_id)
-        self.state[job_id] = JobState.COMPLETED
-        self._ready.discard(job_id)
+        self._set(job_id, JobState.COMPLETED)
+        self._drop_ready(job_id)
         for c in set(self.graph.dependents.get(job_id, ())):
             self._waiting[c] -= 1
             if self._waiting[c] == 0 and self.state[c] == JobState.PENDING:
-                self._ready.add(c)
+                self._add_ready(c)
 
     def mark_failed(self, job_id: str, reason: str) -> list[str]:
         """Fail a job; returns the descendants that are now SKIPPED."""
         self._release(job_id)
-        self._ready.discard(job_id)
-        self.state[job_id] = JobState.FAILED
+        self._drop_ready(job_id)
+        self._set(job_id, JobState.FAILED)
         self.reason[job_id] = reason
         skipped = []
         for d in self.graph.descendants(job_id):
             if self.state[d] == JobState.PENDING:
-                self.state[d] = JobState.SKIPPED
+                self._set(d, JobState.SKIPPED)
                 self.reason[d] = f"dependency {job_id} failed"
-                self._ready.discard(d)
+                self._drop_ready(d)
                 skipped.append(d)
         return skipped
 
     def requeue(self, job_id: str) -> None:
         """Put a running job back in the ready set (retry after OOM or a dead worker, or interruption)."""
         self._release(job_id)
-        self.state[job_id] = JobState.PENDING
-        self._ready.add(job_id)
+        self._set(job_id, JobState.PENDING)
+        if self._waiting[job_id] == 0:
+            self._add_ready(job_id)
 
     def _release(self, job_id: str) -> None:
         for o in self.placement.pop(job_id, []):
@@ -113,13 +153,13 @@ class Scheduler:
 
     # ------------------------------------------------------------------ queries
     def running(self) -> list[str]:
-        return [j for j, s in self.state.items() if s == JobState.RUNNING]
+        return sorted(self._running)
 
     def jobs_on(self, ordinal: int) -> int:
         return len(self.devices[ordinal].reserved)
 
     def done(self) -> bool:
-        return all(s.terminal for s in self.state.values())
+        return self._terminal == len(self.state)
 
     def counts(self) -> dict[str, int]:
         out = {s.value: 0 for s in JobState}
@@ -128,8 +168,7 @@ class Scheduler:
         return out
 
     def ready(self) -> list[str]:
-        pr = self.graph.priority
-        return sorted(self._ready, key=lambda j: (-pr[j], j))
+        return [j for _, j in self._ready_order]
 
     # ------------------------------------------------------------------ placement
     def _fits(self, o: int, need: int, held: set[int]) -> bool:
@@ -146,9 +185,22 @@ class Scheduler:
         held: set[int] = set()
         blocked: list[tuple[int, str]] = []  # (position in priority order, job)
         last_device_start = -1
-        running = sum(1 for s in self.state.values() if s == JobState.RUNNING)
-        for pos, jid in enumerate(self.ready()):
+        running = len(self._running)
+        cap = self.max_jobs_per_device
+        for pos, (_, jid) in enumerate(list(self._ready_order)):
             if self.max_running is not None and running + len(started) >= self.max_running:
+                break
+            if cap is not None and all(len(d.reserved) >= cap for d in self.devices):
+                # No device takes another job: only host jobs can still start (and no device job
+                # starts ahead of a waiting one), so the rest of the pass looks at those alone; its
+                # cost does not grow with the number of jobs waiting for a device.
+                for _, hid in list(self._ready_host):
+                    if ((self.max_running is not None and running + len(started) >= self.max_running)
+                            or (self.max_cpu_jobs is not None and len(self._cpu_running) >= self.max_cpu_jobs)):
+                        break
+                    self._cpu_running.add(hid)
+                    self._start(hid, [])
+                    started.append((hid, []))
                 break
             job = self.graph[jid]
             k, need = job.resources.devices, job.resources.memory_bytes
@@ -181,6 +233,6 @@ class Scheduler:
 
     def _start(self, jid: str, ordinals: list[int]) -> None:
         self._passed_over.pop(jid, None)
-        self._ready.discard(jid)
-        self.state[jid] = JobState.RUNNING
+        self._drop_ready(jid)
+        self._set(jid, JobState.RUNNING)
         self.placement[jid] = ordinals

@@ -7,6 +7,9 @@
     synthetic.kill   SIGKILL itself (a worker killed from outside)
     synthetic.oom    raise a CUDA-style out-of-memory error while params.batch_size > params.fits
     synthetic.hang   sleep for ever (timeouts, Ctrl-C)
+    synthetic.stubborn  ignore SIGTERM and hang; params.stop=True stops itself (SIGSTOP) instead
+    synthetic.spawn  start a child in a session of its own (setsid), write its pid, then
+                     params.then: "return" | "hang" | "die" (SIGKILL itself after 1.5 s)
     synthetic.env    report CUDA_VISIBLE_DEVICES and what torch sees (test_parallel_setup.py)
     synthetic.share  sum a slice of numbers (a small parallel work distribution)
     synthetic.alloc  hold batch_size * gb_per_item GB of GPU memory (real CUDA OOM when too big)
@@ -36,11 +39,20 @@ def work(ctx):
     time.sleep(float(p.get("seconds", 0.0)))
     if p.get("fail"):
         raise JobError(f"{ctx.job.id} was configured to fail (synthetic.fail)")
-    deps = {d: ctx.dep_result(d).get("digest") for d in sorted(ctx.job.deps)}
+    deps = {}
+    for d in sorted(ctx.job.deps):
+        r = ctx.dep_result(d)
+        if r.get("output"):  # read the dependency's artifact through the path its result gives
+            with open(r["output"]) as f:
+                if f.read().strip() != r.get("digest"):
+                    raise JobError(f"{r['output']} does not hold {d}'s digest")
+        deps[d] = r.get("digest")
     digest = _digest({"id": ctx.job.id, "params": {k: v for k, v in p.items() if k != "batch_size"}, "deps": deps})
     ctx.paths.artifacts.mkdir(parents=True, exist_ok=True)
-    (ctx.paths.artifacts / "output.txt").write_text(digest + "\n")
-    return {"digest": digest, "stage": p.get("stage"), "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")}
+    out = ctx.paths.artifacts / "output.txt"
+    out.write_text(digest + "\n")
+    return {"digest": digest, "stage": p.get("stage"), "output": str(out),
+            "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")}
 
 
 @job_kind("synthetic.merge")
@@ -80,6 +92,34 @@ def hang(ctx):
     print("hanging", flush=True)
     while True:
         time.sleep(1)
+
+
+@job_kind("synthetic.stubborn")
+def stubborn(ctx):
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    print(f"ignoring SIGTERM (pid {os.getpid()})", flush=True)
+    if ctx.params.get("stop"):
+        os.kill(os.getpid(), signal.SIGSTOP)
+    while True:
+        time.sleep(1)
+
+
+@job_kind("synthetic.spawn")
+def spawn(ctx):
+    import subprocess
+
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True)
+    ctx.paths.artifacts.mkdir(parents=True, exist_ok=True)
+    (ctx.paths.artifacts / "child.pid").write_text(str(child.pid))
+    print(f"started {child.pid} in its own session", flush=True)
+    then = ctx.params.get("then", "return")
+    if then == "hang":
+        while True:
+            time.sleep(1)
+    if then == "die":
+        time.sleep(1.5)  # the orchestrator records the tree about once a second
+        os.kill(os.getpid(), signal.SIGKILL)
+    return {"child": child.pid}
 
 
 @job_kind("synthetic.env")

@@ -9,11 +9,16 @@ success ``result.json`` then the ``.done`` marker are written, the marker last.
 
 Exit codes: 0 success, 1 the job raised, 3 out of memory (the parent may retry with a smaller
 batch). Any other code or a signal means the worker died.
+
+A worker is a child subreaper and ends every process still below it when the job returns or
+when it gets SIGTERM (:mod:`pita.core.proctree`): nothing a job starts outlives it, even in a
+session of its own. ``result.json`` stores paths inside the run folder relative to it.
 """
 
 from __future__ import annotations
 
 import atexit
+import errno
 import json
 import logging
 import os
@@ -23,7 +28,7 @@ import time
 import traceback
 from pathlib import Path
 
-EXIT_OK, EXIT_ERROR, EXIT_OOM = 0, 1, 3
+EXIT_OK, EXIT_ERROR, EXIT_OOM, EXIT_NOSPACE = 0, 1, 3, 4
 
 
 def is_oom(exc: BaseException) -> bool:
@@ -73,14 +78,16 @@ def execute(launch: dict, logger: logging.Logger) -> dict:
             result = {}
         if not isinstance(result, dict):
             raise TypeError(f"job kind {job.kind!r} returned {type(result).__name__}; it must return a dict or None")
-        atomic_write_json(paths.result, result)
-        atomic_write(paths.done, json.dumps({"attempt": attempt, "finished": time.time()}))
+        atomic_write_json(paths.result, run.to_relative(result))
+        paths.write_done(attempt)
         outcome = {"status": "ok"}
     except BaseException as e:  # the job's failure is data for the parent, not a crash of the worker
         tb = traceback.format_exc()
         logger.error("job %s failed:\n%s", job.id, tb.rstrip())
         if is_oom(e):
             outcome = {"status": "oom", "error": f"{type(e).__name__}: {e}"}
+        elif isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+            outcome = {"status": "nospace", "error": f"{type(e).__name__}: {e}"}
         else:
             outcome = {"status": "error", "error": f"{type(e).__name__}: {e}", "traceback": tb[-4000:]}
         if isinstance(e, KeyboardInterrupt):
@@ -111,15 +118,40 @@ def main(argv: list[str] | None = None, parent_pid: int | None = None) -> int:
     parent = parent_pid or os.environ.get("PITA_PARENT_PID") or launch.get("parent_pid")
     if parent:
         _die_with_parent(int(parent))
+    _own_descendants()
     logging.basicConfig(level=logging.INFO, stream=sys.stdout, force=True,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logger = logging.getLogger("pita.job")
     outcome = execute(launch, logger)
     from pita.core.paths import JobPaths, atomic_write_json
 
-    atomic_write_json(JobPaths(launch_path.parent).attempt(launch["attempt"]), outcome)
+    from pita.core.proctree import end_descendants
+
+    left = end_descendants()
+    if left:
+        print(f"pita worker: ended {left} process(es) the job left running", flush=True)
+    try:
+        atomic_write_json(JobPaths(launch_path.parent).attempt(launch["attempt"]), outcome)
+    except OSError as e:
+        print(f"pita worker: cannot write the attempt's outcome: {e}", flush=True)
+        return EXIT_NOSPACE if e.errno in (errno.ENOSPC, errno.EDQUOT) else EXIT_ERROR
     sys.stdout.flush()
     return {"ok": EXIT_OK, "oom": EXIT_OOM}.get(outcome["status"], EXIT_ERROR)
+
+
+def _own_descendants() -> None:
+    """Keep every process the job starts below this one (subreaper), and on SIGTERM end them all
+    before dying of it, so a timeout or Ctrl-C leaves nothing behind (even in another session)."""
+    from pita.core.proctree import become_subreaper, end_descendants
+
+    become_subreaper()
+
+    def on_term(signum, frame):
+        end_descendants()
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    signal.signal(signal.SIGTERM, on_term)
 
 
 def _cuda_unsafe_after_fork() -> bool:

@@ -60,7 +60,9 @@ def serve(preload: list[str]) -> int:
     os.dup2(devnull, 0)
     os.dup2(2, 1)
     os.close(devnull)
-    for module in preload:
+    # What every worker imports before its job, whatever the job: once here, not once per attempt.
+    for module in ("omegaconf", "psutil", "pita.core.context", "pita.core.job", "pita.core.paths",
+                   "pita.core.proctree", "pita.core.synthetic_kinds", *preload):
         try:
             importlib.import_module(module)
         except Exception as e:  # noqa: BLE001 - the jobs import it again and report the error

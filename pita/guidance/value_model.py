@@ -134,7 +134,8 @@ class ValueModel(nn.Module):
                                   f"warm-start only from a round trained with the same loss and atoms")
         bb = AutoModelForCausalLM.from_pretrained(Path(path) / "backbone", dtype=dtype)
         vm = cls(bb, spec)
-        vm.load_state_dict(torch.load(Path(path) / HEAD_FILE, map_location="cpu"), strict=False)
+        # weights_only: a checkpoint holds tensors; never unpickle code from a file (older torch did by default)
+        vm.load_state_dict(torch.load(Path(path) / HEAD_FILE, map_location="cpu", weights_only=True), strict=False)
         return vm.to(device)
 
     # ------------------------------------------------------------------ scoring

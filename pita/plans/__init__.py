@@ -13,6 +13,15 @@ def build_plan(cfg, device_totals: list[int] | None = None, cuda: bool = False) 
         from pita.plans.synthetic import demo_grid
 
         s = cfg.synthetic
+        if device_totals:
+            from pita.core.errors import ConfigError
+
+            margin = cfg.executor.memory_margin
+            usable = max(device_totals) * (1 - margin)
+            if s.memory_gb * 1e9 > usable:
+                raise ConfigError(f"synthetic.memory_gb={s.memory_gb:g}: every stand-in job would need more memory than "
+                                  f"the largest device has ({usable / 1e9:.2f} GB usable of {max(device_totals) / 1e9:.2f} "
+                                  f"GB after executor.memory_margin={margin:g}); lower synthetic.memory_gb")
         return demo_grid(list(s.algos), list(s.families), list(s.datasets), s.rounds, s.gen_shards,
                          s.eval_shards, s.job_seconds, s.memory_gb, fail=list(s.fail))
     if cfg.experiment.workload == "generate":

@@ -76,6 +76,15 @@ def demo_grid(algos, families, datasets, rounds, gen_shards, eval_shards, job_se
     """The demo workload: uniform short jobs; ids in ``fail`` raise (to show failure handling)."""
     jobs = build_grid(algos, families, datasets, rounds, gen_shards, eval_shards,
                       lambda stage, *a: StageCost(job_seconds if stage != "merge" else job_seconds / 4, memory_gb))
+    ids = {j.id for j in jobs}
+    unknown = [f for f in fail if f not in ids]
+    if unknown:  # a typo would otherwise fail nothing, silently
+        from pita.core.errors import ConfigError
+        from pita.core.names import suggest
+
+        raise ConfigError([f"synthetic.fail lists {f!r}, which is not a job of this plan{suggest(f, ids)}; "
+                           f"job ids look like {jobs[-1].id} (python -m pita status RUN --all lists them)"
+                           for f in unknown])
     for j in jobs:
         if j.id in set(fail):
             j.params["fail"] = True

@@ -21,6 +21,7 @@ class Launch:
     env: dict[str, str]  # CUDA_VISIBLE_DEVICES and friends
     paths: JobPaths
     tag: str  # "[job-id gpu0]" prefix for run.log
+    fingerprint: dict | None = None  # the planned job's identity (kind, params, deps): rebuilds state
 
     @property
     def job_id(self) -> str:
@@ -28,7 +29,8 @@ class Launch:
 
     def to_json(self, parent_pid: int | None = None) -> dict:
         return {"job": self.job, "target": self.target, "attempt": self.attempt, "run_dir": self.run_dir,
-                "config": self.config, "devices": self.devices, "parent_pid": parent_pid}
+                "config": self.config, "devices": self.devices, "parent_pid": parent_pid,
+                "fingerprint": self.fingerprint}
 
 
 @dataclass
@@ -36,7 +38,7 @@ class Finished:
     """How an attempt ended.
 
     status: ok | error (the job raised) | oom | died (signal or exit without a report) |
-            timeout | cancelled
+            timeout | cancelled | nospace (the disk filled: the job re-runs once space is freed)
     """
 
     job_id: str
@@ -60,8 +62,10 @@ class Backend(abc.ABC):
         """Attempts that ended since the last call (waits up to ``timeout`` seconds for one)."""
 
     @abc.abstractmethod
-    def kill(self, job_id: str, status: str = "cancelled", reason: str = "") -> None:
-        """End an attempt now; it is reported by ``poll`` with ``status``."""
+    def kill(self, job_id: str, status: str = "cancelled", reason: str = "", grace_s: float | None = None) -> None:
+        """End an attempt: TERM now, KILL (every process of the attempt) ``grace_s`` later if it is
+        still there (None: the backend's own grace). Calling it again changes nothing. The attempt
+        is reported by ``poll`` with ``status``."""
 
     @abc.abstractmethod
     def shutdown(self, grace_s: float = 10.0) -> None:

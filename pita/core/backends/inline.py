@@ -45,7 +45,7 @@ class InlineBackend(Backend):
         out, self._done = self._done, []
         return out
 
-    def kill(self, job_id: str, status: str = "cancelled", reason: str = "") -> None:
+    def kill(self, job_id: str, status: str = "cancelled", reason: str = "", grace_s: float | None = None) -> None:
         pass  # attempts finish inside start()
 
     def shutdown(self, grace_s: float = 10.0) -> list[Finished]:

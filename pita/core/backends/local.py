@@ -2,9 +2,10 @@
 
 Each worker runs in a new session (its own process group), with ``CUDA_VISIBLE_DEVICES`` set in
 its environment before torch touches CUDA, stdout and stderr going to the job's ``job.log``.
-Killing an attempt signals its whole process group (TERM, then KILL after a grace period). A
-worker also dies with its parent (PR_SET_PDEATHSIG), so a killed orchestrator leaves no orphans
-holding GPU memory.
+Killing an attempt signals its whole process group: TERM once, then KILL after the grace period
+even if the worker ignores TERM or is stopped. Processes that left the group (``setsid``) are
+tracked too (:mod:`pita.core.proctree`) and killed when the attempt ends. A worker also dies with
+its parent (PR_SET_PDEATHSIG), so a killed orchestrator leaves no orphans holding GPU memory.
 
 How a worker starts (``executor.worker_start``):
 
@@ -29,7 +30,8 @@ from dataclasses import dataclass
 
 from pita.core.backends.base import Backend, Finished, Launch
 from pita.core.paths import atomic_write_json
-from pita.core.worker import EXIT_ERROR, EXIT_OK, EXIT_OOM
+from pita.core.proctree import ProcessTree, record_all
+from pita.core.worker import EXIT_ERROR, EXIT_NOSPACE, EXIT_OK, EXIT_OOM
 
 
 WORKER_STARTS = ("forkserver", "exec")
@@ -154,6 +156,9 @@ class _Proc:
     forced_status: str | None = None
     forced_reason: str = ""
     term_sent: float | None = None
+    grace_s: float | None = None
+    kill_sent: bool = False
+    tree: ProcessTree | None = None
 
 
 def _signal_name(code: int) -> str:
@@ -182,7 +187,10 @@ def finished_from(launch: Launch, rc: int | None, started: float, forced_status:
         return Finished(job_id, launch.attempt, forced_status, rc, forced_reason, extra=more)
     if rc == EXIT_OK and outcome.get("status") == "ok":
         return Finished(job_id, launch.attempt, "ok", rc, extra=more)
-    if rc in (EXIT_ERROR, EXIT_OOM) and outcome.get("status") in ("error", "oom", "cancelled"):
+    if rc == EXIT_NOSPACE:
+        return Finished(job_id, launch.attempt, "nospace", rc, "No space left on device (the worker could not "
+                        "write its outcome)", extra=more)
+    if rc in (EXIT_ERROR, EXIT_OOM) and outcome.get("status") in ("error", "oom", "cancelled", "nospace"):
         return Finished(job_id, launch.attempt, outcome["status"], rc, outcome.get("error", ""),
                         outcome.get("traceback", ""), more)
     if rc is None:
@@ -209,6 +217,7 @@ class LocalBackend(Backend):
         # another interpreter than this one can only be exec'd
         self.worker_start = worker_start if self.python == sys.executable else "exec"
         self.procs: dict[str, _Proc] = {}
+        self._last_tree = 0.0
         self.preload = list(preload)
         self.warm = WarmProcess(self.preload, self.python) if self.worker_start == "forkserver" else None
 
@@ -231,13 +240,14 @@ class LocalBackend(Backend):
             if self.warm is None:
                 self.warm = WarmProcess(self.preload, self.python)
             pid = self.warm.fork(launch.job_id, str(p.launch), env, os.getcwd(), str(p.log))
-            self.procs[launch.job_id] = _Proc(launch, _Forked(self.warm, launch.job_id, pid), None, time.time())
+            self.procs[launch.job_id] = _Proc(launch, _Forked(self.warm, launch.job_id, pid), None, time.time(),
+                                              tree=ProcessTree(pid))
             return
         log = open(p.log, "ab", buffering=0)
         popen = subprocess.Popen([self.python, "-m", "pita.core.worker", str(p.launch)], stdout=log,
                                  stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
                                  start_new_session=True, close_fds=True)
-        self.procs[launch.job_id] = _Proc(launch, popen, log, time.time())
+        self.procs[launch.job_id] = _Proc(launch, popen, log, time.time(), tree=ProcessTree(popen.pid))
 
     def running(self) -> list[str]:
         return list(self.procs)
@@ -264,13 +274,22 @@ class LocalBackend(Backend):
             except (ProcessLookupError, PermissionError):
                 pass
 
-    def kill(self, job_id: str, status: str = "cancelled", reason: str = "") -> None:
+    def kill(self, job_id: str, status: str = "cancelled", reason: str = "", grace_s: float | None = None) -> None:
+        """TERM once; :meth:`poll` KILLs the attempt's processes ``grace_s`` later (a worker that
+        ignores TERM, or is stopped, still ends). Calling it again changes nothing."""
         proc = self.procs.get(job_id)
-        if proc is None:
+        if proc is None or proc.term_sent is not None:
             return
         proc.forced_status, proc.forced_reason = status, reason
+        proc.grace_s = grace_s
         self._killpg(proc, signal.SIGTERM)
         proc.term_sent = time.time()
+
+    def _kill_all(self, proc: _Proc) -> None:
+        """KILL the attempt's group and every process recorded in its tree (those that left it)."""
+        self._killpg(proc, signal.SIGKILL)
+        if proc.tree is not None:
+            proc.tree.kill_survivors()
 
     def _collect(self, job_id: str, proc: _Proc, rc: int) -> Finished:
         if proc.log_file is not None:
@@ -282,19 +301,34 @@ class LocalBackend(Backend):
         while True:
             out = []
             now = time.time()
+            if now - self._last_tree >= 1.0:  # who the running attempts started, once a second
+                self._last_tree = now
+                record_all([p.tree for p in self.procs.values() if p.tree is not None])
             for job_id, proc in list(self.procs.items()):
                 rc = proc.popen.poll()
                 if rc is None:
-                    if proc.term_sent is not None and now - proc.term_sent > self.kill_grace_s:
-                        self._killpg(proc, signal.SIGKILL)
+                    grace = proc.grace_s if proc.grace_s is not None else self.kill_grace_s
+                    if proc.term_sent is not None and not proc.kill_sent and now - proc.term_sent > grace:
+                        proc.kill_sent = True
+                        proc.forced_reason += f"; still running {grace:g}s after SIGTERM, so killed (SIGKILL)"
+                        self._kill_all(proc)
                     continue
-                # The worker is gone; make sure nothing it started lingers in its group.
-                self._killpg(proc, signal.SIGKILL)
+                # The worker is gone; make sure nothing it started lingers, in its group or not.
+                self._kill_all(proc)
                 del self.procs[job_id]
                 out.append(self._collect(job_id, proc, rc))
             if out or time.time() >= deadline:
                 return out
-            time.sleep(min(0.05, max(0.0, deadline - time.time())))
+            self._wait(min(0.05, max(0.0, deadline - time.time())))
+
+    def _wait(self, timeout: float) -> None:
+        """Sleep until a forked worker may have ended (the warm process says so on its pipe), at
+        most ``timeout``: a finished job is noticed at once, not at the next poll tick."""
+        if self.warm is not None and not self.warm.gone:
+            if select.select([self.warm._fd], [], [], timeout)[0]:
+                self.warm._read(0.0)  # take the news in, so the next wait blocks again
+        else:
+            time.sleep(timeout)
 
     def shutdown(self, grace_s: float = 10.0) -> list[Finished]:
         for proc in self.procs.values():
@@ -305,7 +339,7 @@ class LocalBackend(Backend):
         while any(p.popen.poll() is None for p in self.procs.values()) and time.time() < deadline:
             time.sleep(0.05)
         for proc in self.procs.values():
-            self._killpg(proc, signal.SIGKILL)
+            self._kill_all(proc)
         finished = []
         for job_id, proc in list(self.procs.items()):
             rc = proc.popen.wait()

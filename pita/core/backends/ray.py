@@ -151,6 +151,7 @@ class _Task:
     forced_status: str | None = None
     forced_reason: str = ""
     term_sent: float | None = None
+    grace_s: float | None = None
 
 
 class RayBackend(Backend):
@@ -211,11 +212,12 @@ class RayBackend(Backend):
     def running(self) -> list[str]:
         return list(self.tasks)
 
-    def kill(self, job_id: str, status: str = "cancelled", reason: str = "") -> None:
+    def kill(self, job_id: str, status: str = "cancelled", reason: str = "", grace_s: float | None = None) -> None:
         t = self.tasks.get(job_id)
-        if t is None:
+        if t is None or t.term_sent is not None:  # TERM once; poll sends KILL after the grace
             return
         t.forced_status, t.forced_reason = status, reason
+        t.grace_s = grace_s
         t.runner.signal.remote(job_id, signal.SIGTERM)
         t.term_sent = time.time()
 
@@ -241,9 +243,10 @@ class RayBackend(Backend):
     def poll(self, timeout: float = 0.0) -> list[Finished]:
         now = time.time()
         for jid, t in self.tasks.items():  # TERM went unheeded: KILL
-            if t.term_sent is not None and now - t.term_sent > self.kill_grace_s:
+            grace = t.grace_s if t.grace_s is not None else self.kill_grace_s
+            if t.term_sent is not None and now - t.term_sent > grace:
                 t.runner.signal.remote(jid, signal.SIGKILL)
-                t.term_sent = now
+                t.term_sent = now + 3600  # KILL sent; again only if the actor never answers
         if not self.tasks:
             if timeout:
                 time.sleep(min(timeout, 0.05))
