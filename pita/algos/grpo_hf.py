@@ -14,6 +14,11 @@ from pita.core.job import Job
 
 @dataclass
 class GRPOHFConfig(GRPOConfig):
+    # kept at the earlier, smaller budget: GRPO-HF optimises a learned proxy, and the larger budget
+    # (measured for the verifier reward) was not measured on it
+    batch_size: int = 16  # completions per optimizer step (batch_size / num_generations prompts)
+    max_steps: int = 60  # optimizer steps per round
+    num_generations: int = 4  # completions per prompt (>= 2; divides batch_size)
     proxy_epochs: int = 2  # proxy reward model: passes over the pairs per round
     proxy_lr: float = 5e-4  # learning rate of the proxy reward model
 
