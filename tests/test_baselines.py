@@ -52,7 +52,7 @@ def test_rounds_chain_policies_and_evaluate_the_trained_model(tiny_cache):
 
 
 @pytest.mark.parametrize("override,needle", [
-    ("algos.GRPO.batch_size=10", "algos.GRPO.batch_size=10 must be divisible by algos.GRPO.num_generations=4"),
+    ("algos.GRPO.batch_size=10", "algos.GRPO.batch_size=10 must be divisible by algos.GRPO.num_generations=8"),
     ("algos.GRPO.num_generations=1", "algos.GRPO.num_generations=1 must be >= 2"),
     ("algos.DPO.beta=-0.5", "algos.DPO.beta=-0.5 must be >= 0"),
     ("algos.DPO.gradient_accumulation_steps=3", "algos.DPO.batch_size=16 must be divisible by algos.DPO.devices x "

@@ -23,10 +23,13 @@ VLLM_MODES = ("colocate", "server")
 
 @dataclass
 class GRPOConfig(PostTrainingConfig):
-    batch_size: int = 16  # completions per optimizer step (batch_size / num_generations prompts)
+    # the defaults give GRPO enough samples to learn arith on the tiny family (docs/architecture.md,
+    # "Why the baselines lose to the reference on arith"): a verifier reward is so sparse that at
+    # 60 steps of 16 completions the update is mostly noise and a larger step size only adds noise
+    batch_size: int = 64  # completions per optimizer step (batch_size / num_generations prompts)
     beta: float = 0.04
-    max_steps: int = 60  # optimizer steps per round
-    num_generations: int = 4  # completions per prompt (>= 2; divides batch_size)
+    max_steps: int = 250  # optimizer steps per round
+    num_generations: int = 8  # completions per prompt (>= 2; divides batch_size)
     temperature: float = 1.0  # sampling temperature of the completions
     max_completion_length: Optional[int] = None  # null = data_collection.max_new_tokens
     use_vllm: bool = False  # generation through vLLM (GPU only, needs vllm installed)
