@@ -9,7 +9,7 @@ import sys
 import hydra
 from omegaconf import DictConfig
 
-from pita.cli import check_cli_overrides, run_experiment
+from pita.cli import check_cli_overrides, normalize_argv, run_experiment
 
 _exit_codes: list[int] = []
 
@@ -20,6 +20,7 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
+    sys.argv[1:] = normalize_argv(sys.argv[1:])  # --multirun / -m anywhere, as the README writes it
     check_cli_overrides()  # a bad override exits 2 with the fix, before Hydra's generic error
     main()
     sys.exit(max(_exit_codes, default=0))

@@ -94,8 +94,12 @@ def check_overrides(overrides: list[str]) -> None:
 
     from pita.config import schema  # noqa: F401  (registers the schema)
 
+    split = _split_by_shell(overrides)
+    if split:
+        raise ConfigError(split)
     problems = []
     plain = [o for o in overrides if not o.startswith("-")]
+    multirun = any(o in ("--multirun", "-m") for o in overrides)
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
         try:
             base = compose(config_name="config")  # the defaults, group choices included
@@ -108,7 +112,17 @@ def check_overrides(overrides: list[str]) -> None:
     sweep = any(o.is_sweep_override() for o in parsed)
     for o in parsed:
         key = o.key_or_group
+        if key.startswith("hydra.run.dir") or key.startswith("hydra.sweep.dir"):
+            problems.append(f"{key}: pita makes its own run folder, <system.output_dir>/<experiment.name>/<time>; "
+                            f"set system.output_dir=... and experiment.name=... instead")
+            continue
         if key.startswith("hydra") or o.is_delete():
+            continue
+        if o.is_sweep_override() and not multirun:
+            text = next((x for x in plain if x.lstrip("+~").startswith(key + "=")), key)
+            value = text.split("=", 1)[1] if "=" in text else ""
+            problems.append(f"{text}: a comma list without brackets is a sweep (one run per value); for one run "
+                            f"with a list write '{key}=[{value}]', to sweep add --multirun")
             continue
         if key in GROUPS:
             choices = sorted(p.stem for p in (CONF_DIR / key).glob("*.yaml"))
@@ -144,6 +158,34 @@ def check_overrides(overrides: list[str]) -> None:
             except Exception as e:
                 problems.append(f"{o}: {first_line(e)}")
     raise ConfigError(problems or [f"{' '.join(plain)}: {whole}"])
+
+
+def _split_by_shell(argv: list[str]) -> list[str]:
+    """An unquoted list with spaces (``experiment.datasets=[arith, sentiment]``) reaches us as
+    several arguments, the first with an unclosed bracket: say to quote it."""
+    out, i = [], 0
+    while i < len(argv):
+        a = argv[i]
+        if "=" in a and not a.startswith("-") and a.count("[") + a.count("{") > a.count("]") + a.count("}"):
+            j, parts = i + 1, [a]
+            while j < len(argv) and "=" not in argv[j] and not argv[j].startswith("-"):
+                parts.append(argv[j])
+                j += 1
+                if sum(x.count("[") + x.count("{") for x in parts) <= sum(x.count("]") + x.count("}") for x in parts):
+                    break
+            whole = " ".join(parts)
+            out.append(f"{whole}: the shell split this list at its spaces; quote it ('{whole}') or drop the "
+                       f"spaces ({whole.replace(' ', '')})")
+            i = j
+            continue
+        i += 1
+    return out
+
+
+def normalize_argv(argv: list[str]) -> list[str]:
+    """``--multirun`` / ``-m`` anywhere (Hydra wants its flags before the overrides)."""
+    flags = [a for a in argv if a in ("--multirun", "-m")]
+    return flags + [a for a in argv if a not in ("--multirun", "-m")]
 
 
 def _parse_problems(overrides: list[str]) -> list[str]:
@@ -522,6 +564,22 @@ def _print_summary(summary, run) -> None:
 
 
 # ---------------------------------------------------------------- pita status
+def _runs_below(folder: str) -> list[Path]:
+    """Run folders directly below ``folder`` (or below its experiment folders), newest last; empty
+    when ``folder`` is itself a run."""
+    root = Path(folder)
+    if not root.is_dir() or any((root / m).exists() for m in ("state.db", "state.json", "config.yaml", "jobs")):
+        return []
+
+    def is_run(p: Path) -> bool:
+        return p.is_dir() and any((p / m).exists() for m in ("state.db", "state.json", "config.yaml"))
+
+    found = [p for p in sorted(root.iterdir()) if is_run(p)]
+    if not found:
+        found = [q for p in sorted(root.iterdir()) if p.is_dir() for q in sorted(p.iterdir()) if is_run(q)]
+    return found
+
+
 def status_main(run_dir: str, show_all: bool = False) -> int:
     """Jobs by state and by group (round), what runs where and for how long, failures with their
     logs; whether an orchestrator owns the run now (its owner lock) or it stopped. Reads the state
@@ -533,6 +591,13 @@ def status_main(run_dir: str, show_all: bool = False) -> int:
     from pita.core.paths import RunPaths
     from pita.core.state import StateStore
 
+    runs = _runs_below(run_dir)
+    if runs:  # a folder of runs (outputs/<name>): list them
+        print(f"{run_dir} holds {len(runs)} run(s); show one with: pita status <run>")
+        for r in runs:
+            owned, _ = probe(r)
+            print(f"  {r}  ({'running' if owned else 'not running'})")
+        return 0
     try:
         run = RunPaths.open_existing(run_dir)
         store = StateStore(run.state)

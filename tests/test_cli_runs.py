@@ -234,3 +234,32 @@ def test_the_smoke_preset_runs_all_six_algorithms_and_writes_the_report(tmp_path
         return sorted(json.dumps({k: x.get(k) for k in keys}, sort_keys=True) for x in rs)
 
     assert metrics(rows2) == metrics(rows)
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["experiment.datasets=[arith,", "sentiment]"], "the shell split this list at its spaces; quote it "
+                                                     "('experiment.datasets=[arith, sentiment]')"),
+    (["synthetic.datasets=a,b"], "a comma list without brackets is a sweep (one run per value); for one run with a "
+                                 "list write 'synthetic.datasets=[a,b]', to sweep add --multirun"),
+    (["hydra.run.dir=/tmp/x"], "hydra.run.dir: pita makes its own run folder"),
+    (["experiment.algos=[pita]", "experiment.workload=experiment"], "did you mean 'PITA'"),
+])
+def test_command_line_slips_exit_2_within_seconds_and_say_what_to_type(tmp_path, args, needle):
+    import time
+
+    t = time.time()
+    r = cli(["experiment.name=slip", *args], tmp_path)
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert needle in r.stderr
+    assert time.time() - t < 30 and not (tmp_path / "slip").exists()
+
+
+def test_multirun_flag_after_the_overrides_and_status_of_a_folder_of_runs(tmp_path):
+    r = cli(["experiment.name=late", "synthetic.rounds=1,2", "synthetic.job_seconds=0", "synthetic.algos=[A]",
+             "synthetic.datasets=[d]", "experiment.workload=synthetic", "--multirun"], tmp_path, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    runs = sorted((tmp_path / "late").iterdir())
+    assert len(runs) == 2
+    s = subprocess.run([sys.executable, "-m", "pita", "status", str(tmp_path / "late")], cwd=ROOT,
+                       capture_output=True, text=True, timeout=60)
+    assert s.returncode == 0 and "holds 2 run(s)" in s.stdout and all(str(x) in s.stdout for x in runs)
