@@ -236,7 +236,8 @@ def test_an_algorithm_from_another_file_plans_runs_and_reaches_the_results_table
     rows = json.loads((run / "results" / "final_results.json").read_text())
     by = {(x["algorithm"], x["round"]): x for x in rows}
     assert set(by) == {("base", 0), ("Copycat", 0), ("Copycat", 1)}
-    assert "Copycat" in out and (run / "results" / "results.csv").read_text().count("Copycat") == 2
+    csv_rows = (run / "results" / "results.csv").read_text().splitlines()
+    assert "Copycat" in out and sum(line.startswith("Copycat,") for line in csv_rows) == 2
     assert json.loads((run / "jobs" / "Copycat.tiny.arith.r1.train" / "result.json").read_text())["note"] == "hello"
     for r in (0, 1):  # the reference handed on: the base model's samples, scores and KL 0
         assert by[("Copycat", r)]["pass@1"] == by[("base", 0)]["pass@1"]
