@@ -45,7 +45,12 @@ def run_distributed(ctx, kind: str, k: int) -> dict:
     deps = {d: ctx.dep_result(d) for d in _dep_ids(ctx.params)}
     from pita.core.job import kind_target
 
-    spec = {"kind": kind, "target": kind_target(kind), "params": ctx.params, "deps": deps, "dir": str(ctx.paths.dir)}
+    from dataclasses import asdict
+
+    from pita.report.tracker import tracker_settings
+
+    spec = {"kind": kind, "target": kind_target(kind), "params": ctx.params, "deps": deps, "dir": str(ctx.paths.dir),
+            "tracker": asdict(tracker_settings(ctx))}
     spec_file = ctx.paths.dir / SPEC
     spec_file.write_text(json.dumps(spec))
     result_file = ctx.paths.dir / RESULT
@@ -73,8 +78,11 @@ def main(spec_file: str) -> int:
 
     spec = json.loads(Path(spec_file).read_text())
     logging.basicConfig(level=logging.INFO, format=f"[rank {os.environ.get('RANK', '0')}] %(message)s")
+    from pita.report.tracker import TrackerSettings
+
     ctx = SimpleNamespace(params=spec["params"], dep_result=lambda j: spec["deps"][j],
-                          paths=JobPaths(Path(spec["dir"])), log=logging.getLogger("pita.job"))
+                          paths=JobPaths(Path(spec["dir"])), log=logging.getLogger("pita.job"),
+                          tracker=TrackerSettings(**spec.get("tracker", {})))
     mod, name = spec["target"].split(":")
     result = getattr(importlib.import_module(mod), name)(ctx)
     if is_rank0():

@@ -80,7 +80,14 @@ def settings_for(cfg, run: RunPaths, name: str) -> TrackerSettings:
 
 
 def tracker_settings(ctx) -> TrackerSettings:
-    """A job's tracker settings: its run's ``logging.*``, named by its job id."""
+    """A job's tracker settings: its run's ``logging.*``, named by its job id. A rank of a
+    data-parallel job gets them from its launcher (``ctx.tracker``); a context without a run
+    config (a job function called directly) has no tracker."""
+    given = getattr(ctx, "tracker", None)
+    if given is not None:
+        return given
+    if getattr(ctx, "cfg", None) is None or getattr(ctx, "run", None) is None:
+        return TrackerSettings()
     return settings_for(ctx.cfg, ctx.run, ctx.job.id)
 
 
