@@ -220,7 +220,8 @@ def test_the_smoke_preset_runs_all_six_algorithms_and_writes_the_report(tmp_path
         assert (run / "results" / "plots" / f"{png}.png").exists() and f"plots/{png}.png" in report
     assert "| generation |" in report and "report: " in r.stdout and "pass@1" in r.stdout
     tokens = sum(json.loads((j / "result.json").read_text()).get("tokens", 0)
-                 for j in (run / "jobs").glob("*.gen.s*") if (j / "result.json").exists())
+                 for j in (run / "jobs").glob("*.s[0-9]*")  # data collection shards (round 0: data.*)
+                 if ".eval" not in j.name and ".val" not in j.name and (j / "result.json").exists())
     assert tokens > 0
     # the same config gives the same numbers, whether workers fork from the warm process or
     # start fresh (seeded head initialisation, one thread per job on CPU)
