@@ -64,3 +64,19 @@ def wait_for(cond, timeout=30.0, step=0.05):
             return True
         time.sleep(step)
     return False
+
+
+def only_run(base: Path, name: str) -> Path:
+    """The one run folder of experiment ``name`` under ``base``."""
+    [run] = list((base / name).iterdir())
+    return run
+
+
+def final_state(run: Path) -> dict:
+    """Job -> (state, result digest): what an uninterrupted and a resumed run must agree on."""
+    jobs = json.loads((run / "state.json").read_text())["jobs"]
+    out = {}
+    for jid, e in jobs.items():
+        res = run / "jobs" / jid / "result.json"
+        out[jid] = (e["state"], json.loads(res.read_text()).get("digest") if res.exists() else None)
+    return out

@@ -8,31 +8,17 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import psutil
 import pytest
 
-from helpers import ROOT, cli, wait_for, workers_of
+from helpers import ROOT, cli, final_state, only_run, wait_for, workers_of
 
 pytestmark = pytest.mark.integration
 
 SMALL = ["synthetic.algos=[PITA,DPO]", "synthetic.datasets=[arith]", "synthetic.rounds=2"]
 
 
-def only_run(base: Path, name: str) -> Path:
-    [run] = list((base / name).iterdir())
-    return run
-
-
-def final_state(run: Path) -> dict:
-    """Job -> (state, result digest): what an uninterrupted and a resumed run must agree on."""
-    jobs = json.loads((run / "state.json").read_text())["jobs"]
-    out = {}
-    for jid, e in jobs.items():
-        res = run / "jobs" / jid / "result.json"
-        out[jid] = (e["state"], json.loads(res.read_text()).get("digest") if res.exists() else None)
-    return out
 
 
 def test_demo_style_run_completes(tmp_path):
@@ -246,8 +232,6 @@ def test_the_smoke_preset_runs_all_six_algorithms_and_writes_the_report(tmp_path
     (["experiment.algos=[pita]", "experiment.workload=experiment"], "did you mean 'PITA'"),
 ])
 def test_command_line_slips_exit_2_within_seconds_and_say_what_to_type(tmp_path, args, needle):
-    import time
-
     t = time.time()
     r = cli(["experiment.name=slip", *args], tmp_path)
     assert r.returncode == 2, r.stderr[-2000:]

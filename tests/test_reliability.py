@@ -16,7 +16,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from helpers import ROOT, cli, run_graph, wait_for, workers_of
+from helpers import ROOT, cli, final_state, only_run, run_graph, wait_for, workers_of
 from pita.core.job import Job, Resources
 
 pytestmark = pytest.mark.integration
@@ -28,18 +28,6 @@ def J(id, kind="synthetic.work", deps=(), **params):
     return Job(id=id, kind=kind, deps=list(deps), params=params, resources=Resources(1, 0.5))
 
 
-def only_run(base: Path, name: str) -> Path:
-    [run] = list((base / name).iterdir())
-    return run
-
-
-def final_state(run: Path) -> dict:
-    jobs = json.loads((run / "state.json").read_text())["jobs"]
-    out = {}
-    for jid, e in jobs.items():
-        res = run / "jobs" / jid / "result.json"
-        out[jid] = (e["state"], json.loads(res.read_text()).get("digest") if res.exists() else None)
-    return out
 
 
 def gone(pid: int) -> bool:

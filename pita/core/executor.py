@@ -426,6 +426,12 @@ class Executor:
         running = self.backend.running()
         log.warning("%s received: stopping; ending %d running job(s) (grace %.0fs)", name, len(running),
                     self.s.kill_grace_s)
+        self._end_running("interrupted")
+        return self._finish(t0, interrupted=True)
+
+    def _end_running(self, reason: str) -> None:
+        """Stop every running job: one that finished meanwhile counts as completed, the rest go
+        back to pending with ``reason`` (a resume runs them)."""
         for f in self.backend.shutdown(self.s.kill_grace_s) or []:
             self.pump.remove(f.job_id)
             if f.status == "ok" and self.run_paths.job(f.job_id).is_done():
@@ -433,8 +439,7 @@ class Executor:
                 self._note(f.job_id, state=JobState.COMPLETED.value, finished=time.time())
             else:
                 self.sched.requeue(f.job_id)
-                self._note(f.job_id, state=JobState.PENDING.value, reason="interrupted")
-        return self._finish(t0, interrupted=True)
+                self._note(f.job_id, state=JobState.PENDING.value, reason=reason)
 
     def _out_of_space(self, f: Finished) -> bool:
         """The attempt failed because the run folder's disk is full (its error says so, or the disk
@@ -477,14 +482,7 @@ class Executor:
                f"the run stopped. Free at least {self._space_needed() / 2**30:.2f} GiB there, then resume "
                f"with: resume_from={self.run_paths.root}")
         log.error("%s", msg)
-        for f in self.backend.shutdown(self.s.kill_grace_s) or []:
-            self.pump.remove(f.job_id)
-            if f.status == "ok" and self.run_paths.job(f.job_id).is_done():
-                self.sched.mark_completed(f.job_id)
-                self._note(f.job_id, state=JobState.COMPLETED.value, finished=time.time())
-            else:
-                self.sched.requeue(f.job_id)
-                self._note(f.job_id, state=JobState.PENDING.value, reason="disk full")
+        self._end_running("disk full")
         counts = self.sched.counts()
         try:  # best effort: on resume the markers decide anyway
             self._flush()
