@@ -40,7 +40,7 @@ def test_every_builtin_algorithm_is_registered_in_order_with_its_own_config():
     assert list(compose().algos) == BUILTIN
     # each config holds only the keys its algorithm reads
     assert not keys("DPO") & {"eta", "etas", "top_k", "num_atoms", "continuations", "max_steps", "use_vllm"}
-    assert not keys("GRPO") & {"continuations", "eta", "max_length", "proxy_lr", "epochs"}
+    assert not keys("GRPO") & {"continuations", "eta", "max_length", "proxy_lr"}
     assert not keys("PITA") & {"use_vllm", "beta", "lora_r", "max_steps", "proxy_lr"}
     assert not keys("QSharp") & {"bt_beta", "proxy_epochs", "use_vllm"}
     assert {"proxy_epochs", "proxy_lr"} <= keys("QSharp-HF")
@@ -138,7 +138,7 @@ def _changed(name, key, value):
     """A different valid value of ``algos.<name>.<key>``."""
     if key == "continuations":
         return value + 2 if name == "PITA" else value + 1
-    special = {"lr": 1e-3, "max_length": 64, "loss": "mse", "mode": "expectation",
+    special = {"lr": 1e-3, "max_length": 64, "max_steps": 7, "loss": "mse", "mode": "expectation",
                "ref_policy": "previous", "vllm_mode": "server", "v_min": -5.0, "v_max": 5.0,
                "max_completion_length": 8, "gradient_accumulation_steps": 2, "devices": 2, "lora_r": 4, "num_workers": 2,
                "gradient_checkpointing": True, "lora_target_modules": ["q_proj"]}

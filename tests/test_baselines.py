@@ -61,6 +61,8 @@ def test_rounds_chain_policies_and_evaluate_the_trained_model(tiny_cache):
     ("data_collection.pairs_per_prompt=0", "data_collection.pairs_per_prompt=0 must be >= 1"),
     ("algos.DPO.ref_policy=orignal", "did you mean 'original'"),
     ("algos.DPO.lora_r=-1", "algos.DPO.lora_r=-1 must be >= 0"),
+    ("algos.GRPO.epochs=0", "algos.GRPO.epochs=0.0 must be > 0"),
+    ("algos.GRPO-HF.max_steps=0", "algos.GRPO-HF.max_steps=0 must be >= 1, or null"),
 ])
 def test_bad_baseline_settings_are_refused_before_work(tiny_cache, override, needle):
     from pita.plans import build_plan
@@ -205,3 +207,14 @@ def test_null_learning_rates_follow_the_scale_and_the_kind_of_fine_tuning(tiny_c
     from pita.algos.post_training import LEARNING_RATES
 
     assert LEARNING_RATES[("dpo", "full")] == 5e-7 and LEARNING_RATES[("grpo", "full")] == 1e-6
+
+
+def test_grpo_rounds_are_passes_over_the_training_prompts_unless_max_steps_is_set():
+    from pita.algos.grpo import grpo_steps
+
+    p = {"max_steps": None, "epochs": 2.0, "batch_size": 64, "num_generations": 8}  # 8 prompts a step
+    assert grpo_steps(p, 1000) == 250  # the budget measured at 1000 prompts
+    assert grpo_steps(p, 96) == 24  # the demo's 96 prompts get 2 passes too, not 250 steps of overfitting
+    assert grpo_steps({**p, "epochs": 0.24, "batch_size": 16, "num_generations": 4}, 1000) == 60
+    assert grpo_steps({**p, "epochs": 0.01}, 10) == 1  # never zero steps
+    assert grpo_steps({**p, "max_steps": 7}, 1000) == 7

@@ -5,6 +5,7 @@ is configured) on math, the reward model on reward tasks. Round r trains from ro
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Optional
 
@@ -28,7 +29,10 @@ class GRPOConfig(PostTrainingConfig):
     # 60 steps of 16 completions the update is mostly noise and a larger step size only adds noise
     batch_size: int = 64  # completions per optimizer step (batch_size / num_generations prompts)
     beta: float = 0.04
-    max_steps: int = 250  # optimizer steps per round
+    # the round's budget is passes over the training prompts, so it scales with the data: at 1000
+    # prompts, 2 passes of 8 prompts a step are the 250 steps measured in docs/architecture.md
+    epochs: float = 2.0  # passes over the training prompts per round (steps = ceil(epochs x prompts / prompts per step))
+    max_steps: Optional[int] = None  # optimizer steps per round; null = derived from epochs
     num_generations: int = 8  # completions per prompt (>= 2; divides batch_size)
     temperature: float = 1.0  # sampling temperature of the completions
     max_completion_length: Optional[int] = None  # null = data_collection.max_new_tokens
@@ -49,8 +53,11 @@ class GRPO(PostTrainingAlgorithm):
 
         c, k = self.c, self.key
         p = super().check(cfg, n_devices)
-        if c.max_steps < 1:
-            p.append(f"{k}.max_steps={c.max_steps} must be >= 1")
+        if c.max_steps is not None and c.max_steps < 1:
+            p.append(f"{k}.max_steps={c.max_steps} must be >= 1, or null to derive it from {k}.epochs")
+        if c.max_steps is None and not c.epochs > 0:
+            p.append(f"{k}.epochs={c.epochs} must be > 0 (passes over the training prompts per round), "
+                     f"or set {k}.max_steps")
         if c.num_generations < 2:
             p.append(f"{k}.num_generations={c.num_generations} must be >= 2 (GRPO compares completions of "
                      f"the same prompt)")
@@ -77,7 +84,7 @@ class GRPO(PostTrainingAlgorithm):
     def train_params(self, p) -> dict:
         c, dc = self.c, p.cfg.data_collection
         return {**super().train_params(p), "reward_model": p.paths["reward_models"].get(p.ds.name),
-                "correctness_bonus": dc.correctness_bonus, "max_steps": c.max_steps,
+                "correctness_bonus": dc.correctness_bonus, "max_steps": c.max_steps, "epochs": c.epochs,
                 "num_generations": c.num_generations, "temperature": c.temperature,
                 "max_completion_length": c.max_completion_length or dc.max_new_tokens, "use_vllm": c.use_vllm,
                 "vllm_mode": c.vllm_mode, "vllm_gpu_memory_utilization": c.vllm_gpu_memory_utilization}
@@ -132,6 +139,15 @@ class Rewards:
                                self.device)
 
 
+def grpo_steps(p: dict, n_prompts: int) -> int:
+    """Optimizer steps of a GRPO round: ``max_steps`` when set, else ``epochs`` passes over the
+    ``n_prompts`` training prompts at ``batch_size / num_generations`` prompts a step (at least 1)."""
+    if p.get("max_steps"):
+        return int(p["max_steps"])
+    per_step = p["batch_size"] // p["num_generations"]
+    return max(1, math.ceil(float(p["epochs"]) * n_prompts / per_step - 1e-9))
+
+
 def grpo_trainer(ctx, p: dict):
     """TRL's GRPOTrainer for a training job's params (the policy of the round, the rewards, and the
     KL reference: the original model unless ``ref_policy=previous``)."""
@@ -155,8 +171,9 @@ def grpo_trainer(ctx, p: dict):
         extra.update(use_vllm=True, vllm_mode=p["vllm_mode"], vllm_gpu_memory_utilization=p["vllm_gpu_memory_utilization"])
     from pita.report.tracker import tracker_settings
 
+    steps = grpo_steps(p, len(examples))
     args = training_args(TRLGRPOConfig, p, str(ctx.paths.artifacts / "trainer"), cuda, tracker_settings(ctx),
-                         max_steps=p["max_steps"],
+                         max_steps=steps,
                          num_generations=p["num_generations"], max_completion_length=p["max_completion_length"],
                          temperature=p["temperature"], **extra)
     # TRL builds its KL reference from the path the policy was loaded from, which after round 0 is
@@ -164,8 +181,10 @@ def grpo_trainer(ctx, p: dict):
     # DPO's reference, are measured against) unless the user asked for the previous policy
     kl_ref = p["reference"] if p.get("ref_policy", "original") == "original" else path
     model.config._name_or_path = kl_ref
-    ctx.log.info("GRPO from %s: %d steps, %d completions per step (%d prompts x %d), beta %s, KL reference %s, "
-                 "reward %s", path, p["max_steps"], p["batch_size"], p["batch_size"] // p["num_generations"],
+    ctx.log.info("GRPO from %s: %d steps (%s), %d completions per step (%d prompts x %d), beta %s, "
+                 "KL reference %s, reward %s", path, steps,
+                 "max_steps" if p.get("max_steps") else f"{p['epochs']:g} passes over {len(examples)} prompts",
+                 p["batch_size"], p["batch_size"] // p["num_generations"],
                  p["num_generations"], p["beta"], kl_ref,
                  "proxy " + proxy if proxy else ("reward model" if reward.rm else "verifier"))
     trainer = GRPOTrainer(model=model, reward_funcs=[reward], args=args, train_dataset=ds, processing_class=tok,

@@ -15,10 +15,10 @@ from pita.guidance.proxy import ProxyKeys, check_proxy_keys, proxy_job
 
 @dataclass
 class GRPOHFConfig(ProxyKeys, GRPOConfig):
-    # kept at the earlier, smaller budget: GRPO-HF optimises a learned proxy, and the larger budget
-    # (measured for the verifier reward) was not measured on it
+    # kept at the earlier, smaller budget (60 steps of 4 prompts at 1000 prompts): GRPO-HF optimises
+    # a learned proxy, and the larger budget (measured for the verifier reward) was not measured on it
     batch_size: int = 16  # completions per optimizer step (batch_size / num_generations prompts)
-    max_steps: int = 60  # optimizer steps per round
+    epochs: float = 0.24  # passes over the training prompts per round (steps = ceil(epochs x prompts / prompts per step))
     num_generations: int = 4  # completions per prompt (>= 2; divides batch_size)
 
 
