@@ -440,6 +440,10 @@ def _run(cfg: DictConfig, overrides: list[str]) -> int:
                               + ("" if not resume else "; the run folder is unchanged: resume it again then")) from e
         setup_logging(run.run_log)
         log.info("run folder: %s", run.root)
+        from pita.models.families import family_build_note
+
+        if note := family_build_note(graph.jobs):
+            log.info("%s", note)
         if not sy.use_parallel_execution:
             log.info("system.use_parallel_execution=false: one job at a time on %s", gpus.devices[0].label)
         if resume:

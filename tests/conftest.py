@@ -11,12 +11,22 @@ import pytest
 
 @pytest.fixture(scope="session")
 def tiny_cache(tmp_path_factory):
-    """The tiny family, built once per test session (about a minute on 2 cores), or reused from
-    ``PITA_TEST_CACHE`` (a cache folder of an earlier build) when that is set."""
-    from pita.models.tiny import build_tiny_family
+    """The tiny family, built once per test session, or reused from ``PITA_TEST_CACHE`` (a cache
+    folder of an earlier build) when that is set. Built as a run builds it: the parts in parallel
+    processes with one thread each (two threads per process on two cores thrash)."""
+    import subprocess
+
+    from pita.models.tiny import PARTS, build_tiny_family, prepare_tiny_family
 
     cache = os.environ.get("PITA_TEST_CACHE") or tmp_path_factory.mktemp("cache")
-    build_tiny_family(cache, 0)
+    prepare_tiny_family(cache, 0)
+    code = "import sys, torch; torch.set_num_threads(1); from pita.models.tiny import build_part; " \
+           "build_part(sys.argv[1], 0, sys.argv[2])"
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+    procs = [subprocess.Popen([sys.executable, "-c", code, str(cache), part], env=env) for part in PARTS]
+    if any(p.wait() != 0 for p in procs):
+        raise RuntimeError("building the tiny family failed (see the output above)")
+    build_tiny_family(cache, 0)  # checks every part is there
     return cache
 
 

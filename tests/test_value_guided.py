@@ -104,7 +104,9 @@ def test_cross_dataset_evaluation_plans_an_eval_per_dataset_and_a_base_for_each(
             "QSharp.tiny.arith.r0.eval-sentiment.merge"} <= set(jobs)
     x = jobs["QSharp.tiny.arith.r0.eval-sentiment.merge"].params["labels"]
     assert (x["train_dataset"], x["eval_dataset"], x["task"]) == ("arith", "sentiment", "reward")
-    assert jobs["QSharp.tiny.arith.r0.eval-sentiment.s0"].deps == ["QSharp.tiny.arith.r0.train"]
+    # the sentiment evaluation waits for the guidance it uses, and for the reward model that scores it
+    assert jobs["QSharp.tiny.arith.r0.eval-sentiment.s0"].deps == ["QSharp.tiny.arith.r0.train",
+                                                                   "model.tiny.reward_sentiment"]
 
 
 def test_v_min_must_be_below_v_max(tiny_cache):

@@ -45,12 +45,12 @@ def load_family(name: str) -> FamilyConfig:
     return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(FamilyConfig), OmegaConf.load(path)))
 
 
-def _builtin(ref: str, cache_dir: str, seed: int) -> str:
+def _builtin(ref: str, cache_dir: str, seed: int, defer: bool = False) -> str:
     fam, _, part = ref[len("builtin:"):].partition("/")
     if fam == "tiny":
-        from pita.models.tiny import build_tiny_family
+        from pita.models.tiny import build_tiny_family, prepare_tiny_family
 
-        paths = build_tiny_family(cache_dir, seed)
+        paths = prepare_tiny_family(cache_dir, seed) if defer else build_tiny_family(cache_dir, seed)
     elif fam == "smollm2":
         from pita.models.smollm2 import convert_smollm2
 
@@ -63,15 +63,61 @@ def _builtin(ref: str, cache_dir: str, seed: int) -> str:
     return paths[part]
 
 
-def resolve_id(ref: str, cache_dir: str, seed: int) -> str:
-    """A loadable id: builtin parts are built or fetched from the cache; others are returned as is."""
-    return _builtin(ref, cache_dir, seed) if ref.startswith("builtin:") else ref
+def resolve_id(ref: str, cache_dir: str, seed: int, defer: bool = False) -> str:
+    """A loadable id: builtin parts are built or fetched from the cache; others are returned as is.
+    ``defer``: tiny-family parts are only prepared (tokenizer and config, no weights): a run
+    builds them as jobs (:func:`family_build_jobs`)."""
+    return _builtin(ref, cache_dir, seed, defer) if ref.startswith("builtin:") else ref
 
 
-def resolve_family(fam: FamilyConfig, cache_dir: str, seed: int) -> dict:
-    return {"reference": resolve_id(fam.reference, cache_dir, seed),
-            "guidance": resolve_id(fam.guidance, cache_dir, seed),
-            "reward_models": {k: resolve_id(v, cache_dir, seed) for k, v in fam.reward_models.items()}}
+def resolve_family(fam: FamilyConfig, cache_dir: str, seed: int, defer: bool = False) -> dict:
+    return {"reference": resolve_id(fam.reference, cache_dir, seed, defer),
+            "guidance": resolve_id(fam.guidance, cache_dir, seed, defer),
+            "reward_models": {k: resolve_id(v, cache_dir, seed, defer) for k, v in fam.reward_models.items()}}
+
+
+def family_build_jobs(fam: FamilyConfig, cache_dir: str, seed: int, jobs: list, cuda: bool) -> list:
+    """The jobs that build the tiny family's parts this plan uses (``model.build_tiny``): every
+    job in ``jobs`` waits for the parts its params name, and every root job for the reference.
+    They are planned whether or not a part is cached (a cached part makes its job a no-op), so a
+    resumed run plans the same graph. Returns the build jobs (none for a family not built here)."""
+    import json
+
+    from pita.core.job import Job, Resources, add_kind_module
+    from pita.models.tiny import PARTS, family_paths, part_built
+
+    refs = [fam.reference, fam.guidance, *fam.reward_models.values()]
+    parts = [r.split("/", 1)[1] for r in refs if r.startswith("builtin:tiny/")]
+    parts = [p for p in PARTS if p in parts]
+    if not parts:
+        return []
+    add_kind_module("pita.models.family_jobs")
+    paths = family_paths(cache_dir, seed)
+    builds = {p: Job(id=f"model.{fam.name}.{p}", kind="model.build_tiny", group="model",
+                     params={"cache_dir": str(cache_dir), "seed": seed, "part": p, "path": paths[p]},
+                     # trains on the CPU with one thread: on a GPU node it holds no GPU
+                     resources=Resources(devices=0 if cuda else 1, memory_gb=0.5),
+                     duration_hint=20.0 if p != "reward_sentiment" else 5.0)
+              for p in parts}
+    ref = builds.get("reference")
+    by_id = {j.id: j for j in jobs}
+    names: dict[str, set] = {}  # job id -> the parts it, or a job it waits for, reads
+
+    def reads(job_id: str) -> set:
+        if job_id not in names:
+            j = by_id[job_id]
+            text = json.dumps(j.params)
+            own = {p for p in builds if f'{paths[p]}"' in text or f"{paths[p]}/" in text}
+            if not j.deps and ref is not None:
+                own.add("reference")
+            inherited = set().union(*(reads(d) for d in j.deps if d in by_id))
+            # wait only for the parts no earlier job already waits for
+            j.deps = [*j.deps, *(builds[p].id for p in builds if p in own - inherited)]
+            names[job_id] = own | inherited
+        return names[job_id]
+
+    used = set().union(*(reads(j.id) for j in jobs)) if jobs else set()
+    return [b for p, b in builds.items() if p in used]  # a part no job reads is not built
 
 
 def check_tokenizers(reference: str, guidance: str) -> None:
@@ -97,3 +143,16 @@ def check_tokenizers(reference: str, guidance: str) -> None:
         raise ConfigError(f"model.guidance={guidance!r} cannot guide model.reference={reference!r}: "
                           + "; ".join(problems) + ". Pick a guidance model from the same tokenizer family "
                           "(e.g. Qwen3-0.6B for Qwen3-1.7B)")
+
+
+def family_build_note(jobs) -> Optional[str]:
+    """What the run will build of the tiny family before anything else ("building the tiny family
+    once ..."), or None when every planned part is in the cache."""
+    from pita.models.tiny import family_dir, part_built
+
+    builds = [j.params for j in jobs if j.kind == "model.build_tiny"]
+    missing = [p["part"] for p in builds if not part_built(p["cache_dir"], p["seed"], p["part"])]
+    if not missing:
+        return None
+    return (f"building the tiny family once ({', '.join(missing)}: {len(missing)} job(s), one thread each), "
+            f"cached in {family_dir(builds[0]['cache_dir'], builds[0]['seed'])}")

@@ -13,8 +13,11 @@
 - reward_sentiment: a Llama sequence classifier (one logit: positive minus negative) trained on
   labelled toy reviews, loaded later through the same code path as real reward models.
 
-The result is cached under ``<cache_dir>/tiny-<version>-seed<seed>/`` with a completion marker,
-built under a file lock so that concurrent workers build it once.
+The result is cached under ``<cache_dir>/tiny-<version>-seed<seed>/``. The tokenizer and every
+part's config are written first (:func:`prepare_tiny_family`, seconds, at plan time); then each
+part is trained on its own (:func:`build_part`: a run's ``model.build_tiny`` job, one thread,
+in parallel with the other parts), under a lock per part, with a ``.built`` marker per part and
+``.complete`` once all three exist.
 """
 
 from __future__ import annotations
@@ -83,7 +86,8 @@ def _chat(tok, prompt: str, response: str) -> list[int]:
                                    tokenize=True, return_dict=False)
 
 
-def _pretrain(model, seqs: list[list[int]], steps: int, lr: float, seed: int, pad_id: int, batch: int = 32):
+def _pretrain(model, seqs: list[list[int]], steps: int, lr: float, seed: int, pad_id: int, batch: int = 32,
+              progress=None):
     g = random.Random(seed)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 30) * max(0.05, 1 - s / steps))
@@ -99,6 +103,8 @@ def _pretrain(model, seqs: list[list[int]], steps: int, lr: float, seed: int, pa
         opt.step()
         sched.step()
         losses.append(loss.item())
+        if progress is not None and ((step + 1) % 100 == 0 or step + 1 == steps):
+            progress(step + 1, steps, losses[-1])
     model.eval()
     return losses
 
@@ -128,54 +134,114 @@ def _train_reward(model, tok, seed: int, steps: int, lr: float, batch: int = 32)
     return loss.item()
 
 
+PARTS = ("reference", "guidance", "reward_sentiment")
+
+
 def family_dir(cache_dir: str | Path, seed: int) -> Path:
     return Path(cache_dir) / f"tiny-{VERSION}-seed{seed}"
 
 
-def build_tiny_family(cache_dir: str | Path = ".cache/pita", seed: int = 0, force: bool = False) -> dict[str, str]:
-    """Build (or reuse) the tiny family; returns {"tokenizer", "reference", "guidance", "reward_sentiment"}."""
+def family_paths(cache_dir: str | Path, seed: int) -> dict[str, str]:
+    root = family_dir(cache_dir, seed)
+    return {k: str(root / k) for k in ("tokenizer", *PARTS)}
+
+
+def part_built(cache_dir: str | Path, seed: int, part: str) -> bool:
+    root = family_dir(cache_dir, seed)
+    return (root / ".complete").exists() or (root / part / ".built").exists()
+
+
+def prepare_tiny_family(cache_dir: str | Path, seed: int) -> dict[str, str]:
+    """The family's tokenizer, and each part's folder with the tokenizer and the model's config
+    (no weights yet): seconds, so a plan can read every part's config and tokenizer before the
+    parts themselves are trained (by :func:`build_part`, one job each)."""
     from filelock import FileLock
 
     root = family_dir(cache_dir, seed)
     root.mkdir(parents=True, exist_ok=True)
-    paths = {k: str(root / k) for k in ("tokenizer", "reference", "guidance", "reward_sentiment")}
-    marker = root / ".complete"
+    paths = family_paths(cache_dir, seed)
     with FileLock(str(root) + ".lock", timeout=1800):
-        if marker.exists() and not force:
+        if (root / ".prepared").exists() or (root / ".complete").exists():
             return paths
-        t0 = time.time()
-        _build(root, seed)
-        marker.write_text(json.dumps({"seed": seed, "version": VERSION, "built_s": round(time.time() - t0, 1)}))
-        log.info("built the tiny family in %s (%.1fs)", root, time.time() - t0)
+        from pita.datasets.adapters import ARITH_TEMPLATE
+        from pita.datasets.toy import corpus, sentiment_labelled
+
+        pairs = corpus(seed, template=ARITH_TEMPLATE)
+        tok = build_tokenizer([p + " " + r for p, r in pairs] + [t for t, _ in sentiment_labelled(500, seed)])
+        tok.save_pretrained(root / "tokenizer")
+        for part in PARTS:
+            tok.save_pretrained(root / part)
+            _part_config(tok, part).save_pretrained(root / part)
+        (root / ".prepared").write_text(json.dumps({"seed": seed, "version": VERSION}))
     return paths
 
 
-def _build(root: Path, seed: int) -> None:
-    from transformers import LlamaForCausalLM, LlamaForSequenceClassification
+def _part_config(tok, part: str):
+    if part == "reward_sentiment":
+        return _llama_config(tok, "reward", num_labels=1)
+    return _llama_config(tok, part)
 
-    from pita.datasets.toy import corpus, sentiment_labelled
 
-    from pita.datasets.adapters import ARITH_TEMPLATE
+def build_part(cache_dir: str | Path, seed: int, part: str, progress=None) -> dict:
+    """Train and save one part of the family (``reference``, ``guidance`` or ``reward_sentiment``)
+    unless it is already built; under a lock per part, so concurrent runs build it once. Each part
+    seeds itself, so the parts may be built in any order or in parallel. ``progress(step, steps,
+    loss)`` is called every 100 steps. Returns what was built (``cached``: nothing was)."""
+    from filelock import FileLock
+    from transformers import AutoTokenizer, LlamaForCausalLM, LlamaForSequenceClassification
 
-    torch.manual_seed(seed)
-    pairs = corpus(seed, template=ARITH_TEMPLATE)
-    texts = [p + " " + r for p, r in pairs] + [t for t, _ in sentiment_labelled(500, seed)]
-    tok = build_tokenizer(texts)
-    tok.save_pretrained(root / "tokenizer")
-    seqs = [_chat(tok, p, r) for p, r in pairs]
-    report = {}
-    for name in ("reference", "guidance"):
-        torch.manual_seed(seed + (0 if name == "reference" else 1))
-        model = LlamaForCausalLM(_llama_config(tok, name))
-        losses = _pretrain(model, seqs, **TRAIN[name], seed=seed, pad_id=tok.pad_token_id)
-        model.generation_config.eos_token_id = tok.eos_token_id
-        model.generation_config.pad_token_id = tok.pad_token_id
-        model.save_pretrained(root / name)
-        tok.save_pretrained(root / name)
-        report[name] = {"params": sum(p.numel() for p in model.parameters()), "final_loss": round(losses[-1], 4)}
-    torch.manual_seed(seed + 2)
-    rm = LlamaForSequenceClassification(_llama_config(tok, "reward", num_labels=1))
-    report["reward_sentiment"] = {"final_loss": round(_train_reward(rm, tok, seed, **TRAIN["reward"]), 4)}
-    rm.save_pretrained(root / "reward_sentiment")
-    tok.save_pretrained(root / "reward_sentiment")
-    (root / "build.json").write_text(json.dumps(report, indent=2))
+    if part not in PARTS:
+        raise ValueError(f"the tiny family has no part {part!r}; its parts are {', '.join(PARTS)}")
+    prepare_tiny_family(cache_dir, seed)
+    root = family_dir(cache_dir, seed)
+    with FileLock(str(root / part) + ".lock", timeout=3600):
+        if part_built(cache_dir, seed, part):
+            return {"part": part, "cached": True}
+        t0 = time.time()
+        tok = AutoTokenizer.from_pretrained(root / "tokenizer")
+        if part == "reward_sentiment":
+            torch.manual_seed(seed + 2)
+            model = LlamaForSequenceClassification(_part_config(tok, part))
+            report = {"final_loss": round(_train_reward(model, tok, seed, **TRAIN["reward"]), 4)}
+        else:
+            from pita.datasets.adapters import ARITH_TEMPLATE
+            from pita.datasets.toy import corpus
+
+            seqs = [_chat(tok, p, r) for p, r in corpus(seed, template=ARITH_TEMPLATE)]
+            torch.manual_seed(seed + (0 if part == "reference" else 1))
+            model = LlamaForCausalLM(_part_config(tok, part))
+            losses = _pretrain(model, seqs, **TRAIN[part], seed=seed, pad_id=tok.pad_token_id, progress=progress)
+            model.generation_config.eos_token_id = tok.eos_token_id
+            model.generation_config.pad_token_id = tok.pad_token_id
+            report = {"params": sum(p.numel() for p in model.parameters()), "final_loss": round(losses[-1], 4)}
+        model.save_pretrained(root / part)
+        tok.save_pretrained(root / part)
+        report["built_s"] = round(time.time() - t0, 1)
+        (root / part / ".built").write_text(json.dumps(report))
+        _mark_complete(root)
+    log.info("built the tiny family's %s in %s (%.1fs)", part, root / part, time.time() - t0)
+    return {"part": part, "cached": False, **report}
+
+
+def _mark_complete(root: Path) -> None:
+    reports = {}
+    for part in PARTS:
+        marker = root / part / ".built"
+        if not marker.exists():
+            return
+        reports[part] = json.loads(marker.read_text())
+    (root / "build.json").write_text(json.dumps(reports, indent=2))
+    (root / ".complete").write_text(json.dumps({"seed": root.name.rsplit("seed", 1)[-1], "version": VERSION,
+                                                "built_s": round(sum(r["built_s"] for r in reports.values()), 1)}))
+
+
+def build_tiny_family(cache_dir: str | Path = ".cache/pita", seed: int = 0, force: bool = False) -> dict[str, str]:
+    """Build (or reuse) the whole tiny family in this process, one part after the other; returns
+    {"tokenizer", "reference", "guidance", "reward_sentiment"}. (A run builds the parts as jobs.)"""
+    root = family_dir(cache_dir, seed)
+    if force:
+        for marker in [root / ".complete", root / ".prepared", *(root / part / ".built" for part in PARTS)]:
+            marker.unlink(missing_ok=True)
+    for part in PARTS:
+        build_part(cache_dir, seed, part)
+    return family_paths(cache_dir, seed)

@@ -40,7 +40,7 @@ def experiment_plan(cfg, device_totals: list[int], cuda: bool) -> list[Job]:
     from pita.core.memory import ModelShape, training_bytes
     from pita.datasets.loading import load_examples
     from pita.generation.parallel import ParallelDataGenerator
-    from pita.models.families import check_tokenizers, resolve_family
+    from pita.models.families import check_tokenizers, family_build_jobs, resolve_family
 
     problems = []
     n_devices = len(device_totals)
@@ -95,7 +95,7 @@ def experiment_plan(cfg, device_totals: list[int], cuda: bool) -> list[Job]:
                 problems += [f"{key}: {x}" for x in e.problems]
     if problems:
         raise ConfigError(problems)
-    paths = resolve_family(cfg.model, cfg.system.cache_dir, cfg.system.seed)
+    paths = resolve_family(cfg.model, cfg.system.cache_dir, cfg.system.seed, defer=True)
     check_tokenizers(paths["reference"], paths["guidance"])
     model_problems = [x for alg in algos.values() for x in alg.check_models(paths)]
     if model_problems:
@@ -173,7 +173,7 @@ def experiment_plan(cfg, device_totals: list[int], cuda: bool) -> list[Job]:
                 if j.kind == "eval.merge":
                     j.params["kl_fraction"] = ev.kl_fraction
             jobs += algo_jobs
-    return jobs
+    return family_build_jobs(cfg.model, cfg.system.cache_dir, cfg.system.seed, jobs, cuda) + jobs
 
 
 def carve_validation(ds, wanted: int) -> int:

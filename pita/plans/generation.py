@@ -17,7 +17,7 @@ from pita.plans.common import dataset_cfg, estimate_memory_gb, request_for
 def generation_plan(cfg, device_totals: list[int], cuda: bool) -> list[Job]:
     from pita.datasets.loading import load_examples
     from pita.generation.parallel import ParallelDataGenerator, check_request
-    from pita.models.families import check_tokenizers, resolve_family
+    from pita.models.families import check_tokenizers, family_build_jobs, resolve_family
 
     problems = []
     datasets = []
@@ -28,7 +28,7 @@ def generation_plan(cfg, device_totals: list[int], cuda: bool) -> list[Job]:
             problems.extend(e.problems)
     if problems:
         raise ConfigError(problems)
-    paths = resolve_family(cfg.model, cfg.system.cache_dir, cfg.system.seed)
+    paths = resolve_family(cfg.model, cfg.system.cache_dir, cfg.system.seed, defer=True)
     check_tokenizers(paths["reference"], paths["guidance"])
     gen = ParallelDataGenerator(device_totals)
     jobs: list[Job] = []
@@ -46,4 +46,4 @@ def generation_plan(cfg, device_totals: list[int], cuda: bool) -> list[Job]:
         mem = dc.memory_gb if dc.memory_gb is not None else estimate_memory_gb(
             paths["reference"], cfg.model.dtype, dc.batch_size, 256 + dc.max_new_tokens, cuda)
         jobs += gen.plan(req, f"gen.{cfg.model.name}.{ds.name}", len(examples), memory_gb=mem, group=ds.name)
-    return jobs
+    return family_build_jobs(cfg.model, cfg.system.cache_dir, cfg.system.seed, jobs, cuda) + jobs
