@@ -218,3 +218,72 @@ def test_grpo_rounds_are_passes_over_the_training_prompts_unless_max_steps_is_se
     assert grpo_steps({**p, "epochs": 0.24, "batch_size": 16, "num_generations": 4}, 1000) == 60
     assert grpo_steps({**p, "epochs": 0.01}, 10) == 1  # never zero steps
     assert grpo_steps({**p, "max_steps": 7}, 1000) == 7
+
+
+def test_dpo_trains_a_cut_off_completion_without_an_end_of_turn(tiny, tmp_path):
+    """A completion stopped by the length limit did not end: DPO must not learn its end of turn."""
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from trl import DPOConfig
+
+    from pita.algos.dpo import cut_aware_dpo_trainer, strip_turn_end
+    from pita.algos.post_training import assistant, user
+
+    tok = AutoTokenizer.from_pretrained(tiny["reference"])
+    model = AutoModelForCausalLM.from_pretrained(tiny["reference"])
+    rows = [{"prompt": user("What is 2 + 3?"), "chosen": assistant("2 + 3 = 5 #### 5"),
+             "rejected": assistant("2 + 3 = 6 and then"), "chosen_finish": "eos", "rejected_finish": "length"},
+            {"prompt": user("What is 4 + 1?"), "chosen": assistant("4 + 1 = 5 and"),
+             "rejected": assistant("4 + 1 = 3 #### 3"), "chosen_finish": "length", "rejected_finish": "eos"}]
+    args = DPOConfig(output_dir=str(tmp_path), max_steps=1, per_device_train_batch_size=2, report_to=[],
+                     use_cpu=True, logging_steps=1, save_strategy="no")
+    trainer = cut_aware_dpo_trainer()(model=model, args=args, train_dataset=Dataset.from_list(rows),
+                                      processing_class=tok)
+    ds = trainer.train_dataset
+    key = "{}_ids" if "chosen_ids" in ds.column_names else "{}_input_ids"
+    eos = tok.eos_token_id
+    first, second = ds[0], ds[1]
+    assert eos in first[key.format("chosen")] and eos not in first[key.format("rejected")]
+    assert eos not in second[key.format("chosen")] and eos in second[key.format("rejected")]
+    # the cut-off side keeps every token of its text
+    cut = tok.decode(first[key.format("rejected")], skip_special_tokens=False)
+    assert cut.strip().endswith("and then"), cut
+    trainer.train()  # the extra columns do not reach the collator
+    assert strip_turn_end([5, 6, eos, 9], eos) == [5, 6] and strip_turn_end([5, 6], eos) == [5, 6]
+
+
+def test_preference_pairs_carry_whether_each_side_ended_and_the_proxy_reads_it(tiny):
+    from transformers import AutoTokenizer
+
+    from pita.guidance.proxy import text_ids
+    from pita.rewards.preferences import make_pairs
+
+    [rec] = make_pairs([{"id": "q", "prompt": "p", "completions": ["a", "b"], "rewards": [1.0, 0.0],
+                         "finishes": ["length", "eos"]}], seed=0, beta=1.0, sampling=False, per_group=1)
+    assert (rec["chosen"], rec["chosen_finish"], rec["rejected_finish"]) == ("a", "length", "eos")
+    [old] = make_pairs([{"id": "q", "prompt": "p", "completions": ["a", "b"], "rewards": [1.0, 0.0]}], seed=0,
+                       beta=1.0, sampling=False, per_group=1)
+    assert "chosen_finish" not in old  # records of earlier runs keep their shape
+    tok = AutoTokenizer.from_pretrained(tiny["reference"])
+    ended, cut = text_ids(tok, "What is 2 + 3?", "5"), text_ids(tok, "What is 2 + 3?", "5", finished=False)
+    assert ended == cut + [tok.eos_token_id]
+
+
+def test_grpo_hf_scores_a_cut_off_completion_without_eos(tiny, monkeypatch):
+    import pita.guidance.proxy as proxy
+    from pita.algos.grpo import Rewards
+
+    seen = []
+    monkeypatch.setattr(proxy, "score_sequences", lambda vm, seqs, dev: seen.extend(seqs) or [0.0] * len(seqs))
+    r = Rewards.__new__(Rewards)
+    r.p, r.device, r.proxy = {"reference": tiny["reference"]}, "cpu", object()
+
+    class Ex:
+        prompt = "What is 2 + 3?"
+
+    from transformers import AutoTokenizer
+
+    eos = AutoTokenizer.from_pretrained(tiny["reference"]).eos_token_id
+    ids = [[7, 8, eos], [7, 8]]
+    r._proxy_scores([Ex(), Ex()], ["5", "5"], completion_ids=ids)
+    assert seen[0][-1] == eos and seen[1][-1] != eos and seen[0][:-1] == seen[1]

@@ -60,11 +60,47 @@ class DPO(PostTrainingAlgorithm):
         return gen + [train]
 
 
+def strip_turn_end(ids: list[int], eos_id: int) -> list[int]:
+    """A completion's tokens without the end of turn the chat template wrote after it (the last EOS
+    and anything the template put after it): what a completion cut off by the length limit is."""
+    for i in range(len(ids) - 1, -1, -1):
+        if ids[i] == eos_id:
+            return ids[:i]
+    return ids
+
+
+def cut_aware_dpo_trainer():
+    """TRL's ``DPOTrainer``, except that a chosen or rejected completion cut off by the length
+    limit (its ``*_finish`` column is ``length``) is trained without the end of turn the chat
+    template appends: DPO must not raise, or lower, the probability of ending where the sampler
+    was stopped."""
+    from trl import DPOTrainer
+
+    class CutAwareDPOTrainer(DPOTrainer):
+        def _prepare_dataset(self, dataset, processing_class, args, dataset_name):
+            dataset = super()._prepare_dataset(dataset, processing_class, args, dataset_name)
+            tok = getattr(processing_class, "tokenizer", processing_class)
+            cols = dataset.column_names
+            if "chosen_finish" not in cols:
+                return dataset
+            key = "{}_ids" if "chosen_ids" in cols else "{}_input_ids"  # the column names of TRL < 1
+
+            def strip(ex):
+                for side in ("chosen", "rejected"):
+                    if ex[f"{side}_finish"] == "length":
+                        ex[key.format(side)] = strip_turn_end(ex[key.format(side)], tok.eos_token_id)
+                return ex
+
+            return dataset.map(strip, desc=f"Leaving the end of turn off cut-off completions ({dataset_name})")
+
+    return CutAwareDPOTrainer
+
+
 @job_kind("algo.dpo_train")
 def dpo_train(ctx):
     from datasets import Dataset, load_from_disk
     from transformers import AutoModelForCausalLM
-    from trl import DPOConfig as TRLDPOConfig, DPOTrainer
+    from trl import DPOConfig as TRLDPOConfig
 
     from pita.report.tracker import tracker_settings
 
@@ -82,13 +118,16 @@ def dpo_train(ctx):
     if p["policy_from"] and p["ref_policy"] == "original":
         ref_model = AutoModelForCausalLM.from_pretrained(p["reference"], dtype=model.dtype)
     ds = Dataset.from_list([{"prompt": user(r["prompt"]), "chosen": assistant(r["chosen"]),
-                             "rejected": assistant(r["rejected"])} for r in pairs])
+                             "rejected": assistant(r["rejected"]), "chosen_finish": r.get("chosen_finish", "eos"),
+                             "rejected_finish": r.get("rejected_finish", "eos")} for r in pairs])
+    cut = sum((r.get("chosen_finish") == "length") + (r.get("rejected_finish") == "length") for r in pairs)
     args = training_args(TRLDPOConfig, p, str(ctx.paths.artifacts / "trainer"), cuda, tracker_settings(ctx),
                          num_train_epochs=p["epochs"],
                          max_length=p["max_length"])
-    ctx.log.info("DPO from %s on %d pairs (of %d; ties dropped), reference policy %s, beta %s", path, len(pairs),
-                 len(records), "original" if ref_model is not None or not p["policy_from"] else "previous", p["beta"])
-    trainer = DPOTrainer(model=model, ref_model=ref_model, args=args, train_dataset=ds, processing_class=tok,
+    ctx.log.info("DPO from %s on %d pairs (of %d; ties dropped; %d completion(s) cut off by the length limit, "
+                 "trained without an end of turn), reference policy %s, beta %s", path, len(pairs), len(records), cut,
+                 "original" if ref_model is not None or not p["policy_from"] else "previous", p["beta"])
+    trainer = cut_aware_dpo_trainer()(model=model, ref_model=ref_model, args=args, train_dataset=ds, processing_class=tok,
                          peft_config=peft_config(p, ctx.log))
     res, steps = train_and_save(ctx, trainer, tok, p, "loss")
     return {**res, "pairs": len(pairs), "loss_first": steps[0]["loss"] if steps else None,

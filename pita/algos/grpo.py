@@ -117,25 +117,36 @@ class Rewards:
                            f"(model.reward_models.{p['dataset']['name']})")
         self.__name__ = "pita_reward"
 
-    def __call__(self, prompts, completions, example_id, **kw) -> list[float]:
+    def __call__(self, prompts, completions, example_id, completion_ids=None, **kw) -> list[float]:
         texts = [c[-1]["content"] if isinstance(c, list) else str(c) for c in completions]
         exs = [self.examples[i] for i in example_id]
         if self.proxy is not None:
-            return self._proxy_scores(exs, texts)
+            return self._proxy_scores(exs, texts, completion_ids)
         from pita.generation.recipes import Scorer
 
         scorer = Scorer(task=self.p["task"], extractor=exs[0].meta.get("extractor", "auto"),
                         bonus=float(self.p["correctness_bonus"]), rm=self.rm)
         return [float(s["reward"]) for s in scorer(exs, texts)]
 
-    def _proxy_scores(self, exs, texts) -> list[float]:
+    def _proxy_scores(self, exs, texts, completion_ids=None) -> list[float]:
+        """The proxy's score of each completion as it was trained on pairs: with EOS when the
+        completion ended, without when the length limit cut it off (TRL passes each completion's
+        ids up to and including its first EOS)."""
         from pita.guidance.proxy import score_sequences, text_ids
 
         if getattr(self, "_tok", None) is None:
-            from transformers import AutoTokenizer
+            from transformers import AutoTokenizer, GenerationConfig
 
             self._tok = AutoTokenizer.from_pretrained(self.p["reference"])
-        return score_sequences(self.proxy, [text_ids(self._tok, e.prompt, t) for e, t in zip(exs, texts)],
+            self._eos = {self._tok.eos_token_id}
+            try:
+                e = GenerationConfig.from_pretrained(self.p["reference"]).eos_token_id
+                self._eos.update([e] if isinstance(e, int) else list(e or []))
+            except OSError:
+                pass
+        ended = [True] * len(texts) if completion_ids is None else \
+            [bool(ids) and int(ids[-1]) in self._eos for ids in completion_ids]
+        return score_sequences(self.proxy, [text_ids(self._tok, e.prompt, t, f) for e, t, f in zip(exs, texts, ended)],
                                self.device)
 
 

@@ -4,7 +4,7 @@ samples           n samples per prompt, scored.
     {id, prompt, sample, completion, finish, n_tokens, reward, correct, extracted, reason}
 preference_pairs  n >= 2 samples per prompt from the policy, scored (reward model and/or
                   correctness + bonus), one Bradley-Terry sampled pair per prompt (DPO).
-    {id, prompt, chosen, rejected, chosen_reward, rejected_reward, p_chosen}
+    {id, prompt, chosen, rejected, chosen_reward, rejected_reward, p_chosen, chosen_finish, rejected_finish}
 prompts           the prompt set itself, no model (GRPO generates online).
     {id, prompt, answer, task}
 value_rollouts    value-guided collection: a roll-in from the policy, ``cut_points`` cut
@@ -85,9 +85,11 @@ def run_preference_pairs(lm, examples, req, scorer) -> list[dict]:
     samples = run_samples(lm, examples, req, scorer)
     groups: dict[str, dict] = {}
     for r in samples:
-        g = groups.setdefault(r["id"], {"id": r["id"], "prompt": r["prompt"], "completions": [], "rewards": []})
+        g = groups.setdefault(r["id"], {"id": r["id"], "prompt": r["prompt"], "completions": [], "rewards": [],
+                                        "finishes": []})
         g["completions"].append(r["completion"])
         g["rewards"].append(r["reward"])
+        g["finishes"].append(r["finish"])
     p = req["preferences"]
     return make_pairs(groups.values(), p.get("label_seed", req["seed"]), p["beta"], p["sampling"],
                       per_group=p.get("pairs_per_prompt"))

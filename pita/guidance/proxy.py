@@ -51,13 +51,14 @@ def proxy_job(job_id: str, data: list[str], backbone: str, epochs: int, lr: floa
                resources=Resources(1, memory_gb), duration_hint=2.0)
 
 
-def text_ids(tok, prompt: str, completion: str) -> list[int]:
-    """The chat-formatted prompt, the completion and EOS, as token ids: how the proxy reward model
-    sees a text pair at training and a GRPO-HF completion at scoring."""
+def text_ids(tok, prompt: str, completion: str, finished: bool = True) -> list[int]:
+    """The chat-formatted prompt, the completion and, when it ``finished`` (not cut off by the
+    length limit), EOS, as token ids: how the proxy reward model sees a text pair at training and
+    a GRPO-HF completion at scoring."""
     chat = tok.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True) \
         if getattr(tok, "chat_template", None) else prompt
     return (tok(chat, add_special_tokens=False)["input_ids"] + tok(completion, add_special_tokens=False)["input_ids"]
-            + [tok.eos_token_id])
+            + ([tok.eos_token_id] if finished else []))
 
 
 def score_sequences(vm, seqs: list[list[int]], dev, batch: int = 64) -> list[float]:
@@ -107,7 +108,8 @@ def proxy_train(ctx):
         from transformers import AutoTokenizer
 
         tok = AutoTokenizer.from_pretrained(p.get("tokenizer") or p["backbone"])
-        examples = [PairExample(text_ids(tok, r["prompt"], r["chosen"]), text_ids(tok, r["prompt"], r["rejected"]))
+        examples = [PairExample(text_ids(tok, r["prompt"], r["chosen"], r.get("chosen_finish", "eos") == "eos"),
+                                text_ids(tok, r["prompt"], r["rejected"], r.get("rejected_finish", "eos") == "eos"))
                     for r in records if r["chosen_reward"] != r["rejected_reward"]]
     else:
         examples = [PairExample(sequence_ids(c), sequence_ids(r))

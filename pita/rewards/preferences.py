@@ -96,8 +96,11 @@ def make_pairs(
 ) -> list[dict]:
     """Preference records for many prompts; groups with fewer than 2 completions are skipped.
 
-    Each group: ``{"id", "prompt", "completions", "rewards"}``. Each record: ``{"id", "prompt",
-    "chosen", "rejected", "chosen_reward", "rejected_reward", "p_chosen"}``. The group's id is
+    Each group: ``{"id", "prompt", "completions", "rewards"}`` and optionally ``"finishes"`` (each
+    completion's ``eos`` | ``length``). Each record: ``{"id", "prompt", "chosen", "rejected",
+    "chosen_reward", "rejected_reward", "p_chosen"}``, with ``chosen_finish`` / ``rejected_finish``
+    when the group has finishes (a completion cut off by the length limit must not be trained as
+    one that ended). The group's id is
     the sampling key, so a prompt's label does not depend on the other groups.
 
     ``per_group=None``: one pair per group, its highest- and lowest-reward completions.
@@ -134,6 +137,8 @@ def make_pairs(
                     "rejected_reward": float(rewards[r]),
                     "p_chosen": p,
                     **({} if k is None else {"pair": k}),
+                    **({} if "finishes" not in g else {"chosen_finish": g["finishes"][c],
+                                                      "rejected_finish": g["finishes"][r]}),
                 }
             )
     return out
