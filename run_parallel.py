@@ -1,6 +1,6 @@
 """Run an experiment on every device of this machine: ``python run_parallel.py experiment.name=NAME``.
 
-Hydra main (conf/config.yaml; keys documented in pita/config/schema.py) -> pita.cli.run_experiment.
+Hydra main (pita/conf/config.yaml; keys documented in pita/config/schema.py) -> pita.cli.run_experiment.
 With ``-m`` (multirun) each sweep point is its own run; the exit code is the worst of them.
 """
 
@@ -14,7 +14,7 @@ from pita.cli import check_cli_overrides, normalize_argv, run_experiment
 _exit_codes: list[int] = []
 
 
-@hydra.main(config_path="conf", config_name="config", version_base=None)
+@hydra.main(config_path="pita/conf", config_name="config", version_base=None)
 def main(cfg: DictConfig) -> None:
     _exit_codes.append(run_experiment(cfg))
 

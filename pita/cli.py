@@ -24,9 +24,9 @@ from pita.core.names import suggest, unknown_name
 
 log = logging.getLogger("pita")
 
-CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
+CONF_DIR = Path(__file__).resolve().parent / "conf"  # shipped in the package (pyproject: package-data)
 RESUME_KEYS = ("resume_from", "resume_force")
-GROUPS = ("model", "dataset", "gpu", "experiment")  # Hydra config groups under conf/
+GROUPS = ("model", "dataset", "gpu", "experiment")  # Hydra config groups under pita/conf/
 # Keys that change how a run executes but not what it computes: free to change on resume.
 EXECUTION_KEYS = ("executor.", "system.devices", "system.cpu_devices", "system.gpu_summary_interval_s",
                   "system.output_dir", "system.min_free_gb", "data_collection.batch_size", "data_collection.reward_batch_size",
@@ -103,7 +103,7 @@ def check_overrides(overrides: list[str]) -> None:
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
         try:
             base = compose(config_name="config")  # the defaults, group choices included
-        except Exception as e:  # conf/ itself is wrong (e.g. an edited config.yaml)
+        except Exception as e:  # pita/conf/ itself is wrong (e.g. an edited config.yaml)
             raise ConfigError(f"{CONF_DIR / 'config.yaml'}: {_explain(e) or str(e).splitlines()[0]}") from e
     try:
         parsed = OverridesParser.create().parse_overrides(plain)
