@@ -1,12 +1,15 @@
 """The command line: plan the experiment, validate everything, run it, report.
 
-    python run_parallel.py experiment.name=NAME [key=value ...]     (Hydra main -> run_experiment)
-    python run_parallel.py resume_from=outputs/NAME/<time>          (re-run unfinished jobs)
-    python -m pita status outputs/NAME/<time>                       (jobs by state, live or not)
-    python -m pita report outputs/NAME/<time>                       (re-render results/report.md)
+    pita run experiment.name=NAME [key=value ...]                   (Hydra main -> run_experiment)
+    python run_parallel.py experiment.name=NAME [key=value ...]     (the same: run_main)
+    pita run resume_from=outputs/NAME/<time>                        (re-run unfinished jobs)
+    pita status outputs/NAME/<time>                                 (jobs by state, live or not)
+    pita report outputs/NAME/<time>                                 (re-render results/report.md)
 
-Exit codes: 0 all jobs completed; 1 some job failed or was skipped; 2 bad configuration or input
-(nothing ran); 130 interrupted (state saved; resume with resume_from=).
+``pita`` is also ``python -m pita``. ``--help`` prints :func:`help_text`.
+
+Exit codes: 0 all jobs completed; 1 some job failed or was skipped (or the disk filled); 2 bad
+configuration or input (nothing ran); 130 interrupted (state saved; resume with resume_from=).
 """
 
 from __future__ import annotations
@@ -664,14 +667,140 @@ def status_main(run_dir: str, show_all: bool = False) -> int:
     return 0
 
 
+# ---------------------------------------------------------------- pita run / run_parallel.py
+EXIT_CODES = (  # what run_main returns; help_text and the README list these
+    (0, "every job completed"),
+    (1, "a job failed, or was skipped because a dependency failed; or the disk filled (free space, then "
+        "resume); or pita itself failed (a traceback is printed)"),
+    (2, "bad configuration or input: the message names the key, the value and the fix; nothing ran"),
+    (130, "interrupted (Ctrl-C, SIGTERM): the state is saved; resume with resume_from=<run folder>"),
+)
+# The keys the help page lists (with their defaults and meanings, read from the schema).
+HELP_KEYS = ("experiment.", "system.output_dir", "system.devices", "system.cache_dir", "system.seed",
+             "executor.", "resume_from", "resume_force")
+_exit_codes: list[int] = []  # one per experiment run by this process (a sweep runs several)
+
+
+def _task(cfg: DictConfig):
+    """Hydra's task function: one run, or one point of a sweep (``-m``)."""
+    _exit_codes.append(run_experiment(cfg))
+    return _exit_codes[-1]
+
+
+def run_main(argv: list[str] | None = None, prog: str = "python run_parallel.py") -> int:
+    """Start an experiment and return its exit code: ``python run_parallel.py ...``, ``pita run
+    ...`` and ``python -m pita run ...`` all come here. ``-h`` / ``--help`` print our page
+    (Hydra's own stays at ``--hydra-help``); ``--multirun`` / ``-m`` may stand anywhere; bad
+    overrides exit 2 before Hydra composes anything."""
+    import hydra
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if any(a in ("-h", "--help") for a in argv):
+        print(help_text(prog))
+        return 0
+    argv = normalize_argv(argv)
+    check_cli_overrides(argv)
+    main = hydra.main(config_path=str(CONF_DIR), config_name="config", version_base=None)(_task)
+    before = len(_exit_codes)
+    saved, sys.argv = sys.argv, [prog, *argv]  # Hydra reads its command line from sys.argv
+    try:
+        main()
+    except KeyboardInterrupt:  # before the executor took over the signals (planning, composing)
+        print("interrupted before any job ran", file=sys.stderr)
+        _exit_codes.append(130)
+    finally:
+        sys.argv = saved
+    return max(_exit_codes[before:], default=0)
+
+
+def help_text(prog: str = "pita run") -> str:
+    """The page ``pita --help``, ``pita run --help`` and ``python run_parallel.py --help`` print:
+    the keys, defaults and meanings come from the schema and the groups from pita/conf/, so the
+    page follows the code."""
+    import textwrap
+
+    from pita.config.reference import rows
+
+    width = 100
+    out = [
+        f"usage: {prog} [key=value ...] [-m|--multirun] [--cfg job]",
+        "       pita run ... | python -m pita run ... | python run_parallel.py ...   (one and the same)",
+        "       pita status RUN_FOLDER [--all]",
+        "       pita report RUN_FOLDER",
+        "",
+        textwrap.fill("pita plans a post-training experiment (PITA, Q#, Q#-HF, DPO, GRPO, GRPO-HF x datasets x rounds, "
+              "plus the base model's evaluation) as one job graph, checks the configuration before anything "
+              "runs, and starts every job as soon as its dependencies are done and a device has memory for "
+              "it: on every GPU of this machine, on CPU without one, or on a Ray cluster. It runs from any "
+              "folder; outputs go below the current one.", width=width),
+        "",
+        "commands:",
+        "  run      run an experiment (or a sweep with -m); key=value overrides, checked first",
+        "  status   a run's jobs by state, its devices, failures and their logs (safe on a live run)",
+        "  report   re-render a run's results/report.md and plots from its saved results",
+        "",
+        f"config groups (GROUP=NAME; the files: {CONF_DIR}/<group>/<NAME>.yaml):",
+    ]
+    defaults = {}
+    try:
+        for d in OmegaConf.load(CONF_DIR / "config.yaml").get("defaults", []):
+            if isinstance(d, DictConfig) or isinstance(d, dict):
+                for k, v in d.items():
+                    defaults[str(k)] = v
+    except Exception:  # noqa: BLE001 - the help page is still useful without the defaults
+        pass
+    for group, note in (("model", "model family"), ("experiment", "preset"), ("gpu", "GPU preset")):
+        names = sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
+        d = defaults.get(group)
+        shown = ", ".join(f"{n} (default)" if n == d else n for n in names)
+        out.append(f"  {group + '=':<12} {note}: {shown}" + ("" if d else "; none by default"))
+    datasets = sorted(p.stem for p in (CONF_DIR / "dataset").glob("*.yaml"))
+    out += [f"  {'datasets.<name>.KEY=VALUE':<12} per dataset: {', '.join(datasets)}", "",
+            "main keys (key=default: meaning; every key: README.md \"Configuration\", or --cfg job for the "
+            "resolved config):"]
+    for key, default, note in rows():
+        if not key.startswith(HELP_KEYS) or key.startswith("executor.ray."):
+            continue
+        note = " ".join(note.split())
+        if len(note) > 64:
+            note = note[:61].rsplit(" ", 1)[0] + " ..."
+        pair = f"{key}={default}"
+        out.append(f"  {pair:<40} {note}" if len(pair) < 40 else f"  {pair}\n  {'':<40} {note}")
+    out += ["  executor.ray.*, model.*, datasets.*, algos.<name>.*, eval.*, data_collection.*, training.*: "
+            "see the README", ""]
+    out += [
+        "outputs (relative to the current folder unless system.output_dir is absolute):",
+        "  outputs/<experiment.name>/<YYYY-MM-DD_HH-MM-SS>/",
+        "    run.log          every line of every job, prefixed [job-id device]; follow it with tail -f",
+        "    config.yaml      the resolved config that ran (resume_from= reloads it)",
+        "    state.db, state.json   job states, devices, attempts, timings",
+        "    jobs/<job-id>/   job.log, result.json, artifacts/, .done",
+        "    results/         final_results.json, results.csv, report.md, plots/",
+        "",
+        "exit codes:",
+    ]
+    out += [textwrap.fill(f"{code:<4} {text}", width=width, initial_indent="  ", subsequent_indent=" " * 7)
+            for code, text in EXIT_CODES]
+    out += ["", "Hydra's own help: --hydra-help. More: README.md and docs/architecture.md."]
+    return "\n".join(out)
+
+
 def console_main(argv: list[str] | None = None) -> int:
     import argparse
     import signal
 
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["run"]:  # the experiment itself: Hydra's command line, not argparse's
+        return run_main(argv[1:], prog="pita run")
     # Output piped into `head` and the like: end quietly when the reader goes away, as Unix tools do.
     signal.signal(signal.SIGPIPE, signal.SIG_DFL)
-    ap = argparse.ArgumentParser(prog="pita", description="Inspect pita runs (run them with run_parallel.py).")
+    if argv[:1] in (["-h"], ["--help"]):
+        print(help_text("pita run"))
+        return 0
+    ap = argparse.ArgumentParser(prog="pita", description="Run pita experiments and inspect their runs "
+                                 "(pita --help: the whole page).")
     sub = ap.add_subparsers(dest="cmd", required=True)
+    sub.add_parser("run", help="run an experiment: pita run key=value ... (pita run --help)")
     st = sub.add_parser("status", help="jobs by state, devices, failures and their logs")
     st.add_argument("run_dir")
     st.add_argument("--all", action="store_true", help="every job, not only running / failed / skipped ones")
