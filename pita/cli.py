@@ -116,7 +116,8 @@ def check_overrides(overrides: list[str]) -> None:
     for o in parsed:
         key = o.key_or_group
         if key.startswith("hydra.run.dir") or key.startswith("hydra.sweep.dir"):
-            problems.append(f"{key}: pita makes its own run folder, <system.output_dir>/<experiment.name>/<time>; "
+            problems.append(f"{key}: pita makes its own run folder, <system.output_dir>/<experiment.name>/<time> "
+                            f"(a sweep: <system.output_dir>/<experiment.name>/sweep-<time>/<point>); "
                             f"set system.output_dir=... and experiment.name=... instead")
             continue
         if key.startswith("hydra") or o.is_delete():
@@ -138,8 +139,6 @@ def check_overrides(overrides: list[str]) -> None:
             problems.append(msg)
     if problems:
         raise ConfigError(problems)
-    if sweep:
-        return  # multirun values are checked per job by Hydra
     def first_line(e: Exception) -> str:
         explained = _explain(e)
         if explained:
@@ -149,6 +148,9 @@ def check_overrides(overrides: list[str]) -> None:
         text = str(e).strip()
         return text.splitlines()[0] if text else type(e).__name__
 
+    if sweep:
+        _check_sweep(plain, parsed, first_line)
+        return
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
         try:
             compose(config_name="config", overrides=plain)
@@ -161,6 +163,45 @@ def check_overrides(overrides: list[str]) -> None:
             except Exception as e:
                 problems.append(f"{o}: {first_line(e)}")
     raise ConfigError(problems or [f"{' '.join(plain)}: {whole}"])
+
+
+def _check_sweep(plain: list[str], parsed, first_line) -> None:
+    """A sweep's points, each composed as Hydra will (and the sweep itself, whose experiment.name
+    and system.output_dir name the sweep folder): every problem at once, before any folder exists."""
+    from hydra import compose, initialize_config_dir
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+
+    from pita.core.paths import RunPaths
+
+    swept = {o.key_or_group for o in parsed if o.is_sweep_override()}
+    try:
+        points = [p for batch in BasicSweeper.split_arguments(parsed, None) for p in batch]
+    except Exception as e:  # noqa: BLE001 - a sweep Hydra's basic sweeper cannot expand (e.g. interval())
+        odd = [o for o, p in zip(plain, parsed) if p.is_sweep_override() and not p.is_discrete_sweep()]
+        raise ConfigError(f"{' '.join(odd or plain)}: {first_line(e)}; sweep over a comma list, range() or "
+                          f"choice()") from e
+    base = [o for o, p in zip(plain, parsed) if not p.is_sweep_override()]
+    problems: list[str] = []
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
+        for point in [base, *points]:
+            mine = [o for o in point if o.partition("=")[0].lstrip("+~") in swept]
+            try:
+                cfg = compose(config_name="config", overrides=point)
+            except Exception as e:  # noqa: BLE001 - Hydra's and OmegaConf's composition errors
+                whole, blamed = first_line(e), []
+                for o in mine:  # name each swept value that fails on its own
+                    try:
+                        compose(config_name="config", overrides=[*base, o])
+                    except Exception as e1:  # noqa: BLE001
+                        blamed.append(f"{o}: {first_line(e1)}")
+                problems += blamed or [f"{' '.join(mine) or ' '.join(base)}: {whole}"]
+                continue
+            try:
+                RunPaths.check_name(cfg.experiment.name)
+            except ConfigError as e:
+                problems += e.problems
+    if problems:
+        raise ConfigError(list(dict.fromkeys(problems)))
 
 
 def _split_by_shell(argv: list[str]) -> list[str]:
@@ -327,20 +368,21 @@ def _resume_config(cfg: DictConfig, overrides: list[str]):
 _OWNED: list = []  # owner locks taken by this command; released however it ends
 
 
-def run_experiment(cfg: DictConfig, overrides: list[str] | None = None) -> int:
-    """Plan, validate, run; return the exit code. ConfigError -> message and 2."""
+def run_experiment(cfg: DictConfig, overrides: list[str] | None = None, run_dir: Path | None = None) -> int:
+    """Plan, validate, run; return the exit code. ConfigError -> message and 2. ``run_dir``: the
+    new run's folder (a sweep point's), instead of <system.output_dir>/<experiment.name>/<time>."""
     try:
-        return _run_experiment(cfg, overrides)
+        return _run_experiment(cfg, overrides, run_dir)
     finally:  # a refused resume (graph changed, bad override) is not an orchestrator that died
         while _OWNED:
             _OWNED.pop().release()
 
 
-def _run_experiment(cfg: DictConfig, overrides: list[str] | None) -> int:
+def _run_experiment(cfg: DictConfig, overrides: list[str] | None, run_dir: Path | None) -> int:
     from pita.core.state import is_disk_full
 
     try:
-        return _run(cfg, _task_overrides(overrides))
+        return _run(cfg, _task_overrides(overrides), run_dir)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         log.debug("configuration error", exc_info=True)
@@ -354,7 +396,7 @@ def _run_experiment(cfg: DictConfig, overrides: list[str] | None) -> int:
         return 1
 
 
-def _run(cfg: DictConfig, overrides: list[str]) -> int:
+def _run(cfg: DictConfig, overrides: list[str], run_dir: Path | None = None) -> int:
     from pita.config.validate import validate_config
     from pita.core.backends import make_backend
     from pita.core.executor import Executor, ExecutorSettings
@@ -425,7 +467,11 @@ def _run(cfg: DictConfig, overrides: list[str]) -> int:
         else:
             from pita.core.owner import OwnerLock
 
-            run = RunPaths.create(sy.output_dir, cfg.experiment.name, min_free_bytes=sy.min_free_gb * 2**30)
+            if run_dir is not None:  # a sweep point: its folder is named by its overrides (pita/sweep.py)
+                RunPaths.check_name(cfg.experiment.name)
+                run = RunPaths.create_at(run_dir, output_dir=sy.output_dir, min_free_bytes=sy.min_free_gb * 2**30)
+            else:
+                run = RunPaths.create(sy.output_dir, cfg.experiment.name, min_free_bytes=sy.min_free_gb * 2**30)
             owner = OwnerLock(run.root)
             _OWNED.append(owner)
             try:
@@ -568,8 +614,9 @@ def _print_summary(summary, run) -> None:
 
 # ---------------------------------------------------------------- pita status
 def _runs_below(folder: str) -> list[Path]:
-    """Run folders directly below ``folder`` (or below its experiment folders), newest last; empty
-    when ``folder`` is itself a run."""
+    """Run folders below ``folder`` (an experiment's folder, a sweep folder, or outputs/), up to
+    three levels down (outputs/<name>/sweep-<time>/<point>), in path order; empty when ``folder``
+    is itself a run."""
     root = Path(folder)
     if not root.is_dir() or any((root / m).exists() for m in ("state.db", "state.json", "config.yaml", "jobs")):
         return []
@@ -577,9 +624,16 @@ def _runs_below(folder: str) -> list[Path]:
     def is_run(p: Path) -> bool:
         return p.is_dir() and any((p / m).exists() for m in ("state.db", "state.json", "config.yaml"))
 
-    found = [p for p in sorted(root.iterdir()) if is_run(p)]
-    if not found:
-        found = [q for p in sorted(root.iterdir()) if p.is_dir() for q in sorted(p.iterdir()) if is_run(q)]
+    found: list[Path] = []
+
+    def walk(d: Path, depth: int) -> None:
+        for p in sorted(d.iterdir()):
+            if is_run(p):
+                found.append(p)
+            elif p.is_dir() and depth < 3:
+                walk(p, depth + 1)
+
+    walk(root, 1)
     return found
 
 
@@ -682,8 +736,14 @@ _exit_codes: list[int] = []  # one per experiment run by this process (a sweep r
 
 
 def _task(cfg: DictConfig):
-    """Hydra's task function: one run, or one point of a sweep (``-m``)."""
-    _exit_codes.append(run_experiment(cfg))
+    """Hydra's task function: one run, or one point of a sweep (``-m``; pita/sweep.py names its
+    folder and skips the points after an interrupted one)."""
+    from pita import sweep
+
+    point = sweep.current()
+    if point is not None and point.skip:
+        return None
+    _exit_codes.append(run_experiment(cfg, run_dir=point.folder if point is not None else None))
     return _exit_codes[-1]
 
 
@@ -693,6 +753,8 @@ def run_main(argv: list[str] | None = None, prog: str = "python run_parallel.py"
     (Hydra's own stays at ``--hydra-help``); ``--multirun`` / ``-m`` may stand anywhere; bad
     overrides exit 2 before Hydra composes anything."""
     import hydra
+
+    from pita import sweep
 
     argv = list(sys.argv[1:] if argv is None else argv)
     if any(a in ("-h", "--help") for a in argv):
@@ -705,11 +767,13 @@ def run_main(argv: list[str] | None = None, prog: str = "python run_parallel.py"
     saved, sys.argv = sys.argv, [prog, *argv]  # Hydra reads its command line from sys.argv
     try:
         main()
-    except KeyboardInterrupt:  # before the executor took over the signals (planning, composing)
-        print("interrupted before any job ran", file=sys.stderr)
+    except KeyboardInterrupt:  # outside the executor's own handling (composing, planning, between points)
+        print("interrupted", file=sys.stderr)
         _exit_codes.append(130)
+        sweep.close(interrupted=True)
     finally:
         sys.argv = saved
+        sweep.close()  # a sweep cut short (Ctrl-C between points, an error) still gets its summary
     return max(_exit_codes[before:], default=0)
 
 
@@ -776,6 +840,15 @@ def help_text(prog: str = "pita run") -> str:
         "    state.db, state.json   job states, devices, attempts, timings",
         "    jobs/<job-id>/   job.log, result.json, artifacts/, .done",
         "    results/         final_results.json, results.csv, report.md, plots/",
+        "",
+        "sweeps (-m / --multirun, anywhere; comma lists, range(), choice()): one run per combination, in turn",
+        f"  {prog} -m model=qwen3-sm,llama experiment.rounds=1,2",
+        "  outputs/<experiment.name>/sweep-<YYYY-MM-DD_HH-MM-SS>/",
+        "    <key>-<value>__<key>-<value>/   a point's run folder (as above), named by the overrides it varies",
+        "    summary.csv      one row per point: overrides, exit code, run folder, headline metrics",
+        "    multirun.yaml    the sweep's config and command line",
+        "  A line per point as it starts and ends, a table at the end; the exit code is the worst point's;",
+        "  after an interrupted point the others are not run.",
         "",
         "exit codes:",
     ]

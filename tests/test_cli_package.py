@@ -43,7 +43,8 @@ def test_every_help_flag_prints_our_page_not_hydras(tmp_path, args):
     for needle in ("usage:", "pita run", "status", "report", "exit codes:", "130", "--hydra-help",
                    "outputs/<experiment.name>/<YYYY-MM-DD_HH-MM-SS>/", "run.log", "results/", "jobs/<job-id>/",
                    "experiment.name=default", "experiment.algos=", "experiment.datasets=", "system.output_dir=outputs",
-                   "executor.oom_retries=2", "model=", "experiment=", "tiny (default)", "smoke"):
+                   "executor.oom_retries=2", "model=", "experiment=", "tiny (default)", "smoke", "--multirun",
+                   "sweep-<YYYY-MM-DD_HH-MM-SS>/", "summary.csv"):
         assert needle in out, needle
     assert not any(tmp_path.iterdir())  # help runs nothing and writes nothing
 
