@@ -1,7 +1,8 @@
-"""``python -m pita status RUN_DIR`` / ``python -m pita report RUN_DIR``."""
+"""``python -m pita run key=value ...`` / ``python -m pita status RUN_DIR`` / ``python -m pita report RUN_DIR``."""
 
 import sys
 
 from pita.cli import console_main
 
-sys.exit(console_main())
+if __name__ == "__main__":
+    sys.exit(console_main())

@@ -1,12 +1,15 @@
 """The command line: plan the experiment, validate everything, run it, report.
 
-    python run_parallel.py experiment.name=NAME [key=value ...]     (Hydra main -> run_experiment)
-    python run_parallel.py resume_from=outputs/NAME/<time>          (re-run unfinished jobs)
-    python -m pita status outputs/NAME/<time>                       (jobs by state, live or not)
-    python -m pita report outputs/NAME/<time>                       (re-render results/report.md)
+    pita run experiment.name=NAME [key=value ...]                   (Hydra main -> run_experiment)
+    python run_parallel.py experiment.name=NAME [key=value ...]     (the same: run_main)
+    pita run resume_from=outputs/NAME/<time>                        (re-run unfinished jobs)
+    pita status outputs/NAME/<time>                                 (jobs by state, live or not)
+    pita report outputs/NAME/<time>                                 (re-render results/report.md)
 
-Exit codes: 0 all jobs completed; 1 some job failed or was skipped; 2 bad configuration or input
-(nothing ran); 130 interrupted (state saved; resume with resume_from=).
+``pita`` is also ``python -m pita``. ``--help`` prints :func:`help_text`.
+
+Exit codes: 0 all jobs completed; 1 some job failed or was skipped (or the disk filled); 2 bad
+configuration or input (nothing ran); 130 interrupted (state saved; resume with resume_from=).
 """
 
 from __future__ import annotations
@@ -24,9 +27,9 @@ from pita.core.names import suggest, unknown_name
 
 log = logging.getLogger("pita")
 
-CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
+CONF_DIR = Path(__file__).resolve().parent / "conf"  # shipped in the package (pyproject: package-data)
 RESUME_KEYS = ("resume_from", "resume_force")
-GROUPS = ("model", "dataset", "gpu", "experiment")  # Hydra config groups under conf/
+GROUPS = ("model", "dataset", "gpu", "experiment")  # Hydra config groups under pita/conf/
 # Keys that change how a run executes but not what it computes: free to change on resume.
 EXECUTION_KEYS = ("executor.", "system.devices", "system.cpu_devices", "system.gpu_summary_interval_s",
                   "system.output_dir", "system.min_free_gb", "data_collection.batch_size", "data_collection.reward_batch_size",
@@ -103,7 +106,7 @@ def check_overrides(overrides: list[str]) -> None:
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
         try:
             base = compose(config_name="config")  # the defaults, group choices included
-        except Exception as e:  # conf/ itself is wrong (e.g. an edited config.yaml)
+        except Exception as e:  # pita/conf/ itself is wrong (e.g. an edited config.yaml)
             raise ConfigError(f"{CONF_DIR / 'config.yaml'}: {_explain(e) or str(e).splitlines()[0]}") from e
     try:
         parsed = OverridesParser.create().parse_overrides(plain)
@@ -113,7 +116,8 @@ def check_overrides(overrides: list[str]) -> None:
     for o in parsed:
         key = o.key_or_group
         if key.startswith("hydra.run.dir") or key.startswith("hydra.sweep.dir"):
-            problems.append(f"{key}: pita makes its own run folder, <system.output_dir>/<experiment.name>/<time>; "
+            problems.append(f"{key}: pita makes its own run folder, <system.output_dir>/<experiment.name>/<time> "
+                            f"(a sweep: <system.output_dir>/<experiment.name>/sweep-<time>/<point>); "
                             f"set system.output_dir=... and experiment.name=... instead")
             continue
         if key.startswith("hydra") or o.is_delete():
@@ -135,8 +139,6 @@ def check_overrides(overrides: list[str]) -> None:
             problems.append(msg)
     if problems:
         raise ConfigError(problems)
-    if sweep:
-        return  # multirun values are checked per job by Hydra
     def first_line(e: Exception) -> str:
         explained = _explain(e)
         if explained:
@@ -146,6 +148,9 @@ def check_overrides(overrides: list[str]) -> None:
         text = str(e).strip()
         return text.splitlines()[0] if text else type(e).__name__
 
+    if sweep:
+        _check_sweep(plain, parsed, first_line)
+        return
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
         try:
             compose(config_name="config", overrides=plain)
@@ -158,6 +163,45 @@ def check_overrides(overrides: list[str]) -> None:
             except Exception as e:
                 problems.append(f"{o}: {first_line(e)}")
     raise ConfigError(problems or [f"{' '.join(plain)}: {whole}"])
+
+
+def _check_sweep(plain: list[str], parsed, first_line) -> None:
+    """A sweep's points, each composed as Hydra will (and the sweep itself, whose experiment.name
+    and system.output_dir name the sweep folder): every problem at once, before any folder exists."""
+    from hydra import compose, initialize_config_dir
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+
+    from pita.core.paths import RunPaths
+
+    swept = {o.key_or_group for o in parsed if o.is_sweep_override()}
+    try:
+        points = [p for batch in BasicSweeper.split_arguments(parsed, None) for p in batch]
+    except Exception as e:  # noqa: BLE001 - a sweep Hydra's basic sweeper cannot expand (e.g. interval())
+        odd = [o for o, p in zip(plain, parsed) if p.is_sweep_override() and not p.is_discrete_sweep()]
+        raise ConfigError(f"{' '.join(odd or plain)}: {first_line(e)}; sweep over a comma list, range() or "
+                          f"choice()") from e
+    base = [o for o, p in zip(plain, parsed) if not p.is_sweep_override()]
+    problems: list[str] = []
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
+        for point in [base, *points]:
+            mine = [o for o in point if o.partition("=")[0].lstrip("+~") in swept]
+            try:
+                cfg = compose(config_name="config", overrides=point)
+            except Exception as e:  # noqa: BLE001 - Hydra's and OmegaConf's composition errors
+                whole, blamed = first_line(e), []
+                for o in mine:  # name each swept value that fails on its own
+                    try:
+                        compose(config_name="config", overrides=[*base, o])
+                    except Exception as e1:  # noqa: BLE001
+                        blamed.append(f"{o}: {first_line(e1)}")
+                problems += blamed or [f"{' '.join(mine) or ' '.join(base)}: {whole}"]
+                continue
+            try:
+                RunPaths.check_name(cfg.experiment.name)
+            except ConfigError as e:
+                problems += e.problems
+    if problems:
+        raise ConfigError(list(dict.fromkeys(problems)))
 
 
 def _split_by_shell(argv: list[str]) -> list[str]:
@@ -324,20 +368,21 @@ def _resume_config(cfg: DictConfig, overrides: list[str]):
 _OWNED: list = []  # owner locks taken by this command; released however it ends
 
 
-def run_experiment(cfg: DictConfig, overrides: list[str] | None = None) -> int:
-    """Plan, validate, run; return the exit code. ConfigError -> message and 2."""
+def run_experiment(cfg: DictConfig, overrides: list[str] | None = None, run_dir: Path | None = None) -> int:
+    """Plan, validate, run; return the exit code. ConfigError -> message and 2. ``run_dir``: the
+    new run's folder (a sweep point's), instead of <system.output_dir>/<experiment.name>/<time>."""
     try:
-        return _run_experiment(cfg, overrides)
+        return _run_experiment(cfg, overrides, run_dir)
     finally:  # a refused resume (graph changed, bad override) is not an orchestrator that died
         while _OWNED:
             _OWNED.pop().release()
 
 
-def _run_experiment(cfg: DictConfig, overrides: list[str] | None) -> int:
+def _run_experiment(cfg: DictConfig, overrides: list[str] | None, run_dir: Path | None) -> int:
     from pita.core.state import is_disk_full
 
     try:
-        return _run(cfg, _task_overrides(overrides))
+        return _run(cfg, _task_overrides(overrides), run_dir)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         log.debug("configuration error", exc_info=True)
@@ -351,7 +396,7 @@ def _run_experiment(cfg: DictConfig, overrides: list[str] | None) -> int:
         return 1
 
 
-def _run(cfg: DictConfig, overrides: list[str]) -> int:
+def _run(cfg: DictConfig, overrides: list[str], run_dir: Path | None = None) -> int:
     from pita.config.validate import validate_config
     from pita.core.backends import make_backend
     from pita.core.executor import Executor, ExecutorSettings
@@ -422,7 +467,11 @@ def _run(cfg: DictConfig, overrides: list[str]) -> int:
         else:
             from pita.core.owner import OwnerLock
 
-            run = RunPaths.create(sy.output_dir, cfg.experiment.name, min_free_bytes=sy.min_free_gb * 2**30)
+            if run_dir is not None:  # a sweep point: its folder is named by its overrides (pita/sweep.py)
+                RunPaths.check_name(cfg.experiment.name)
+                run = RunPaths.create_at(run_dir, output_dir=sy.output_dir, min_free_bytes=sy.min_free_gb * 2**30)
+            else:
+                run = RunPaths.create(sy.output_dir, cfg.experiment.name, min_free_bytes=sy.min_free_gb * 2**30)
             owner = OwnerLock(run.root)
             _OWNED.append(owner)
             try:
@@ -569,8 +618,9 @@ def _print_summary(summary, run) -> None:
 
 # ---------------------------------------------------------------- pita status
 def _runs_below(folder: str) -> list[Path]:
-    """Run folders directly below ``folder`` (or below its experiment folders), newest last; empty
-    when ``folder`` is itself a run."""
+    """Run folders below ``folder`` (an experiment's folder, a sweep folder, or outputs/), up to
+    three levels down (outputs/<name>/sweep-<time>/<point>), in path order; empty when ``folder``
+    is itself a run."""
     root = Path(folder)
     if not root.is_dir() or any((root / m).exists() for m in ("state.db", "state.json", "config.yaml", "jobs")):
         return []
@@ -578,9 +628,16 @@ def _runs_below(folder: str) -> list[Path]:
     def is_run(p: Path) -> bool:
         return p.is_dir() and any((p / m).exists() for m in ("state.db", "state.json", "config.yaml"))
 
-    found = [p for p in sorted(root.iterdir()) if is_run(p)]
-    if not found:
-        found = [q for p in sorted(root.iterdir()) if p.is_dir() for q in sorted(p.iterdir()) if is_run(q)]
+    found: list[Path] = []
+
+    def walk(d: Path, depth: int) -> None:
+        for p in sorted(d.iterdir()):
+            if is_run(p):
+                found.append(p)
+            elif p.is_dir() and depth < 3:
+                walk(p, depth + 1)
+
+    walk(root, 1)
     return found
 
 
@@ -668,14 +725,159 @@ def status_main(run_dir: str, show_all: bool = False) -> int:
     return 0
 
 
+# ---------------------------------------------------------------- pita run / run_parallel.py
+EXIT_CODES = (  # what run_main returns; help_text and the README list these
+    (0, "every job completed"),
+    (1, "a job failed, or was skipped because a dependency failed; or the disk filled (free space, then "
+        "resume); or pita itself failed (a traceback is printed)"),
+    (2, "bad configuration or input: the message names the key, the value and the fix; nothing ran"),
+    (130, "interrupted (Ctrl-C, SIGTERM): the state is saved; resume with resume_from=<run folder>"),
+)
+# The keys the help page lists (with their defaults and meanings, read from the schema).
+HELP_KEYS = ("experiment.", "system.output_dir", "system.devices", "system.cache_dir", "system.seed",
+             "executor.", "resume_from", "resume_force")
+_exit_codes: list[int] = []  # one per experiment run by this process (a sweep runs several)
+
+
+def _task(cfg: DictConfig):
+    """Hydra's task function: one run, or one point of a sweep (``-m``; pita/sweep.py names its
+    folder and skips the points after an interrupted one)."""
+    from pita import sweep
+
+    point = sweep.current()
+    if point is not None and point.skip:
+        return None
+    _exit_codes.append(run_experiment(cfg, run_dir=point.folder if point is not None else None))
+    return _exit_codes[-1]
+
+
+def run_main(argv: list[str] | None = None, prog: str = "python run_parallel.py") -> int:
+    """Start an experiment and return its exit code: ``python run_parallel.py ...``, ``pita run
+    ...`` and ``python -m pita run ...`` all come here. ``-h`` / ``--help`` print our page
+    (Hydra's own stays at ``--hydra-help``); ``--multirun`` / ``-m`` may stand anywhere; bad
+    overrides exit 2 before Hydra composes anything."""
+    import hydra
+
+    from pita import sweep
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if any(a in ("-h", "--help") for a in argv):
+        print(help_text(prog))
+        return 0
+    argv = normalize_argv(argv)
+    check_cli_overrides(argv)
+    main = hydra.main(config_path=str(CONF_DIR), config_name="config", version_base=None)(_task)
+    before = len(_exit_codes)
+    saved, sys.argv = sys.argv, [prog, *argv]  # Hydra reads its command line from sys.argv
+    try:
+        main()
+    except KeyboardInterrupt:  # outside the executor's own handling (composing, planning, between points)
+        print("interrupted", file=sys.stderr)
+        _exit_codes.append(130)
+        sweep.close(interrupted=True)
+    finally:
+        sys.argv = saved
+        sweep.close()  # a sweep cut short (Ctrl-C between points, an error) still gets its summary
+    return max(_exit_codes[before:], default=0)
+
+
+def help_text(prog: str = "pita run") -> str:
+    """The page ``pita --help``, ``pita run --help`` and ``python run_parallel.py --help`` print:
+    the keys, defaults and meanings come from the schema and the groups from pita/conf/, so the
+    page follows the code."""
+    import textwrap
+
+    from pita.config.reference import rows
+
+    width = 100
+    out = [
+        f"usage: {prog} [key=value ...] [-m|--multirun] [--cfg job]",
+        "       pita run ... | python -m pita run ... | python run_parallel.py ...   (one and the same)",
+        "       pita status RUN_FOLDER [--all]",
+        "       pita report RUN_FOLDER",
+        "",
+        textwrap.fill("pita plans a post-training experiment (PITA, Q#, Q#-HF, DPO, GRPO, GRPO-HF x datasets x rounds, "
+              "plus the base model's evaluation) as one job graph, checks the configuration before anything "
+              "runs, and starts every job as soon as its dependencies are done and a device has memory for "
+              "it: on every GPU of this machine, on CPU without one, or on a Ray cluster. It runs from any "
+              "folder; outputs go below the current one.", width=width),
+        "",
+        "commands:",
+        "  run      run an experiment (or a sweep with -m); key=value overrides, checked first",
+        "  status   a run's jobs by state, its devices, failures and their logs (safe on a live run)",
+        "  report   re-render a run's results/report.md and plots from its saved results",
+        "",
+        f"config groups (GROUP=NAME; the files: {CONF_DIR}/<group>/<NAME>.yaml):",
+    ]
+    defaults = {}
+    try:
+        for d in OmegaConf.load(CONF_DIR / "config.yaml").get("defaults", []):
+            if isinstance(d, DictConfig) or isinstance(d, dict):
+                for k, v in d.items():
+                    defaults[str(k)] = v
+    except Exception:  # noqa: BLE001 - the help page is still useful without the defaults
+        pass
+    for group, note in (("model", "model family"), ("experiment", "preset"), ("gpu", "GPU preset")):
+        names = sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
+        d = defaults.get(group)
+        shown = ", ".join(f"{n} (default)" if n == d else n for n in names)
+        out.append(f"  {group + '=':<12} {note}: {shown}" + ("" if d else "; none by default"))
+    datasets = sorted(p.stem for p in (CONF_DIR / "dataset").glob("*.yaml"))
+    out += [f"  {'datasets.<name>.KEY=VALUE':<12} per dataset: {', '.join(datasets)}", "",
+            "main keys (key=default: meaning; every key: README.md \"Configuration\", or --cfg job for the "
+            "resolved config):"]
+    for key, default, note in rows():
+        if not key.startswith(HELP_KEYS) or key.startswith("executor.ray."):
+            continue
+        note = " ".join(note.split())
+        if len(note) > 64:
+            note = note[:61].rsplit(" ", 1)[0] + " ..."
+        pair = f"{key}={default}"
+        out.append(f"  {pair:<40} {note}" if len(pair) < 40 else f"  {pair}\n  {'':<40} {note}")
+    out += ["  executor.ray.*, model.*, datasets.*, algos.<name>.*, eval.*, data_collection.*, training.*: "
+            "see the README", ""]
+    out += [
+        "outputs (relative to the current folder unless system.output_dir is absolute):",
+        "  outputs/<experiment.name>/<YYYY-MM-DD_HH-MM-SS>/",
+        "    run.log          every line of every job, prefixed [job-id device]; follow it with tail -f",
+        "    config.yaml      the resolved config that ran (resume_from= reloads it)",
+        "    state.db, state.json   job states, devices, attempts, timings",
+        "    jobs/<job-id>/   job.log, result.json, artifacts/, .done",
+        "    results/         final_results.json, results.csv, report.md, plots/",
+        "",
+        "sweeps (-m / --multirun, anywhere; comma lists, range(), choice()): one run per combination, in turn",
+        f"  {prog} -m model=qwen3-sm,llama experiment.rounds=1,2",
+        "  outputs/<experiment.name>/sweep-<YYYY-MM-DD_HH-MM-SS>/",
+        "    <key>-<value>__<key>-<value>/   a point's run folder (as above), named by the overrides it varies",
+        "    summary.csv      one row per point: overrides, exit code, run folder, headline metrics",
+        "    multirun.yaml    the sweep's config and command line",
+        "  A line per point as it starts and ends, a table at the end; the exit code is the worst point's;",
+        "  after an interrupted point the others are not run.",
+        "",
+        "exit codes:",
+    ]
+    out += [textwrap.fill(f"{code:<4} {text}", width=width, initial_indent="  ", subsequent_indent=" " * 7)
+            for code, text in EXIT_CODES]
+    out += ["", "Hydra's own help: --hydra-help. More: README.md and docs/architecture.md."]
+    return "\n".join(out)
+
+
 def console_main(argv: list[str] | None = None) -> int:
     import argparse
     import signal
 
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["run"]:  # the experiment itself: Hydra's command line, not argparse's
+        return run_main(argv[1:], prog="pita run")
     # Output piped into `head` and the like: end quietly when the reader goes away, as Unix tools do.
     signal.signal(signal.SIGPIPE, signal.SIG_DFL)
-    ap = argparse.ArgumentParser(prog="pita", description="Inspect pita runs (run them with run_parallel.py).")
+    if argv[:1] in (["-h"], ["--help"]):
+        print(help_text("pita run"))
+        return 0
+    ap = argparse.ArgumentParser(prog="pita", description="Run pita experiments and inspect their runs "
+                                 "(pita --help: the whole page).")
     sub = ap.add_subparsers(dest="cmd", required=True)
+    sub.add_parser("run", help="run an experiment: pita run key=value ... (pita run --help)")
     st = sub.add_parser("status", help="jobs by state, devices, failures and their logs")
     st.add_argument("run_dir")
     st.add_argument("--all", action="store_true", help="every job, not only running / failed / skipped ones")

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import csv
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import psutil
 import pytest
@@ -168,13 +170,36 @@ def test_setup_check_flags_duplicate_assignments():
     assert check_assignments(["0", "1"], ["0", "1"], True, [1, 2])  # a worker saw two devices
 
 
+def _sweep_folder(base: Path) -> Path:
+    [sweep] = list(base.iterdir())
+    assert sweep.name.startswith("sweep-"), sweep
+    return sweep
+
+
+def _summary(sweep: Path) -> list[dict]:
+    with open(sweep / "summary.csv", newline="") as f:
+        return list(csv.DictReader(f))
+
+
 def test_multirun_runs_every_sweep_point(tmp_path):
     r = cli(["-m", "experiment.name=mr", "synthetic.rounds=1,2", "synthetic.job_seconds=0",
              "synthetic.algos=[PITA]", "synthetic.datasets=[arith]"], tmp_path)
     assert r.returncode == 0, r.stderr
-    runs = sorted((tmp_path / "mr").iterdir())
-    assert len(runs) == 2
-    assert sorted(len(final_state(run)) for run in runs) == [10, 17]  # base eval 3 + 7 per round
+    sweep = _sweep_folder(tmp_path / "mr")
+    runs = {p.name: p for p in sweep.iterdir() if p.is_dir()}
+    assert sorted(runs) == ["synthetic.rounds-1", "synthetic.rounds-2"]  # named by what the sweep varies
+    assert len(final_state(runs["synthetic.rounds-1"])) == 10  # base eval 3 + 7 per round
+    assert len(final_state(runs["synthetic.rounds-2"])) == 17
+    assert (sweep / "multirun.yaml").exists()
+    rows = _summary(sweep)
+    assert [(x["point"], x["overrides"], x["exit_code"], x["outcome"]) for x in rows] == [
+        ("1", "synthetic.rounds=1", "0", "completed"), ("2", "synthetic.rounds=2", "0", "completed")]
+    assert [Path(x["run_folder"]) for x in rows] == [runs["synthetic.rounds-1"], runs["synthetic.rounds-2"]]
+    for i, x in enumerate(rows, 1):  # a line as each point starts and ends, and the table at the end
+        assert f"sweep point {i}/2: {x['overrides']} -> {x['run_folder']}" in r.stdout
+        assert f"sweep point {i}/2: exit 0 (completed); run folder: {x['run_folder']}" in r.stdout
+    table = r.stdout.split("sweep: 2 of 2 point(s) ran; summary: ", 1)[1]
+    assert str(sweep / "summary.csv") in table and "synthetic.rounds=2" in table
 
 
 def test_hydra_cfg_flag_prints_the_config(tmp_path):
@@ -243,8 +268,75 @@ def test_multirun_flag_after_the_overrides_and_status_of_a_folder_of_runs(tmp_pa
     r = cli(["experiment.name=late", "synthetic.rounds=1,2", "synthetic.job_seconds=0", "synthetic.algos=[A]",
              "synthetic.datasets=[d]", "experiment.workload=synthetic", "--multirun"], tmp_path, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
-    runs = sorted((tmp_path / "late").iterdir())
+    runs = sorted(p for p in _sweep_folder(tmp_path / "late").iterdir() if p.is_dir())
     assert len(runs) == 2
-    s = subprocess.run([sys.executable, "-m", "pita", "status", str(tmp_path / "late")], cwd=ROOT,
-                       capture_output=True, text=True, timeout=60)
-    assert s.returncode == 0 and "holds 2 run(s)" in s.stdout and all(str(x) in s.stdout for x in runs)
+    for folder in (tmp_path / "late", runs[0].parent):  # the experiment's folder, and the sweep's
+        s = subprocess.run([sys.executable, "-m", "pita", "status", str(folder)], cwd=ROOT,
+                           capture_output=True, text=True, timeout=60)
+        assert s.returncode == 0 and "holds 2 run(s)" in s.stdout and all(str(x) in s.stdout for x in runs)
+
+
+SWEEP = ["experiment.workload=synthetic", "synthetic.job_seconds=0", "synthetic.algos=[PITA]",
+         "synthetic.datasets=[arith]", "executor.progress=off"]
+
+
+def test_a_sweep_leaves_only_its_own_folder_and_its_points_resume_as_printed(tmp_path):
+    """From a folder of its own (outputs relative to it): the sweep folder holds Hydra's
+    multirun.yaml, the summary and the points; nothing else appears (no outputs/.multirun/N)."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    r = subprocess.run([sys.executable, "-m", "pita", "run", "experiment.name=tidy", *SWEEP,
+                        "synthetic.rounds=1,2", "-m"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert [p.name for p in tmp_path.iterdir()] == ["outputs"]
+    assert [p.name for p in (tmp_path / "outputs").iterdir()] == ["tidy"]
+    sweep = _sweep_folder(tmp_path / "outputs" / "tidy")
+    assert sorted(p.name for p in sweep.iterdir()) == ["multirun.yaml", "summary.csv", "synthetic.rounds-1",
+                                                       "synthetic.rounds-2"]
+    folder = _summary(sweep)[1]["run_folder"]  # relative to the folder the sweep ran in, as printed
+    assert folder == f"outputs/tidy/{sweep.name}/synthetic.rounds-2"
+    again = subprocess.run([sys.executable, "-m", "pita", "run", f"resume_from={folder}"], cwd=tmp_path, env=env,
+                           capture_output=True, text=True, timeout=120)
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert "17 of 17 jobs already completed" in (tmp_path / folder / "run.log").read_text()
+
+
+def test_a_sweep_reports_each_point_exit_and_keeps_no_empty_folders(tmp_path):
+    """A point that is refused (exit 2) makes no folder; points under their own experiment.name go to
+    their own sweep folder; the sweep exits with the worst code and its summary lists every point."""
+    r = cli(["-m", *SWEEP, "experiment.name=p,q", "synthetic.rounds=1,100000"], tmp_path, timeout=300)
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert "more than executor.max_jobs=100000" in r.stderr
+    sweep = _sweep_folder(tmp_path / "default")  # the summary goes where the sweep's own name puts it
+    rows = _summary(sweep)
+    assert [(x["overrides"], x["exit_code"], bool(x["run_folder"])) for x in rows] == [
+        ("experiment.name=p synthetic.rounds=1", "0", True), ("experiment.name=p synthetic.rounds=100000", "2", False),
+        ("experiment.name=q synthetic.rounds=1", "0", True), ("experiment.name=q synthetic.rounds=100000", "2", False)]
+    assert Path(rows[0]["run_folder"]) == tmp_path / "p" / sweep.name / "experiment.name-p__synthetic.rounds-1"
+    assert "sweep point 2/4: exit 2 (bad configuration); run folder: none (nothing ran)" in r.stdout
+    for d in tmp_path.rglob("*"):
+        assert not d.is_dir() or any(d.iterdir()), f"empty folder left behind: {d}"
+
+
+def test_a_sweep_with_a_bad_value_exits_2_naming_it_before_any_folder_exists(tmp_path):
+    r = cli(["-m", *SWEEP, "experiment.name=bad", "executor.oom_retries=1,abc", "synthetic.rounds=1,2"], tmp_path)
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert "executor.oom_retries=abc:" in r.stderr and "'abc'" in r.stderr
+    r = cli(["-m", *SWEEP, "experiment.name=ok,a/b", "synthetic.rounds=1"], tmp_path)
+    assert r.returncode == 2 and "experiment.name='a/b' must be a plain folder name" in r.stderr
+    assert not any(tmp_path.iterdir())
+
+
+def test_ctrl_c_ends_the_sweep_and_its_summary_lists_the_points_not_run(tmp_path):
+    p = subprocess.Popen([sys.executable, str(ROOT / "run_parallel.py"), "-m", f"system.output_dir={tmp_path}",
+                          "experiment.name=stop", *SWEEP, "synthetic.job_seconds=30", "synthetic.rounds=1,2,3",
+                          "executor.kill_grace_s=2"], cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)),
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert wait_for(lambda: any((tmp_path / "stop").rglob("jobs/*/launch.json")), 60), "no job started"
+    p.send_signal(signal.SIGINT)
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 130, err[-2000:]
+    rows = _summary(_sweep_folder(tmp_path / "stop"))
+    assert [(x["exit_code"], x["outcome"]) for x in rows] == [
+        ("130", "interrupted"), ("", "not run: the sweep was interrupted"), ("", "not run: the sweep was interrupted")]
+    assert "sweep: 1 of 3 point(s) ran" in out and "sweep point 2/3" not in out

@@ -417,11 +417,11 @@ def test_every_registered_dataset_has_a_valid_default_and_a_matching_yaml():
     assert sorted(defaults) == DATASETS.names()
     assert set(defaults) == {"gsm8k", "math500", "aime22to24", "aime2024", "aime2025", "imdb", "tldr", "arith",
                              "sentiment"}
-    yamls = {p.stem for p in (ROOT / "conf" / "dataset").glob("*.yaml")}
+    yamls = {p.stem for p in (ROOT / "pita" / "conf" / "dataset").glob("*.yaml")}
     assert yamls == set(defaults)
     for name, cfg in defaults.items():
         assert check_dataset_config(cfg) == [], name
-        text = (ROOT / "conf" / "dataset" / f"{name}.yaml").read_text()
+        text = (ROOT / "pita" / "conf" / "dataset" / f"{name}.yaml").read_text()
         assert text.startswith("# ")
         merged = OmegaConf.merge(OmegaConf.structured(DatasetConfig), OmegaConf.create(text))
         assert OmegaConf.to_object(merged) == cfg, name

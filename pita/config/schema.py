@@ -1,6 +1,6 @@
 """The configuration schema: every key, its type, default and meaning, in one place.
 
-Registered in Hydra's ConfigStore as ``pita_schema``; ``conf/config.yaml`` builds on it, so an
+Registered in Hydra's ConfigStore as ``pita_schema``; ``pita/conf/config.yaml`` builds on it, so an
 override of a key that does not exist here, or of the wrong type, is refused before anything runs.
 """
 
@@ -179,8 +179,8 @@ class PitaConfig:
     executor: ExecutorConfig = field(default_factory=ExecutorConfig)
     training: TrainingConfig = field(default_factory=TrainingConfig)
     synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
-    model: FamilyConfig = field(default_factory=FamilyConfig)  # group: conf/model/<name>.yaml
-    datasets: Dict[str, DatasetConfig] = field(default_factory=dict)  # group: conf/dataset/<name>.yaml
+    model: FamilyConfig = field(default_factory=FamilyConfig)  # group: pita/conf/model/<name>.yaml
+    datasets: Dict[str, DatasetConfig] = field(default_factory=dict)  # group: pita/conf/dataset/<name>.yaml
     data_collection: DataCollectionConfig = field(default_factory=DataCollectionConfig)
     generation: GenerationConfig = field(default_factory=GenerationConfig)
     # per registered algorithm, its own typed config (pita/algos/<name>.py): a key the algorithm

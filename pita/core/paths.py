@@ -276,6 +276,26 @@ class RunPaths:
         raise ConfigError(f"too many runs of {experiment!r} started at {stamp}")
 
     @classmethod
+    def create_at(cls, root: Path | str, output_dir: Path | str | None = None, min_free_bytes: float = 0) -> "RunPaths":
+        """Make the new run folder ``root`` itself (a sweep point's, named by its overrides); a
+        ConfigError if it exists. ``output_dir`` is named in the messages (system.output_dir)."""
+        root = Path(root)
+        where = f"system.output_dir={str(output_dir)!r}: " if output_dir is not None else ""
+        check_free_space(root.parent, min_free_bytes)
+        try:
+            root.parent.mkdir(parents=True, exist_ok=True)
+            root.mkdir()
+        except FileExistsError as e:
+            raise ConfigError(f"the run folder {root} exists already; start the sweep again (a new sweep folder) "
+                              f"or resume that run with resume_from={root}") from e
+        except OSError as e:
+            raise ConfigError(f"{where}cannot create the run folder {root} ({e.strerror}); choose a writable "
+                              f"folder") from e
+        (root / "jobs").mkdir()
+        (root / "results").mkdir()
+        return cls(root)
+
+    @classmethod
     def open_existing(cls, root: Path | str) -> "RunPaths":
         """An earlier run's folder, for resume and status; ResumeError when it is not one."""
         root = Path(root)

@@ -8,7 +8,7 @@ fields hold the question and the answer, the prompt template, and how a raw row 
 
 Loading, shuffling, held-out carving and caps are not done here but in pita/datasets/loading.py;
 the defaults each adapter declares become a ``DatasetConfig`` through
-``pita.datasets.config.dataset_config(name)`` (and conf/dataset/<name>.yaml).
+``pita.datasets.config.dataset_config(name)`` (and pita/conf/dataset/<name>.yaml).
 
 Ids use the row's index in its source split *before* shuffling, so an example keeps its id
 whatever the seed or caps ("gsm8k-train-00017" is row 17 of the train split, also when it was set

@@ -2,7 +2,7 @@
 
 Build one with its dataset's defaults, then override:
 
-    cfg = dataset_config("gsm8k", test_cap=100)        # == conf/dataset/gsm8k.yaml + test_cap
+    cfg = dataset_config("gsm8k", test_cap=100)        # == pita/conf/dataset/gsm8k.yaml + test_cap
     problems = check_dataset_config(cfg)                # every problem at once, [] when fine
     examples = load_examples(cfg, "test")               # pita/datasets/loading.py
 
@@ -76,7 +76,7 @@ def dataset_config(name: str, **overrides: Any) -> DatasetConfig:
 
 
 def default_dataset_configs() -> dict[str, DatasetConfig]:
-    """One config per registered dataset, with its defaults (what conf/dataset/*.yaml hold)."""
+    """One config per registered dataset, with its defaults (what pita/conf/dataset/*.yaml hold)."""
     return {name: dataset_config(name) for name in DATASETS.names()}
 
 
@@ -126,7 +126,7 @@ def check_dataset_config(cfg: Any) -> list[str]:
     if cfg.path is None and cfg.hub_id is None:
         p.append(f"{key(cfg.name, 'hub_id')}=None and {key(cfg.name, 'path')}=None: say where the data is, e.g. "
                  f"{key(cfg.name, 'hub_id')}={adapter.hub_id} or {key(cfg.name, 'path')}=<file or save_to_disk folder> "
-                 f"(dataset_config({cfg.name!r}) and conf/dataset/{cfg.name}.yaml carry the defaults)")
+                 f"(dataset_config({cfg.name!r}) and pita/conf/dataset/{cfg.name}.yaml carry the defaults)")
     if cfg.path is not None:
         path = os.path.expanduser(str(cfg.path))
         ext = os.path.splitext(path)[1].lower()

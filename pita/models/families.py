@@ -1,5 +1,5 @@
 """Model families: a reference LM, a guidance (value) LM reading the reference's token ids, and
-reward models per reward task. Defined in ``conf/model/<name>.yaml``; ids may be hub ids, local
+reward models per reward task. Defined in ``pita/conf/model/<name>.yaml``; ids may be hub ids, local
 folders, or ``builtin:<family>/<part>`` for families built locally (tiny, smollm2).
 
     fam = load_family("qwen3-sm")              # FamilyConfig
@@ -21,12 +21,12 @@ from pita.core.names import unknown_name
 
 log = logging.getLogger(__name__)
 
-CONF_MODEL = Path(__file__).resolve().parent.parent.parent / "conf" / "model"
+CONF_MODEL = Path(__file__).resolve().parent.parent / "conf" / "model"
 
 
 @dataclass
 class FamilyConfig:
-    name: str = "tiny"  # the family (conf/model/<name>.yaml)
+    name: str = "tiny"  # the family (pita/conf/model/<name>.yaml)
     reference: str = "builtin:tiny/reference"  # the reference policy: hub id, local folder, or builtin:
     guidance: str = "builtin:tiny/guidance"  # the value model's backbone (same tokenizer as the reference)
     dtype: str = "float32"  # float32 | bfloat16 | float16
