@@ -24,7 +24,7 @@ def setup_logging(run_log: Path | None, console: bool = True, level: int = loggi
     root.setLevel(level)
     fmt = logging.Formatter(FMT, DATEFMT)
     if console:
-        ch = logging.StreamHandler(sys.stderr)
+        ch = ConsoleHandler()
         ch.setFormatter(logging.Formatter("%(levelname)s %(message)s") if sys.stderr.isatty() else fmt)
         ch._pita = True
         ch.addFilter(lambda r: r.levelno >= logging.WARNING or not r.name.startswith("pita.executor.jobs"))
@@ -36,6 +36,24 @@ def setup_logging(run_log: Path | None, console: bool = True, level: int = loggi
         root.addHandler(fh)
     for noisy in ("filelock", "urllib3", "matplotlib"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+class ConsoleHandler(logging.StreamHandler):
+    """stderr as it is when a record is written, not as it was when logging was set up: while the
+    live progress table runs, rich puts a proxy there that prints the line above the table. A
+    handler holding the terminal itself would write under the table, and the table's next redraw
+    (which moves the cursor up by its own height) would leave stale rows of it behind."""
+
+    def __init__(self):
+        super().__init__(sys.stderr)
+
+    @property
+    def stream(self):
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value) -> None:  # StreamHandler.__init__ sets it; the property decides
+        pass
 
 
 class RunLogHandler(logging.FileHandler):
