@@ -1,4 +1,5 @@
-"""The console while the live progress table runs: it must redraw in place on a terminal."""
+"""run.log for people: what the log pump keeps of the jobs' output; and the live progress table
+redrawing in place on a terminal."""
 
 from __future__ import annotations
 
@@ -8,8 +9,96 @@ import re
 import sys
 from collections import Counter
 
-from pita.core.logs import setup_logging
+import pytest
+
+from pita.core.logs import LogPump, keep_line, setup_logging
 from pita.core.progress import Progress
+
+# Lines as the jobs write them (Hugging Face's and tqdm's bars redraw with "\r"; TRL prints a dict
+# per logging step; the worker's log records start with a timestamp).
+BAR_LOAD = ("\rLoading weights:   0%|          | 0/38 [00:00<?, ?it/s]"
+            "\rLoading weights: 100%|██████████| 38/38 [00:00<00:00, 22410.51it/s]\n")
+BAR_SAVE = ("\rSaving the dataset (0/1 shards):   0%|          | 0/72 [00:00<?, ? examples/s]"
+            "\rSaving the dataset (1/1 shards): 100%|██████████| 72/72 [00:00<00:00, 3402.32 examples/s]"
+            "\rSaving the dataset (1/1 shards): 100%|██████████| 72/72 [00:00<00:00, 3369.11 examples/s]\n")
+BAR_MAP = "\rMap (num_proc=4):  50%|█████     | 8/16 [00:01<00:01,  5.12 examples/s]\n"
+BAR_NO_TOTAL = "Generating train split: 16 examples [00:00, 1532.45 examples/s]\n"
+BAR_TRAIN = "  3%|▎         | 2/64 [00:05<02:41,  2.60s/it, loss=0.69]\n"
+BAR_DOWNLOAD = "model.safetensors: 100%|##########| 1.2G/1.2G [1:00:10<00:00, 120MB/s]\n"
+BAR_NESTED = "\x1b[A\rEpoch 1:  10%|█         | 1/10 [00:01<00:09,  1.00it/s]\x1b[A\n"
+TRL_STEP = ("{'loss': '0.6931', 'grad_norm': '3.893', 'learning_rate': '0.0001', 'entropy': '0.2642', "
+            "'num_tokens': '696', 'logits/chosen': '-1.703', 'epoch': '0.5'}\n")
+TRL_END = "{'train_runtime': '0.8649', 'train_samples_per_second': '18.5', 'train_loss': '-0.007683', 'epoch': '0.1111'}\n"
+INFO = "2026-11-23 09:05:21,908 INFO pita.job: attempt 1 of DPO.tiny.arith.r0.train (algo.dpo_train) on cpu1\n"
+INFO_DICT = ("2026-11-23 09:05:30,838 INFO pita.job: head calibrated to the targets: "
+             "{'mean_lm_logprob': -0.3262215554714203, 'bias': [0.3262]}\n")
+WARN = ("2026-11-23 09:05:23,857 WARNING math_verify.parser: Timeout is disabled as parsing_timeout is None\n")
+FUTURE = ("/venv/lib/python3.11/site-packages/transformers/training_args.py:1541: FutureWarning: "
+          "`gradient_checkpointing` is deprecated\n  warnings.warn(f\"`{old}` is deprecated\", FutureWarning)\n")
+TRACEBACK = ("Traceback (most recent call last):\n  File \"/x/trainer.py\", line 3, in step\n"
+             "    logs = {'loss': loss}\nKeyError: {'loss': 1}\n")
+NOISE = [BAR_LOAD, BAR_SAVE, BAR_MAP, BAR_NO_TOTAL, BAR_TRAIN, BAR_DOWNLOAD, BAR_NESTED, TRL_STEP, TRL_END]
+KEPT = [INFO, INFO_DICT, WARN, FUTURE, TRACEBACK]
+
+
+@pytest.mark.parametrize("text", NOISE)
+def test_progress_bars_and_metric_dicts_stay_out_of_run_log(text):
+    assert [seg for line in text.encode().rstrip(b"\n").split(b"\n") for seg in keep_line(line)] == []
+
+
+@pytest.mark.parametrize("text", KEPT)
+def test_log_records_warnings_and_tracebacks_reach_run_log_whole(text):
+    lines = text.encode().rstrip(b"\n").split(b"\n")
+    assert [seg for line in lines for seg in keep_line(line)] == lines
+
+
+def test_text_written_over_a_bar_is_kept():
+    line = "\rMap:  50%|█████     | 8/16 [00:01<00:01,  5.12 examples/s]\rUserWarning: tokenizer truncated 3 rows"
+    assert keep_line(line.encode()) == [b"UserWarning: tokenizer truncated 3 rows"]
+
+
+def test_the_pump_filters_a_job_log_written_in_pieces(tmp_path):
+    """A job's output arriving as it does: bars redrawn without a newline for a while (consumed as
+    they come, not held until the line ends), records, warnings, a traceback, a last line with no
+    newline when the job ends. run.log gets the people's lines, prefixed; job.log keeps all."""
+    job_log, run_log = tmp_path / "job.log", tmp_path / "run.log"
+    job_log.write_bytes(b"")
+    pump = LogPump(run_log)
+    pump.add("j", job_log, "j cpu0")
+
+    def write(text):
+        with open(job_log, "ab") as f:
+            f.write(text.encode())
+        pump.pump()
+
+    write(INFO)
+    write(BAR_LOAD)
+    write("\r  0%|          | 0/64 [00:00<?, ?it/s]")
+    for step in range(1, 4):
+        write(f"\r  {step}%|▎         | {step}/64 [00:0{step}<02:41,  2.60s/it]")
+    assert pump.follow["j"][1] > len((INFO + BAR_LOAD).encode())  # the redraws were consumed
+    write("\n" + TRL_STEP + WARN + FUTURE + TRL_END + BAR_SAVE + INFO_DICT + TRACEBACK)
+    write("pita worker: ended 1 process(es) the job left running")  # no newline: the job's last words
+    pump.remove("j")
+    pump.close()
+    assert run_log.read_text().splitlines() == [
+        "[j cpu0] " + ln for ln in (INFO + WARN + FUTURE + INFO_DICT + TRACEBACK).splitlines()
+    ] + ["[j cpu0] pita worker: ended 1 process(es) the job left running"]
+    assert "38/38" in job_log.read_text() and "'grad_norm'" in job_log.read_text()
+
+
+def test_crlf_output_is_one_line_each(tmp_path):
+    job_log, run_log = tmp_path / "job.log", tmp_path / "run.log"
+    job_log.write_bytes(b"")
+    pump = LogPump(run_log)
+    pump.add("j", job_log, "j")
+    with open(job_log, "ab") as f:
+        f.write(b"first\r\nsecond\r")
+    pump.pump()
+    with open(job_log, "ab") as f:
+        f.write(b"\nthird\r\n")
+    pump.close()
+    assert run_log.read_text() == "[j] first\n[j] second\n[j] third\n"
 
 
 # ---------------------------------------------------------------- the live table on a terminal

@@ -251,6 +251,8 @@ class Executor:
                  self.gpus.source, self.backend.name)
         for line in self.gpus.summary():
             log.info("%s", line)
+        joblog.info("run.log leaves out the jobs' progress bars and per-step metric dicts; every line is in "
+                    "jobs/<id>/job.log, the metrics in jobs/<id>/metrics.jsonl")
         old = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
 
         def on_signal(signum, frame):
