@@ -1,5 +1,5 @@
-"""run.log for people: what the log pump keeps of the jobs' output; and the live progress table
-redrawing in place on a terminal."""
+"""run.log for people: what the log pump keeps of the jobs' output, the CPU devices' memory line,
+and the live progress table redrawing in place on a terminal."""
 
 from __future__ import annotations
 
@@ -11,6 +11,8 @@ from collections import Counter
 
 import pytest
 
+from helpers import run_graph
+from pita.core.job import Job, Resources
 from pita.core.logs import LogPump, keep_line, setup_logging
 from pita.core.progress import Progress
 
@@ -99,6 +101,18 @@ def test_crlf_output_is_one_line_each(tmp_path):
         f.write(b"\nthird\r\n")
     pump.close()
     assert run_log.read_text() == "[j] first\n[j] second\n[j] third\n"
+
+
+# ---------------------------------------------------------------- the CPU devices' memory line
+def test_cpu_device_lines_show_the_rss_of_their_running_jobs(tmp_path):
+    jobs = [Job("slow", "synthetic.work", params={"seconds": 2.5}, resources=Resources(1, 0.5))]
+    summary, state, run = run_graph(jobs, tmp_path, devices=1, memory_refresh_s=0.1, gpu_summary_interval_s=0.3)
+    assert summary.exit_code == 0
+    text = run.run_log.read_text()
+    busy = re.findall(r"CPU 0 \(Simulated GPU 0\): (\d+\.\d\d) GB RSS of its jobs, 8\.00 GB total, 1 job", text)
+    assert busy and all(float(x) > 0.01 for x in busy), text  # a worker holds more than 10 MB
+    assert "CPU 0 (Simulated GPU 0): 8.00 GB total, 0 jobs" in text
+    assert "GB used" not in text
 
 
 # ---------------------------------------------------------------- the live table on a terminal
