@@ -411,7 +411,7 @@ def _run(cfg: DictConfig, overrides: list[str], run_dir: Path | None = None) -> 
     owner = rebuilt = None
     if resume:
         run, saved, cfg, changed, owner, rebuilt = _resume_config(cfg, overrides)
-    validate_config(cfg)
+    validate_config(cfg, models=True)  # model folders and hub ids too: before any folder is made
     sy, ex = cfg.system, cfg.executor
     cpu_n = min(os.cpu_count() or 1, 2) if sy.cpu_devices == "auto" else int(sy.cpu_devices)
     devices = sy.devices if isinstance(sy.devices, str) else list(sy.devices)

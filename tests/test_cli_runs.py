@@ -230,6 +230,13 @@ def test_the_smoke_preset_runs_all_six_algorithms_and_writes_the_report(tmp_path
     for png in ("frontier_arith", "rounds_arith", "timeline"):
         assert (run / "results" / "plots" / f"{png}.png").exists() and f"plots/{png}.png" in report
     assert "| generation |" in report and "report: " in r.stdout and "pass@1" in r.stdout
+    # run.log is for people: the jobs' progress bars and TRL's per-step dicts stay in their job.log
+    text = (run / "run.log").read_text()
+    dpo = (run / "jobs" / "DPO.tiny.arith.r0.train" / "job.log").read_bytes().decode()  # "\r" kept
+    assert "Loading weights: 100%" in dpo and "{'loss': " in dpo and "\r" in dpo
+    for noise in ("Loading weights", "Saving the dataset", "it/s]", "examples/s]", "{'loss': ", "{'train_runtime': "):
+        assert noise not in text, noise
+    assert "INFO pita.job: DPO from" in text and "[DPO.tiny.arith.r0.train cpu" in text  # the jobs' own lines
     tokens = sum(json.loads((j / "result.json").read_text()).get("tokens", 0)
                  for j in (run / "jobs").glob("*.s[0-9]*")  # data collection shards (round 0: data.*)
                  if ".eval" not in j.name and ".val" not in j.name and (j / "result.json").exists())

@@ -38,8 +38,45 @@ def test_summary_shows_used_memory_and_cpu_kind():
         "GPU 1 (H100): 45.23 GB used, 80.00 GB total, 1 job",
     ]
     cpu = GPUManager.from_inventory(1, 16e9, kind="cpu")
-    assert cpu.summary() == ["CPU 0 (Simulated GPU 0): 0.00 GB used, 16.00 GB total, 0 jobs"]
+    assert cpu.summary() == ["CPU 0 (Simulated GPU 0): 16.00 GB total, 0 jobs"]
     assert cpu.is_cpu and not mgr.is_cpu
+
+
+def test_cpu_devices_show_their_jobs_rss_and_gpus_their_used_memory():
+    """A CPU device has no "used" figure of its own: it shows the RSS of its jobs' processes
+    where that was measured and nothing otherwise (never a meaningless 0.00 GB used)."""
+    cpu = GPUManager.from_inventory(2, 16e9, kind="cpu")
+    assert cpu.summary({0: 1, 1: 1}, {0: int(0.43e9)}) == [
+        "CPU 0 (Simulated GPU 0): 0.43 GB RSS of its jobs, 16.00 GB total, 1 job",
+        "CPU 1 (Simulated GPU 1): 16.00 GB total, 1 job"]
+    assert cpu.summary({1: 0}, {1: 5 * GB}) == ["CPU 0 (Simulated GPU 0): 16.00 GB total, 0 jobs",
+                                                 "CPU 1 (Simulated GPU 1): 16.00 GB total, 0 jobs"]
+    gpu = GPUManager.from_inventory([("H100", 80e9)])
+    gpu.devices[0].used_bytes = 3 * GB
+    assert gpu.summary({0: 1}, {0: 7 * GB}) == ["GPU 0 (H100): 3.00 GB used, 80.00 GB total, 1 job"]
+
+
+def test_jobs_rss_measures_each_jobs_processes_per_device():
+    import os
+    import subprocess
+
+    import psutil
+
+    mine = psutil.Process().memory_info().rss
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        theirs = psutil.Process(child.pid).memory_info().rss
+        gone = subprocess.Popen([sys.executable, "-c", "pass"])
+        gone.wait()
+        rss = gpu_manager.jobs_rss({"a": {os.getpid(), child.pid, gone.pid}, "b": {os.getpid()},
+                                    "c": {gone.pid}, "d": {os.getpid()}},
+                                   {"a": [0], "b": [1, 2], "c": [3], "d": []})
+    finally:
+        child.kill()
+        child.wait()
+    assert 0.8 * (mine + theirs) < rss[0] < 1.25 * (mine + theirs)  # a job's processes together
+    assert rss[1] == rss[2] and abs(rss[1] - mine / 2) < 0.2 * mine  # split over its two devices
+    assert 3 not in rss  # nothing measured: no figure
 
 
 def test_from_inventory_list_of_sizes():

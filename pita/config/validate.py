@@ -31,8 +31,13 @@ def synthetic_jobs(s) -> int:
     return len(s.families) * len(s.datasets) * ((s.eval_shards + 1) + len(s.algos) * s.rounds * per_round)
 
 
-def validate_config(cfg: DictConfig) -> None:
-    """Raise ConfigError listing every problem; then apply the shorthands (generation.batch_size)."""
+def validate_config(cfg: DictConfig, models: bool = False) -> None:
+    """Raise ConfigError listing every problem; then apply the shorthands (generation.batch_size).
+
+    ``models``: also check that every model the run loads can be found (local folders exist, hub
+    ids are downloadable or cached; :mod:`pita.models.sources`). This looks at the disk and may
+    ask the hub once (a few seconds at most), so the command line asks for it, before it makes
+    the run folder; checks of a config alone leave it out."""
     p: list[str] = []
     ex, sy = cfg.executor, cfg.system
 
@@ -128,6 +133,10 @@ def validate_config(cfg: DictConfig) -> None:
     gb = cfg.generation.batch_size
     need(gb is None or (isinstance(gb, int) and not isinstance(gb, bool) and gb >= 1), "generation.batch_size", gb,
          "must be a positive integer (the per-device data-generation batch), or null to use data_collection.batch_size")
+    if models:
+        from pita.models.sources import check_models
+
+        p += check_models(cfg)
     if p:
         raise ConfigError(p)
     if gb is not None:  # the user guide's shorthand, written into the key it stands for

@@ -30,7 +30,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from pita.core.backends.base import Backend, Finished, Launch
-from pita.core.gpu_manager import GPUManager
+from pita.core.gpu_manager import GPUManager, jobs_rss
 from pita.core.graph import JobGraph
 from pita.core.job import JobState, kind_target
 from pita.core.logs import LogPump
@@ -114,6 +114,7 @@ class Executor:
         self._last_snapshot = 0.0
         self._snapshot_cost = 0.0
         self._stop: int | None = None
+        self._rss: dict[int, int] = {}  # CPU devices: RSS of their running jobs (bytes), as last measured
         self.pump = LogPump(run.run_log)
         self.progress = Progress(settings.progress, settings.progress_interval_s)
 
@@ -251,6 +252,8 @@ class Executor:
                  self.gpus.source, self.backend.name)
         for line in self.gpus.summary():
             log.info("%s", line)
+        joblog.info("run.log leaves out the jobs' progress bars and per-step metric dicts; every line is in "
+                    "jobs/<id>/job.log, the metrics in jobs/<id>/metrics.jsonl")
         old = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
 
         def on_signal(signum, frame):
@@ -522,6 +525,8 @@ class Executor:
 
     # ------------------------------------------------------------------ monitoring
     def _observe_memory(self) -> None:
+        if not all(d.kind == "cuda" for d in self.gpus.devices):  # CPU devices: their jobs' RSS
+            self._rss = jobs_rss({j: self.backend.pids(j) for j in self.backend.running()}, self.sched.placement)
         if self.gpus.source != "nvml":
             return
         self.gpus.refresh()
@@ -532,7 +537,7 @@ class Executor:
             self.sched.observe(d.ordinal, d.used_bytes, usage)
 
     def _device_lines(self) -> list[str]:
-        return self.gpus.summary({o: self.sched.jobs_on(o) for o in range(len(self.gpus.devices))})
+        return self.gpus.summary({o: self.sched.jobs_on(o) for o in range(len(self.gpus.devices))}, self._rss)
 
     def _group_counts(self) -> dict[str, Counter]:
         """Jobs by group and state (a pass over every job: called only when progress is shown)."""

@@ -3,6 +3,7 @@
     mgr = GPUManager.detect("auto")          # from the hardware, honouring CUDA_VISIBLE_DEVICES
     mgr = GPUManager.from_inventory(8, 80e9) # hand-built, for tests and the scheduler benchmark
     mgr.summary({0: 2})                      # ['GPU 0 (NVIDIA H100 80GB HBM3): 45.23 GB used, 80.00 GB total, 2 jobs']
+    cpu.summary({0: 1}, {0: 4.3e8})          # ['CPU 0 (CPU (2 cores)): 0.43 GB RSS of its jobs, 11.67 GB total, 1 job']
 
 Device ``ordinal`` is the position in this inventory (what the scheduler uses); ``index`` is the
 physical index as nvidia-smi shows it; ``uuid`` is stable across both. Child processes get
@@ -49,6 +50,29 @@ class Device:
     def describe(self) -> dict:
         return {"ordinal": self.ordinal, "index": self.index, "uuid": self.uuid, "name": self.name,
                 "kind": self.kind, "total_bytes": self.total_bytes}
+
+
+def jobs_rss(pids_by_job: dict[str, set[int]], placement: dict[str, list[int]]) -> dict[int, int]:
+    """Resident memory (RSS, bytes) of each device's running jobs: the processes of a job (its
+    worker and the worker's children), its total split evenly over the devices it holds. A device
+    appears once a process of one of its jobs could be measured. Pages a forked worker shares with
+    the warm process it came from count in each worker's RSS, as ``ps`` shows them."""
+    import psutil
+
+    out: dict[int, int] = {}
+    for job_id, pids in pids_by_job.items():
+        ordinals = placement.get(job_id) or []
+        total, seen = 0, False
+        for pid in pids:
+            try:
+                total += psutil.Process(pid).memory_info().rss
+                seen = True
+            except psutil.Error:  # ended meanwhile
+                continue
+        if seen and ordinals:
+            for o in ordinals:
+                out[o] = out.get(o, 0) + total // len(ordinals)
+    return out
 
 
 def _nvml():
@@ -235,14 +259,24 @@ class GPUManager:
         """Bytes used on a device by the given processes (0 where NVML does not tell)."""
         return sum(b for pid, b in self.devices[ordinal].processes if pid in pids)
 
-    def summary(self, jobs_per_device: dict[int, int] | None = None) -> list[str]:
+    def summary(self, jobs_per_device: dict[int, int] | None = None,
+                rss_per_device: dict[int, int] | None = None) -> list[str]:
+        """One line per device. A GPU's used memory is the device's own figure; a CPU device has
+        none (its "used" would be 0 or the whole host's), so it shows the resident memory of the
+        processes of its jobs where that was measured (``rss_per_device``: ordinal -> bytes, see
+        :func:`jobs_rss`), and no figure otherwise."""
         jobs_per_device = jobs_per_device or {}
+        rss_per_device = rss_per_device or {}
         lines = []
         for d in self.devices:
-            kind = "GPU" if d.kind == "cuda" else "CPU"
             n = jobs_per_device.get(d.ordinal, 0)
-            lines.append(f"{kind} {d.index} ({d.name}): {d.used_bytes / memory.GB:.2f} GB used, "
-                         f"{d.total_bytes / memory.GB:.2f} GB total, {n} job{'s' if n != 1 else ''}")
+            if d.kind == "cuda":
+                kind, used = "GPU", f"{d.used_bytes / memory.GB:.2f} GB used, "
+            else:
+                rss = rss_per_device.get(d.ordinal)
+                kind, used = "CPU", (f"{rss / memory.GB:.2f} GB RSS of its jobs, " if rss is not None and n else "")
+            lines.append(f"{kind} {d.index} ({d.name}): {used}{d.total_bytes / memory.GB:.2f} GB total, "
+                         f"{n} job{'s' if n != 1 else ''}")
         return lines
 
     def capacities(self) -> list[float]:

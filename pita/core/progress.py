@@ -1,4 +1,11 @@
-"""Live progress: a rich display on a terminal, plain periodic lines otherwise."""
+"""Live progress: a rich display on a terminal, plain periodic lines otherwise.
+
+The live table redraws itself in place: each frame moves the cursor up by the height of the last
+one. Anything written to the terminal under it meanwhile would shift it down and leave rows of old
+frames behind, so while it runs every console line must reach the terminal through rich (it
+replaces ``sys.stderr`` with a proxy that prints above the table): the console log handler looks
+``sys.stderr`` up per record (:class:`pita.core.logs.ConsoleHandler`) for that reason.
+"""
 
 from __future__ import annotations
 
@@ -11,7 +18,7 @@ log = logging.getLogger("pita.progress")
 
 
 class Progress:
-    def __init__(self, mode: str = "auto", interval_s: float = 30.0):
+    def __init__(self, mode: str = "auto", interval_s: float = 30.0, console=None):
         tty = sys.stderr.isatty()
         self.rich = mode == "rich" or (mode == "auto" and tty)
         self.enabled = mode != "off"
@@ -19,13 +26,14 @@ class Progress:
         self._last = 0.0
         self._last_live = 0.0
         self._live = None
+        self._console = console  # a rich Console (tests); default: one on stderr
 
     def start(self) -> None:
         if self.enabled and self.rich:
             from rich.console import Console
             from rich.live import Live
 
-            self._live = Live(console=Console(stderr=True), refresh_per_second=4, transient=False)
+            self._live = Live(console=self._console or Console(stderr=True), refresh_per_second=4, transient=False)
             self._live.start()
 
     def due(self) -> bool:
@@ -46,7 +54,7 @@ class Progress:
         if not self.enabled:
             return
         if self._live is not None:
-            self._live.update(self._table(groups, devices))
+            self._live.update(self._table(groups, devices), refresh=True)
             return
         now = time.time()
         if force or now - self._last >= self.interval_s:
