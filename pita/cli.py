@@ -507,7 +507,8 @@ def _run(cfg: DictConfig, overrides: list[str], run_dir: Path | None = None) -> 
             gpu_summary_interval_s=sy.gpu_summary_interval_s, progress=ex.progress,
             progress_interval_s=ex.progress_interval_s,
             threads_per_job=max(1, (os.cpu_count() or 1) // len(gpus.devices)) if gpus.is_cpu else None,
-            max_running=None if sy.use_parallel_execution else 1, min_free_gb=sy.min_free_gb)
+            max_running=None if sy.use_parallel_execution else 1, min_free_gb=sy.min_free_gb,
+            learn_memory=ex.learn_memory)
         log.info("%s", start_note)
         config_dict = OmegaConf.to_container(cfg, resolve=True)
         summary = Executor(graph, gpus, backend, run, settings, config_dict, owner=owner).run()
@@ -721,6 +722,10 @@ def status_main(run_dir: str, show_all: bool = False) -> int:
                    for d in j.get("devices", []))
     if busy and owned:
         print("devices: " + ", ".join(f"{k} {v} job{'s' if v != 1 else ''}" for k, v in sorted(busy.items())))
+    from pita.core.memlearn import status_lines
+
+    for text in status_lines(data):
+        print(text)
     print(f"log: {run.run_log}")
     return 0
 

@@ -288,3 +288,31 @@ def test_small_jobs_spread_over_idle_devices_before_sharing_one():
     out = dict(sched.schedule())
     assert sorted(out["j0"] + out["j1"]) == [0, 1]
     assert len(out["j2"]) == 1
+
+
+# ---------------------------------------------------------------- learned estimates
+def test_later_jobs_are_co_placed_once_their_estimate_is_learned():
+    """Six 40 GB jobs on a 100 GB device (95 usable): two fit at once as planned. Each really
+    peaks at 10 GB; once two have finished, the learned estimate (10 x 1.2 + 0.27 GB, rounded up
+    to 64 MiB: 12.3 GB) lets the other four start together."""
+    from pita.core.memlearn import MemoryLearner
+
+    jobs = [job(f"j{i}", 40) for i in range(6)]
+    graph = JobGraph(jobs).validate(check_kinds=False)
+    learner = MemoryLearner(graph, "gpu", 95 * GB)
+    s = Scheduler(graph, [100 * GB], estimate=learner.estimate)
+    assert started_ids(s.schedule()) == ["j0", "j1"]
+    s.mark_completed("j0")
+    assert learner.observe("j0", 10 * GB) is None  # one measurement does not lower an estimate
+    assert started_ids(s.schedule()) == ["j2"]  # as planned: 40 + 40 <= 95, a third would not fit
+    s.mark_completed("j1")
+    change = learner.observe("j1", 10 * GB)
+    assert (change.old, change.jobs) == (40 * GB, 2) and 12.2 * GB < change.new < 12.4 * GB
+    assert started_ids(s.schedule()) == ["j3", "j4", "j5"]  # 40 (j2, planned) + 3 x 12.3
+    assert s.devices[0].reserved["j2"] == 40 * GB and s.devices[0].reserved["j5"] == change.new
+
+
+def test_without_a_learner_the_planned_estimate_is_reserved():
+    s = sched([job("a", 30)], [100])
+    s.schedule()
+    assert s.devices[0].reserved == {"a": 30 * GB}

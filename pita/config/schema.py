@@ -86,6 +86,11 @@ class ExecutorConfig:
     progress: str = "auto"  # auto | rich | plain | off
     progress_interval_s: float = 30.0  # plain progress lines when not on a terminal
     max_jobs: int = 100000  # refuse a plan with more jobs (before planning when its size is known)
+    # refine each job's memory estimate from the measured peaks of finished jobs of the same kind,
+    # model and batch settings (max peak x 1.2 + 256 MiB; lowered after 2 jobs, back to the planned
+    # estimate after an OOM on a lowered one); GPU memory on GPUs, peak RSS on CPU devices.
+    # false: every job reserves its planned estimate
+    learn_memory: bool = True
     ray: RayConfig = field(default_factory=RayConfig)
 
 
@@ -101,6 +106,8 @@ class SyntheticConfig:
     eval_shards: int = 2  # evaluation shards per round
     job_seconds: float = 0.2  # each stand-in job sleeps this long
     memory_gb: float = 0.5  # each stand-in job's memory estimate
+    # the peak each stand-in job reports (GB), what memory learning sees; null = the worker's measure
+    peak_gb: Optional[float] = None
     fail: List[str] = field(default_factory=list)  # job ids that raise (to see failure handling)
 
 

@@ -92,6 +92,8 @@ def validate_config(cfg: DictConfig, models: bool = False) -> None:
          f"must be a number of seconds in [0, {MAX_JOB_SECONDS:g}] (each stand-in job sleeps this long)")
     need(_number(s.memory_gb) and s.memory_gb >= 0, "synthetic.memory_gb", s.memory_gb,
          "must be >= 0 (a finite number of GB per job)")
+    need(s.get("peak_gb") is None or (_number(s.peak_gb) and s.peak_gb >= 0), "synthetic.peak_gb", s.get("peak_gb"),
+         "must be >= 0 (the GB each stand-in job reports as its peak), or null to report what the worker measures")
     for key in ("algos", "families", "datasets"):
         need(len(s[key]) > 0, f"synthetic.{key}", list(s[key]), "must list at least one name")
     from pita.algos import ALGORITHMS

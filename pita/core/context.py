@@ -20,6 +20,16 @@ class JobContext:
     cfg: Any  # omegaconf.DictConfig rebuilt from the plain dict sent by the parent
     devices: list[dict]
     log: logging.Logger
+    declared_peak_bytes: int | None = None
+
+    def report_peak(self, nbytes: float) -> None:
+        """Declare the job's peak memory per device, in the unit of its device's capacity (GPU
+        memory on GPUs, host memory on CPU devices). Memory learning (pita/core/memlearn.py) then
+        takes it instead of what the worker measures: for jobs whose work happens where the
+        worker cannot see it, and for the synthetic stand-ins, whose peaks are declared."""
+        if not (isinstance(nbytes, (int, float)) and nbytes >= 0):
+            raise ValueError(f"report_peak({nbytes!r}): the peak must be a number of bytes >= 0")
+        self.declared_peak_bytes = int(nbytes)
 
     @property
     def params(self) -> dict:

@@ -34,6 +34,7 @@ from pita.core.gpu_manager import GPUManager, jobs_rss
 from pita.core.graph import JobGraph
 from pita.core.job import JobState, kind_target
 from pita.core.logs import LogPump
+from pita.core.memlearn import MemoryLearner, device_peak
 from pita.core.owner import OwnerLock
 from pita.core.paths import RunPaths
 from pita.core.progress import Progress
@@ -65,6 +66,7 @@ class ExecutorSettings:
     max_running: int | None = None  # jobs running at once in all (system.use_parallel_execution=false: 1)
     min_free_gb: float = 1.0  # said when the disk fills: free at least this much, then resume
     snapshot_interval_s: float = 30.0  # state.json rewritten at most this often (and at the end)
+    learn_memory: bool = True  # refine estimates from finished jobs' measured peaks (pita/core/memlearn.py)
 
 
 @dataclass
@@ -98,9 +100,18 @@ class Executor:
         # A short busy timeout: if another process holds the database, the loop goes on and the
         # changes wait in memory (see _flush) rather than the run stalling or crashing.
         self.state = StateStore(run.state, busy_timeout_s=0.5)
-        self.sched = Scheduler(graph, [d.total_bytes for d in gpus.devices], settings.memory_margin,
+        totals = [d.total_bytes for d in gpus.devices]
+        # Learned estimates are in the unit the devices' capacity is counted in (GPU memory, or
+        # host memory shared out on CPU devices), capped so that a job always fits some device.
+        self.memory = MemoryLearner(graph, "rss" if gpus.is_cpu else "gpu",
+                                    int(max(totals, default=0) * (1 - settings.memory_margin)),
+                                    enabled=settings.learn_memory)
+        self.sched = Scheduler(graph, totals, settings.memory_margin,
                                settings.max_jobs_per_device, settings.max_cpu_jobs, settings.starvation_passes,
-                               max_running=settings.max_running)
+                               max_running=settings.max_running, estimate=self.memory.estimate)
+        self.reserved: dict[str, int] = {}  # running job -> bytes reserved per device at its start
+        self.sampled_peak: Counter = Counter()  # running job -> most NVML saw its processes use on a device
+        self.memory_retried: set[str] = set()  # jobs retried after an OOM on a lowered estimate
         self.params = {j.id: copy.deepcopy(j.params) for j in graph.jobs}
         self.attempts: dict[str, int] = {}
         self.oom_count: Counter = Counter()
@@ -108,6 +119,7 @@ class Executor:
         self.started_at: dict[str, float] = {}
         self.pending_state: dict[str, dict] = {}
         self.pending_attempts: dict[str, list[dict]] = {}
+        self.pending_meta: dict = {}
         self.timed_out: set[str] = set()
         self._busy_since: float | None = None
         self._busy_note = 0.0
@@ -127,9 +139,9 @@ class Executor:
 
         If another process holds the database, the changes stay in memory and the loop goes on
         (a warning now and then); with ``wait`` (start and end of the run) this waits for it."""
-        while self.pending_state or self.pending_attempts:
+        while self.pending_state or self.pending_attempts or self.pending_meta:
             try:
-                self.state.apply(self.pending_state, self.pending_attempts)
+                self.state.apply(self.pending_state, self.pending_attempts, self.pending_meta)
             except StateBusy as e:
                 now = time.time()
                 self._busy_since = self._busy_since or now
@@ -150,7 +162,7 @@ class Executor:
             if self._busy_since is not None:
                 log.info("the state store is free again after %.0fs; changes written", time.time() - self._busy_since)
                 self._busy_since = None
-            self.pending_state, self.pending_attempts = {}, {}
+            self.pending_state, self.pending_attempts, self.pending_meta = {}, {}, {}
         return True
 
     def _snapshot(self, force: bool = False) -> None:
@@ -224,6 +236,7 @@ class Executor:
         if resumed:
             log.info("resume: %d of %d jobs already completed; running the other %d",
                      resumed, len(self.graph), len(self.graph) - resumed)
+        self._restore_memory(saved)
         self._snapshot(force=True)
 
     # ------------------------------------------------------------------ main loop
@@ -320,6 +333,9 @@ class Executor:
         labels = ",".join(d.label for d in devs) or "host"
         jp = self.run_paths.job(job_id)
         jp.dir.mkdir(parents=True, exist_ok=True)
+        reserve = self.sched.devices[ordinals[0]].reserved.get(job_id, 0) if ordinals else 0
+        self.reserved[job_id] = reserve
+        self.sampled_peak.pop(job_id, None)
         job_dict = dict(job.to_dict(), params=self.params[job_id])
         launch = Launch(job=job_dict, target=kind_target(job.kind), attempt=n, run_dir=str(self.run_paths.root),
                         config=self.config, devices=[dict(d.describe(), label=d.label) for d in devs],
@@ -328,8 +344,10 @@ class Executor:
         self.pump.add(job_id, jp.log, launch.tag)
         self.started_at[job_id] = time.time()
         where = ", ".join(f"{d.label} ({d.uuid})" for d in devs) or "host"
+        planned = job.resources.memory_bytes
         joblog.info("start %s on %s, attempt %d%s", job_id, where, n,
-                 f", reserving {job.resources.memory_gb:.2f} GB per device" if devs else "")
+                    (f", reserving {reserve / 1e9:.2f} GB per device"
+                     + (f" (learned; planned {planned / 1e9:.2f} GB)" if reserve != planned else "")) if devs else "")
         self._note(job_id, state=JobState.RUNNING.value, started=self.started_at[job_id], attempt=n,
                    devices=[dict(d.describe(), label=d.label) for d in devs])
         try:
@@ -371,12 +389,17 @@ class Executor:
         record = {"n": f.attempt, "status": f.status, "start": self.started_at.get(f.job_id), "end": now,
                   "devices": [d.describe() for d in devs], "exit_code": f.exit_code, "error": f.error or None,
                   job.retry.batch_param: self.params[f.job_id].get(job.retry.batch_param), **f.extra}
+        mem = self._memory_record(f, job, devs)
+        if mem:
+            record["memory"] = mem
         self.pending_attempts.setdefault(f.job_id, []).append(record)
         peak = f.extra.get("peak_gpu_bytes") or f.extra.get("peak_rss_bytes")
         peak_txt = f", peak {'GPU' if f.extra.get('peak_gpu_bytes') else 'RSS'} {peak / 1e9:.2f} GB" if peak else ""
         if f.status == "ok" and jp.is_done():
             self.sched.mark_completed(f.job_id)
             joblog.info("done %s on %s in %.1fs%s", f.job_id, where, f.extra.get("duration_s", 0.0), peak_txt)
+            if mem and mem["learn"]:
+                self._memory_changed(self.memory.observe(f.job_id, mem["peak_bytes"]))
             self._note(f.job_id, state=JobState.COMPLETED.value, finished=now, error=None,
                        duration_s=f.extra.get("duration_s"))
             return
@@ -391,6 +414,17 @@ class Executor:
             self.sched.requeue(f.job_id)
             self._note(f.job_id, state=JobState.PENDING.value, reason="disk full")
             raise DiskFull(f"{f.job_id}: {f.error}")
+        if f.status == "oom" and mem and mem["lowered"] and f.job_id not in self.memory_retried:
+            # Admitted below its planned estimate: the packing, not the batch, is the likely cause.
+            # Its kind goes back to the planned estimate and it runs again as planned (once).
+            self._memory_changed(self.memory.distrust(f.job_id), level=logging.WARNING)
+            self.memory_retried.add(f.job_id)
+            log.warning("%s ran out of memory on %s (attempt %d) with a learned estimate of %.2f GB; retrying "
+                        "with the planned %.2f GB and the same %s", f.job_id, where, f.attempt,
+                        mem["reserved_bytes"] / 1e9, job.resources.memory_gb, job.retry.batch_param)
+            self.sched.requeue(f.job_id)
+            self._note(f.job_id, state=JobState.PENDING.value, reason="OOM on a learned memory estimate")
+            return
         if f.status == "oom":
             limit = job.retry.oom_retries if job.retry.oom_retries is not None else self.s.oom_retries
             bs = self.params[f.job_id].get(job.retry.batch_param)
@@ -406,6 +440,10 @@ class Executor:
                    else f"{job.retry.batch_param}={bs} cannot be halved" if bs <= 1
                    else f"{limit} OOM retries used (executor.oom_retries)")
             f = Finished(f.job_id, f.attempt, "oom", f.exit_code, f"{f.error} [{why}]", f.traceback, f.extra)
+        if f.status == "died" and mem and mem["lowered"] and f.exit_code == -signal.SIGKILL:
+            # On host memory the kernel's OOM killer answers with SIGKILL, not an exception: a job
+            # killed so while admitted below its planned estimate puts its kind back on the plan.
+            self._memory_changed(self.memory.distrust(f.job_id), level=logging.WARNING)
         if f.status == "died":
             limit = job.retry.crash_retries if job.retry.crash_retries is not None else self.s.crash_retries
             self.crash_count[f.job_id] += 1
@@ -534,6 +572,7 @@ class Executor:
             usage = {}
             for jid in self.sched.devices[d.ordinal].reserved:
                 usage[jid] = self.gpus.process_usage(d.ordinal, self.backend.pids(jid))
+                self.sampled_peak[jid] = max(self.sampled_peak[jid], usage[jid])
             self.sched.observe(d.ordinal, d.used_bytes, usage)
 
     def _device_lines(self) -> list[str]:
@@ -550,5 +589,37 @@ class Executor:
         job = self.graph[self.sched.ready()[0]]
         best = max((self.sched.devices[o].available() for o in range(len(self.gpus.devices))), default=0)
         log.warning("%s waits for memory: needs %.2f GB on %d device(s), the most available is %.2f GB "
-                    "(other processes hold device memory?)", job.id, job.resources.memory_gb, job.resources.devices,
-                    best / 1e9)
+                    "(other processes hold device memory?)", job.id, self.memory.estimate(job.id) / 1e9,
+                    job.resources.devices, best / 1e9)
+
+    # ------------------------------------------------------------------ memory learning
+    def _memory_record(self, f: Finished, job, devs) -> dict | None:
+        """The attempt's memory as learning sees it (kept in its record, so a resume learns too):
+        its key, what it reserved, whether that was below the planned estimate, its peak in the
+        devices' unit, and whether it may teach (completed at its planned params)."""
+        key = self.memory.key_of.get(f.job_id)
+        if key is None or not devs:
+            return None
+        reserved = self.reserved.get(f.job_id, job.resources.memory_bytes)
+        peak = device_peak(f.extra, self.memory.unit, self.sampled_peak.pop(f.job_id, 0))
+        planned_params = self.params[f.job_id].get(job.retry.batch_param) == job.params.get(job.retry.batch_param)
+        learn = (f.status == "ok" and peak is not None and planned_params and not self.oom_count[f.job_id]
+                 and f.job_id not in self.memory_retried)
+        return {"key": key, "reserved_bytes": reserved, "lowered": reserved < job.resources.memory_bytes,
+                "peak_bytes": peak, "unit": self.memory.unit, "learn": learn}
+
+    def _memory_changed(self, change, level: int = logging.INFO) -> None:
+        """Log a moved estimate; the state's summary follows every measurement (a few keys)."""
+        if change is not None:
+            log.log(level, "%s", change.line())
+        self.pending_meta["memory_estimates"] = self.memory.summary()
+
+    def _restore_memory(self, saved: dict) -> None:
+        """Learn from the measured peaks an earlier run of this folder recorded."""
+        self.pending_meta["memory_learning"] = {"enabled": self.s.learn_memory, "unit": self.memory.unit}
+        for change in self.memory.restore(saved.get("jobs", {})):
+            self._memory_changed(change)
+        if not self.s.learn_memory:
+            log.info("memory learning is off (executor.learn_memory=false): jobs reserve their planned estimates")
+        self.pending_meta["memory_estimates"] = self.memory.summary()
+        self._flush(wait=True)

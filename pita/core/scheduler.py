@@ -6,7 +6,8 @@ benchmark (``bench/scheduler.py``, simulated time) run exactly the same code.
 Rules:
 - A job is ready when all of its dependencies are COMPLETED (no round barriers).
 - Ready jobs are tried in order of critical path (longest remaining chain first; id breaks ties).
-- A job fits a device when the device's available memory covers its estimate:
+- A job fits a device when the device's available memory covers its estimate (the planned one, or
+  one learned from comparable jobs' measured peaks: ``estimate``, see pita/core/memlearn.py):
       available = total - margin - memory used by others - sum over our running jobs of
                   max(reservation, measured usage)
   Several jobs share a device while memory allows; ``max_jobs_per_device`` caps the count.
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 import bisect
 from dataclasses import dataclass, field
+from typing import Callable
 
 from pita.core.graph import JobGraph
 from pita.core.job import JobState
@@ -50,8 +52,12 @@ class DeviceLoad:
 class Scheduler:
     def __init__(self, graph: JobGraph, device_totals: list[int], memory_margin: float = 0.05,
                  max_jobs_per_device: int | None = None, max_cpu_jobs: int | None = None,
-                 starvation_passes: int | None = 50, max_running: int | None = None):
+                 starvation_passes: int | None = 50, max_running: int | None = None,
+                 estimate: Callable[[str], int] | None = None):
         self.graph = graph
+        # bytes to reserve per device for a job, asked when it is placed: the planned estimate,
+        # or what pita.core.memlearn learned from comparable jobs' measured peaks
+        self.estimate = estimate or (lambda jid: self.graph[jid].resources.memory_bytes)
         self.max_running = max_running  # jobs running at once in all (None = no cap)
         self.devices = [DeviceLoad(int(t), int(t * memory_margin)) for t in device_totals]
         self.max_jobs_per_device = max_jobs_per_device
@@ -203,13 +209,14 @@ class Scheduler:
                     started.append((hid, []))
                 break
             job = self.graph[jid]
-            k, need = job.resources.devices, job.resources.memory_bytes
+            k = job.resources.devices
             if k == 0:
                 if self.max_cpu_jobs is None or len(self._cpu_running) < self.max_cpu_jobs:
                     self._cpu_running.add(jid)
                     self._start(jid, [])
                     started.append((jid, []))
                 continue
+            need = self.estimate(jid)
             fitting = [o for o in range(len(self.devices)) if self._fits(o, need, held)]
             if len(fitting) >= k:
                 chosen = sorted(sorted(fitting, key=lambda o: (len(self.devices[o].reserved), self.devices[o].available(), o))[:k])

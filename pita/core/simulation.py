@@ -22,6 +22,8 @@ class SimResult:
     device_time: float  # sum of duration * devices * (memory share of a device)
     n_devices: int
     timeline: list[tuple[str, float, float, list[int]]] = field(default_factory=list)  # (job, start, end, devices)
+    overcommits: int = 0  # job starts after which a device's true peaks added up to more than it holds
+    changes: list = field(default_factory=list)  # memory estimates learned (pita.core.memlearn.Change)
 
     @property
     def lower_bound(self) -> float:
@@ -33,27 +35,46 @@ class SimResult:
 
 
 def simulate(jobs: list[Job], device_totals: list[int], memory_margin: float = 0.05,
-             max_jobs_per_device: int | None = None, starvation_passes: int | None = 50) -> SimResult:
+             max_jobs_per_device: int | None = None, starvation_passes: int | None = 50,
+             true_peaks: dict[str, int] | None = None, learn_memory: bool = False) -> SimResult:
+    """``true_peaks``: bytes each job really peaks at (default: its estimate); a finished job
+    reports it, and with ``learn_memory`` the executor's :class:`MemoryLearner` turns the reports
+    into the estimates later jobs are placed with. Peaks are counted against the devices'
+    whole memory (``overcommits``): with learning on, that is what its safety margin is for."""
     graph = JobGraph(jobs).validate(device_totals, memory_margin, check_kinds=False)
+    learner = None
+    if learn_memory:
+        from pita.core.memlearn import MemoryLearner
+
+        learner = MemoryLearner(graph, "gpu", int(max(device_totals) * (1 - memory_margin)))
     sched = Scheduler(graph, device_totals, memory_margin, max_jobs_per_device=max_jobs_per_device,
-                      starvation_passes=starvation_passes)
-    now, events, timeline, seq = 0.0, [], [], 0
+                      starvation_passes=starvation_passes, estimate=learner.estimate if learner else None)
+    peaks = {j.id: j.resources.memory_bytes for j in jobs}
+    peaks.update(true_peaks or {})
+    now, events, timeline, seq, overcommits, changes = 0.0, [], [], 0, 0, []
     start_at: dict[str, float] = {}
     while not sched.done():
         for jid, devs in sched.schedule():
             start_at[jid] = now
             heapq.heappush(events, (now + graph[jid].duration_hint, seq, jid, devs))
             seq += 1
+            overcommits += any(sum(peaks[r] for r in sched.devices[o].reserved) > sched.devices[o].total_bytes
+                               for o in devs)
         if not events:
             raise RuntimeError("simulation stalled: ready jobs fit no device")  # validate() rules this out
         now, _, jid, devs = heapq.heappop(events)
         sched.mark_completed(jid)
+        if learner is not None and devs:
+            change = learner.observe(jid, peaks[jid])
+            if change is not None:
+                changes.append(change)
         timeline.append((jid, start_at[jid], now, devs))
     usable = [t * (1 - memory_margin) for t in device_totals]
     cap = max(usable)
     device_time = sum(j.duration_hint * j.resources.devices * (j.resources.memory_bytes / cap if max_jobs_per_device != 1 else 1.0)
                       for j in jobs)
-    return SimResult(now, graph.critical_path_length(), device_time, len(device_totals), timeline)
+    return SimResult(now, graph.critical_path_length(), device_time, len(device_totals), timeline, overcommits,
+                     changes)
 
 
 def with_round_barriers(jobs: list[Job]) -> list[Job]:

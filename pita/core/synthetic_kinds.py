@@ -1,11 +1,16 @@
 """Synthetic job kinds: the demo's stand-in work and the failure cases the tests exercise.
 
-    synthetic.work   sleep params.seconds, write an artifact; params.fail=True raises instead
+    synthetic.work   sleep params.seconds, write an artifact; params.fail=True raises instead;
+                     params.peak_gb: the peak it declares (ctx.report_peak), what memory learning sees
     synthetic.merge  combine the results of its dependencies (deterministic order)
     synthetic.raise  raise an exception
     synthetic.exit   os._exit(params.code) without reporting (a worker that dies)
-    synthetic.kill   SIGKILL itself (a worker killed from outside)
-    synthetic.oom    raise a CUDA-style out-of-memory error while params.batch_size > params.fits
+    synthetic.kill   SIGKILL itself (a worker killed from outside, or by the kernel's OOM killer);
+                     with params.kill_attempts only on that many first attempts, then it
+                     completes, reporting params.peak_gb as synthetic.work does
+    synthetic.oom    raise a CUDA-style out-of-memory error while params.batch_size > params.fits, and
+                     on the first params.oom_attempts attempts whatever the batch (a device that
+                     filled up); params.peak_gb as for synthetic.work
     synthetic.hang   sleep for ever (timeouts, Ctrl-C)
     synthetic.stubborn  ignore SIGTERM and hang; params.stop=True stops itself (SIGSTOP) instead
     synthetic.spawn  start a child in a session of its own (setsid), write its pid, then
@@ -37,6 +42,8 @@ def work(ctx):
     p = ctx.params
     ctx.log.info("working for %.2fs (stage %s)", p.get("seconds", 0.0), p.get("stage", "-"))
     time.sleep(float(p.get("seconds", 0.0)))
+    if p.get("peak_gb") is not None:
+        ctx.report_peak(float(p["peak_gb"]) * 1e9)
     if p.get("fail"):
         raise JobError(f"{ctx.job.id} was configured to fail (synthetic.fail)")
     deps = {}
@@ -75,6 +82,11 @@ def hard_exit(ctx):
 
 @job_kind("synthetic.kill")
 def kill_self(ctx):
+    limit = ctx.params.get("kill_attempts")
+    if limit is not None and ctx.attempt > int(limit):
+        if ctx.params.get("peak_gb") is not None:
+            ctx.report_peak(float(ctx.params["peak_gb"]) * 1e9)
+        return {"attempt": ctx.attempt}
     print("killing myself with SIGKILL", flush=True)
     os.kill(os.getpid(), signal.SIGKILL)
 
@@ -82,7 +94,9 @@ def kill_self(ctx):
 @job_kind("synthetic.oom")
 def oom(ctx):
     bs, fits = int(ctx.params["batch_size"]), int(ctx.params.get("fits", 1))
-    if bs > fits:
+    if ctx.params.get("peak_gb") is not None:
+        ctx.report_peak(float(ctx.params["peak_gb"]) * 1e9)
+    if bs > fits or ctx.attempt <= int(ctx.params.get("oom_attempts", 0)):
         raise RuntimeError(f"CUDA out of memory. Tried to allocate {bs * 2} GiB (batch_size={bs})")
     return {"batch_size": bs}
 

@@ -40,17 +40,27 @@ def is_oom(exc: BaseException) -> bool:
     return isinstance(exc, RuntimeError) and ("CUDA out of memory" in msg or "CUDA error: out of memory" in msg)
 
 
-def _peak_memory() -> dict:
+def _peak_memory(declared: int | None = None) -> dict:
+    """The attempt's peaks: resident set (the worker's, and its largest finished child's), torch's
+    allocated and reserved GPU memory (the most on any of its devices), and what the job declared
+    (``ctx.report_peak``). pita.core.memlearn turns them into the unit of the device's capacity."""
     out = {}
     try:
         import resource
 
         out["peak_rss_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        children = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024
+        if children:
+            out["peak_rss_children_bytes"] = children
     except Exception:  # not on every platform
         pass
     torch = sys.modules.get("torch")
     if torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
-        out["peak_gpu_bytes"] = int(max(torch.cuda.max_memory_allocated(i) for i in range(torch.cuda.device_count())))
+        devices = range(torch.cuda.device_count())
+        out["peak_gpu_bytes"] = int(max(torch.cuda.max_memory_allocated(i) for i in devices))
+        out["peak_gpu_reserved_bytes"] = int(max(torch.cuda.max_memory_reserved(i) for i in devices))
+    if declared is not None:
+        out["peak_declared_bytes"] = int(declared)
     return out
 
 
@@ -67,6 +77,7 @@ def execute(launch: dict, logger: logging.Logger) -> dict:
     paths = run.job(job.id)
     attempt = launch["attempt"]
     t0 = time.time()
+    ctx = None
     try:
         fn = resolve_target(launch["target"])
         cfg = OmegaConf.create(launch.get("config") or {})
@@ -92,7 +103,8 @@ def execute(launch: dict, logger: logging.Logger) -> dict:
             outcome = {"status": "error", "error": f"{type(e).__name__}: {e}", "traceback": tb[-4000:]}
         if isinstance(e, KeyboardInterrupt):
             outcome["status"] = "cancelled"
-    outcome.update(attempt=attempt, duration_s=time.time() - t0, **_peak_memory())
+    outcome.update(attempt=attempt, duration_s=time.time() - t0,
+                   **_peak_memory(getattr(ctx, "declared_peak_bytes", None)))
     return outcome
 
 

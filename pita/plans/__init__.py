@@ -23,7 +23,7 @@ def build_plan(cfg, device_totals: list[int] | None = None, cuda: bool = False) 
                                   f"the largest device has ({usable / 1e9:.2f} GB usable of {max(device_totals) / 1e9:.2f} "
                                   f"GB after executor.memory_margin={margin:g}); lower synthetic.memory_gb")
         return demo_grid(list(s.algos), list(s.families), list(s.datasets), s.rounds, s.gen_shards,
-                         s.eval_shards, s.job_seconds, s.memory_gb, fail=list(s.fail))
+                         s.eval_shards, s.job_seconds, s.memory_gb, fail=list(s.fail), peak_gb=s.get("peak_gb"))
     if cfg.experiment.workload == "generate":
         from pita.plans.generation import generation_plan
 

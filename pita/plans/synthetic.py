@@ -72,10 +72,15 @@ def build_grid(algos, families, datasets, rounds, gen_shards, eval_shards, cost,
 
 
 def demo_grid(algos, families, datasets, rounds, gen_shards, eval_shards, job_seconds, memory_gb,
-              fail=()) -> list[Job]:
-    """The demo workload: uniform short jobs; ids in ``fail`` raise (to show failure handling)."""
+              fail=(), peak_gb=None) -> list[Job]:
+    """The demo workload: uniform short jobs; ids in ``fail`` raise (to show failure handling);
+    ``peak_gb``: the peak every device job reports (memory learning sees it)."""
     jobs = build_grid(algos, families, datasets, rounds, gen_shards, eval_shards,
                       lambda stage, *a: StageCost(job_seconds if stage != "merge" else job_seconds / 4, memory_gb))
+    if peak_gb is not None:
+        for j in jobs:
+            if j.resources.devices:
+                j.params["peak_gb"] = float(peak_gb)
     ids = {j.id for j in jobs}
     unknown = [f for f in fail if f not in ids]
     if unknown:  # a typo would otherwise fail nothing, silently
