@@ -105,7 +105,8 @@ def test_recipes_write_their_documented_records(tiny, tmp_path):
     assert summary.exit_code == 0, summary.failures
     pp = merged(run, "pp")
     assert len(pp) == 8 and set(pp[0]) == {"id", "prompt", "chosen", "rejected", "chosen_reward", "rejected_reward",
-                                           "p_chosen"}
+                                           "p_chosen", "chosen_finish", "rejected_finish"}
+    assert {r["chosen_finish"] for r in pp} | {r["rejected_finish"] for r in pp} <= {"eos", "length"}
     assert merged(run, "pr")[0]["answer"] is not None and merged(run, "pr")[0]["task"] == "math"
     vr = merged(run, "vr")
     assert {r["cut"] for r in vr} >= {0} and all(r["kind"] == "sampled" for r in vr)

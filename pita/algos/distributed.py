@@ -87,6 +87,13 @@ def main(spec_file: str) -> int:
     result = getattr(importlib.import_module(mod), name)(ctx)
     if is_rank0():
         (Path(spec["dir"]) / RESULT).write_text(json.dumps(result))
+    import torch.distributed as dist
+
+    # every rank waits for rank 0's checkpoint and result, then the group is shut down before the
+    # process exits: a rank leaving with the group alive can abort in the backend's threads
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
     return 0
 
 
