@@ -292,3 +292,28 @@ def test_every_algorithm_keeps_one_colour_and_every_round_one_style():
     assert len(set(colours)) == len(algos) and colour_of("base") not in colours
     assert all(c in PALETTE for c in colours) and colour_of("PITA") == colour_of("PITA")
     assert len({round_style(r) for r in range(4)}) == 4
+
+
+def test_the_timeline_legend_names_every_phase_drawn_and_no_other(tmp_path, monkeypatch):
+    """A model build (or a plug-in's job kind) gets a colour and a legend entry of its own; a phase
+    with no bar gets none."""
+    from pita.report import plots
+    from pita.report.report import phase_of
+
+    seen = {}
+
+    def keep(fig, plt, path):
+        ax = fig.axes[0]
+        seen["labels"] = [t.get_text() for t in ax.get_legend().get_texts()]
+        seen["colors"] = {tuple(p.get_facecolor()) for p in ax.patches}
+        plt.close(fig)
+        return path
+
+    monkeypatch.setattr(plots, "_save", keep)
+    jobs = {"model.tiny.reference": {"kind": "model.build_tiny", "attempts": [_attempt(100, 50, 0)]},
+            "x.r0.gen.s0": {"kind": "generation.shard", "attempts": [_attempt(150, 5, 1)]},
+            "x.r0.train": {"kind": "algo.value_train", "attempts": [_attempt(155, 5, 0)]},
+            "x.custom": {"kind": "copycat.think", "attempts": [_attempt(160, 1, 1)]}}
+    plots.plot_timeline({"jobs": jobs}, tmp_path, phase_of)
+    assert seen["labels"] == ["model build", "generation", "training", "copycat"]
+    assert len(seen["colors"]) == 4  # one colour per phase, none reused

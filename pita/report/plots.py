@@ -351,15 +351,20 @@ def plot_timeline(state: dict, out: Path, phase_of) -> Path | None:
         return None
     t0 = min(b[1] for b in bars)
     lanes = sorted({b[0] for b in bars})
-    colors = {"generation": "tab:blue", "training": "tab:orange", "evaluation": "tab:green", "merge": "tab:grey"}
+    colors = {"model build": "tab:purple", "generation": "tab:blue", "training": "tab:orange",
+              "evaluation": "tab:green", "merge": "tab:grey"}
+    spare = iter(["tab:brown", "tab:pink", "tab:olive", "tab:cyan", "black"])
+    for ph in sorted({b[3] for b in bars} - set(colors)):  # a phase of a plug-in's job kinds
+        colors[ph] = next(spare, "black")
     fig, ax = plt.subplots(figsize=(10, 1.2 + 0.5 * len(lanes)))
     for lane, start, dur, ph, status in bars:
-        ax.barh(lanes.index(lane), dur, left=start - t0, height=0.6, color=colors.get(ph, "tab:purple"),
+        ax.barh(lanes.index(lane), dur, left=start - t0, height=0.6, color=colors[ph],
                 edgecolor="red" if status not in (None, "ok") else "black", lw=0.3)
     ax.set_yticks(range(len(lanes)), lanes)
     ax.set_xlabel("seconds since the first job started")
-    handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in colors.values()]
-    ax.legend(handles, list(colors), fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    shown = [ph for ph in colors if any(b[3] == ph for b in bars)]  # every colour drawn, and only those
+    handles = [plt.Rectangle((0, 0), 1, 1, color=colors[ph]) for ph in shown]
+    ax.legend(handles, shown, fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     ax.set_title("jobs per device (failed attempts outlined in red)")
     fig.tight_layout()
     return _save(fig, plt, out / "timeline.png")

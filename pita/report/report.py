@@ -28,6 +28,8 @@ def phase_of(job_id: str, kind: str) -> str:
         return "evaluation" if ".eval." in job_id or ".val." in job_id else "generation"
     if kind.endswith("merge"):
         return "merge"
+    if kind.startswith("model."):
+        return "model build"
     if "train" in kind or kind.startswith("algo."):
         return "training"
     return kind.split(".")[0]
@@ -48,7 +50,7 @@ def compute_table(state: dict, results_of) -> list[dict]:
             a["peak_rss_gb"] = max(a["peak_rss_gb"], (at.get("peak_rss_bytes") or 0) / 2**30)
         if j.get("state") == "COMPLETED" and j.get("kind") == "generation.shard":
             a["tokens"] += int((results_of(jid) or {}).get("tokens") or 0)
-    order = ["generation", "training", "evaluation", "merge"]
+    order = ["model build", "generation", "training", "evaluation", "merge"]
     return sorted(acc.values(), key=lambda r: (order.index(r["phase"]) if r["phase"] in order else 99, r["phase"]))
 
 
