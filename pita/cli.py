@@ -400,7 +400,7 @@ def _run(cfg: DictConfig, overrides: list[str], run_dir: Path | None = None) -> 
     from pita.config.validate import validate_config
     from pita.core.backends import make_backend
     from pita.core.executor import Executor, ExecutorSettings
-    from pita.core.gpu_manager import GPUManager
+    from pita.core.gpu_manager import GPUManager, usable_cores
     from pita.core.graph import JobGraph
     from pita.core.logs import setup_logging
     from pita.core.paths import RunPaths, atomic_write
@@ -413,7 +413,7 @@ def _run(cfg: DictConfig, overrides: list[str], run_dir: Path | None = None) -> 
         run, saved, cfg, changed, owner, rebuilt = _resume_config(cfg, overrides)
     validate_config(cfg, models=True)  # model folders and hub ids too: before any folder is made
     sy, ex = cfg.system, cfg.executor
-    cpu_n = min(os.cpu_count() or 1, 2) if sy.cpu_devices == "auto" else int(sy.cpu_devices)
+    cpu_n = min(usable_cores(), 2) if sy.cpu_devices == "auto" else int(sy.cpu_devices)
     devices = sy.devices if isinstance(sy.devices, str) else list(sy.devices)
     ray_backend = None
     if ex.backend == "ray":
@@ -502,11 +502,11 @@ def _run(cfg: DictConfig, overrides: list[str], run_dir: Path | None = None) -> 
             kill_grace_s=ex.kill_grace_s, poll_interval_s=ex.poll_interval_s, memory_margin=ex.memory_margin,
             max_jobs_per_device=1 if not sy.use_parallel_execution else (
                 ex.max_jobs_per_device if ex.max_jobs_per_device is not None else (1 if gpus.is_cpu else None)),
-            max_cpu_jobs=1 if not sy.use_parallel_execution else (ex.max_cpu_jobs or (os.cpu_count() or 1)),
+            max_cpu_jobs=1 if not sy.use_parallel_execution else (ex.max_cpu_jobs or usable_cores()),
             starvation_passes=ex.starvation_passes,
             gpu_summary_interval_s=sy.gpu_summary_interval_s, progress=ex.progress,
             progress_interval_s=ex.progress_interval_s,
-            threads_per_job=max(1, (os.cpu_count() or 1) // len(gpus.devices)) if gpus.is_cpu else None,
+            threads_per_job=max(1, usable_cores() // len(gpus.devices)) if gpus.is_cpu else None,
             max_running=None if sy.use_parallel_execution else 1, min_free_gb=sy.min_free_gb,
             learn_memory=ex.learn_memory)
         log.info("%s", start_note)

@@ -14,7 +14,7 @@ from collections import Counter
 from pita.core.backends import make_backend
 from pita.core.backends.local import describe_worker_start, resolve_worker_start
 from pita.core.executor import Executor, ExecutorSettings
-from pita.core.gpu_manager import GPUManager
+from pita.core.gpu_manager import GPUManager, usable_cores
 from pita.core.graph import JobGraph
 from pita.core.job import Job, Resources
 from pita.core.logs import setup_logging
@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
 
     console = Console()
     sel = args.devices if args.devices in ("auto", "cpu") else [int(x) for x in args.devices.split(",")]
-    gpus = GPUManager.detect(sel, cpu_devices=min(os.cpu_count() or 1, 2))
+    gpus = GPUManager.detect(sel, cpu_devices=min(usable_cores(), 2))
     cuda = not gpus.is_cpu
     before = [d.used_bytes for d in gpus.devices]
     console.print(f"[bold]devices[/bold] ({gpus.source}, CUDA_VISIBLE_DEVICES="

@@ -347,3 +347,20 @@ def test_ctrl_c_ends_the_sweep_and_its_summary_lists_the_points_not_run(tmp_path
     assert [(x["exit_code"], x["outcome"]) for x in rows] == [
         ("130", "interrupted"), ("", "not run: the sweep was interrupted"), ("", "not run: the sweep was interrupted")]
     assert "sweep: 1 of 3 point(s) ran" in out and "sweep point 2/3" not in out
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2,
+                    reason="needs a CPU affinity mask and at least 2 cores")
+def test_a_run_confined_to_one_core_counts_one_core(tmp_path):
+    """``taskset -c 0 pita run ...`` on a shared machine: one CPU device and one thread per job, not
+    the machine's core count (two runs side by side would otherwise each start 2 threads per job
+    and thrash)."""
+    r = cli(["experiment.name=one", "synthetic.job_seconds=0", "synthetic.algos=[PITA]", "synthetic.datasets=[arith]",
+             "synthetic.rounds=1"], tmp_path, preexec_fn=lambda: os.sched_setaffinity(0, {min(os.sched_getaffinity(0))}))
+    assert r.returncode == 0, r.stderr
+    log = (only_run(tmp_path, "one") / "run.log").read_text()
+    assert "on 1 device(s) [cpu]" in log and "CPU (1 cores)" in log
+    code = ("import os; from pita.core.gpu_manager import usable_cores; os.sched_setaffinity(0, {0}); "
+            "print(usable_cores())")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert out.stdout.strip() == "1", out.stderr

@@ -28,6 +28,17 @@ GPU_DRIVER_FILES = ("/dev/nvidia*", "/dev/kfd", "/dev/dxg")
 log = logging.getLogger(__name__)
 
 
+
+def usable_cores() -> int:
+    """CPU cores this process may run on: its affinity mask (``taskset``, a cgroup cpuset, a batch
+    scheduler's allocation) where the platform has one, else the machine's count. CPU devices and
+    each job's thread budget are counted in these, so a run confined to one core of a shared
+    machine gives its jobs one thread, not as many as the machine has."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
+
 @dataclass
 class Device:
     ordinal: int
@@ -146,7 +157,7 @@ class GPUManager:
         import psutil
 
         avail = psutil.virtual_memory().available
-        name = f"CPU ({os.cpu_count()} cores)"
+        name = f"CPU ({usable_cores()} cores)"
         devs = [Device(ordinal=i, index=i, uuid=f"CPU-{i}", name=name, total_bytes=int(avail // n), kind="cpu")
                 for i in range(n)]
         return cls(devs, source="cpu")
