@@ -202,7 +202,7 @@ def test_null_learning_rates_follow_the_scale_and_the_kind_of_fine_tuning(tiny_c
         jobs = build_plan(compose(tiny_cache, "experiment.algos=[DPO,GRPO]", *o), [int(8e9)])
         return {j.id.split(".")[0]: j.params["lr"] for j in jobs if j.id.endswith(".r0.train")}
 
-    assert lr() == {"DPO": 1e-4, "GRPO": 5e-5}  # the tiny family is a toy model
+    assert lr() == {"DPO": 1e-5, "GRPO": 5e-5}  # the tiny family is a toy model
     assert lr("algos.DPO.lr=3e-6") == {"DPO": 3e-6, "GRPO": 5e-5}
     from pita.algos.post_training import LEARNING_RATES
 

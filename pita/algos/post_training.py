@@ -33,7 +33,7 @@ REF_POLICIES = ("original", "previous")
 TOY_PARAMS = 50_000_000  # below this a model is a toy (the tiny family), with toy learning rates
 # (algorithm kind, scale) -> default learning rate: TRL's documented practice for full fine-tuning
 # and LoRA of real models; the toy rates were measured on the embedded default
-LEARNING_RATES = {("dpo", "full"): 5e-7, ("dpo", "lora"): 5e-6, ("dpo", "toy"): 1e-4,
+LEARNING_RATES = {("dpo", "full"): 5e-7, ("dpo", "lora"): 5e-6, ("dpo", "toy"): 1e-5,
                   ("grpo", "full"): 1e-6, ("grpo", "lora"): 1e-5, ("grpo", "toy"): 5e-5}
 
 
@@ -43,7 +43,8 @@ class PostTrainingConfig(AlgoConfig):
 
     # learning rate; null: by scale, from TRL's documented practice (see LEARNING_RATES): full
     # fine-tuning of a real model DPO 5e-7 / GRPO 1e-6, LoRA 5e-6 / 1e-5; a toy model (under 50M
-    # parameters, the tiny family) DPO 1e-4 / GRPO 5e-5, as measured on the embedded default
+    # parameters, the tiny family) DPO 1e-5 / GRPO 5e-5, as measured on the embedded default
+    # (docs/architecture.md, "Why the baselines lose to the reference on arith")
     lr: Optional[float] = None
     beta: float = 0.1  # KL coefficient: DPO's beta, GRPO's beta (KL to the reference); 0 = no KL term
     # the KL reference in rounds after the first: original (the family's reference model, the one
