@@ -215,6 +215,6 @@ def test_the_guides_generation_batch_size_sets_the_data_generation_batch():
     assert cfg.data_collection.batch_size == 8
     cfg = _compose()
     validate_config(cfg)
-    assert cfg.data_collection.batch_size == 16  # unset: data_collection's own value
+    assert cfg.data_collection.batch_size == 64  # unset: data_collection's own value
     with pytest.raises(ConfigError, match=r"generation.batch_size=0: must be a positive integer"):
         validate_config(_compose("generation.batch_size=0"))

@@ -157,3 +157,46 @@ def test_bad_model_path_and_dtype_are_config_errors(tmp_path):
         LM.load(str(tmp_path / "missing"))
     with pytest.raises(ConfigError, match="dtype"):
         LM.load(str(tmp_path), dtype="float8")
+
+
+def _rows_alone_and_together(ref, guide_factory):
+    """Every row sampled alone and in one batch whose rows end at very different steps (budgets
+    1..40, EOS anywhere), so the batch drops its finished rows several times."""
+    prompts = ["Tom has 5 cups. Tom gets 7 more. How many cups does Tom have? Answer after ####.",
+               "Continue this review positively: The plot was",
+               "Li has 12 coins. Li gives away 3. Li gets 9 more. How many coins does Li have? Answer after ####."]
+    ids = [p for p in ref.encode([ref.chat_prompt(p) for p in prompts]) for _ in range(4)]
+    budgets = [1, 3, 40, 8, 2, 40, 5, 40, 12, 1, 30, 6]
+    seeds = list(range(100, 112))
+    together = ref.generate_ids(ids, budgets, seeds, temperature=1.0, guide=guide_factory(), return_stop=True)
+    alone = [ref.generate_ids([i], [b], [s], temperature=1.0, guide=guide_factory(), return_stop=True)[0]
+             for i, b, s in zip(ids, budgets, seeds)]
+    return together, alone
+
+
+@pytest.mark.parametrize("guided", [False, True])
+def test_a_batch_that_drops_its_finished_rows_gives_each_row_what_it_gets_alone(ref, tiny, guided, monkeypatch):
+    from pita.guidance.decode import GuidedDecoder
+    from pita.guidance.value_model import ValueModel
+
+    vm = ValueModel.create(tiny["guidance"], loss="bce").eval() if guided else None
+    if vm is not None:
+        torch.manual_seed(3)
+        with torch.no_grad():
+            vm.w_o.weight.normal_(0, 1.0)  # a guide that visibly reshapes the distribution
+    factory = (lambda: GuidedDecoder(vm, "bernoulli", 2.0, top_k=8)) if guided else (lambda: None)
+    from transformers.cache_utils import DynamicCache
+
+    sizes = []
+    real = DynamicCache.batch_select_indices
+
+    def spy(self, keep):
+        sizes.append(len(keep))
+        return real(self, keep)
+
+    monkeypatch.setattr(DynamicCache, "batch_select_indices", spy)
+    together, alone = _rows_alone_and_together(ref, factory)
+    assert sizes and min(sizes) < 12  # the batch did shrink (the guide's cache with it when guided)
+    for t, a in zip(together, alone):
+        assert t[0] == a[0] and t[1] == a[1] and t[4] == a[4]  # tokens, finish, the EOS it stopped on
+        assert abs(t[2] - a[2]) < 1e-4 and abs(t[3] - a[3]) < 1e-4  # log-probs under policy and reference

@@ -398,3 +398,20 @@ def test_round_zero_data_from_the_reference_is_collected_once_per_recipe(tiny_ca
     other = {j.id for j in build_plan(compose(tiny_cache, "algos.QSharp.cut_points=3"), [int(8e9)])}
     assert VR + ".merge" in other  # the others' data keeps its name
     assert len({j.rsplit(".", 1)[0] for j in other if j.startswith("data.tiny.arith.r0.value_rollouts-")}) == 2
+
+
+def test_evaluation_shards_reserve_memory_for_their_own_batch_and_the_value_model(tiny_cache):
+    """An evaluation shard is sized by eval.batch_size / eval.max_new_tokens (not the data
+    collection's), and a guided one also holds the value model."""
+    from pita.plans import build_plan
+
+    def mem(*o):
+        jobs = build_plan(compose(tiny_cache, "experiment.rounds=1", "experiment.algos=[PITA]", *o), [int(8e9)] * 2)
+        by = {j.id: j.resources.memory_gb for j in jobs}
+        return by["base.tiny.arith.eval.s0"], by["PITA.tiny.arith.r0.eval.s0"]
+
+    base_small, guided_small = mem("eval.batch_size=8")
+    base_big, guided_big = mem("eval.batch_size=512", "eval.max_new_tokens=400")
+    assert base_big > base_small and guided_big > guided_small
+    assert guided_small > base_small and guided_big > base_big
+    assert mem("eval.batch_size=512")[0] == mem("eval.batch_size=512", "data_collection.batch_size=1")[0]

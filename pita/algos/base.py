@@ -194,6 +194,11 @@ class PlanContext:
         self.shared[key] = jobs[-1].id
         return jobs, jobs[-1].id
 
+    def eval_memory(self, policy: dict) -> float:
+        """An evaluation shard's estimate: the policy at the evaluation's batch and length, and the
+        value model beside it when the policy is guided."""
+        return self.mem["eval_guided" if policy.get("guidance") else "eval"]
+
     def evaluations(self, algo: str, r: int, train: str, policy: dict, etas: list[float] | None = None) -> list[Job]:
         """Round r's evaluation jobs of the model trained by job ``train`` on every dataset of
         ``evals``; ``policy`` says how the evaluated policy is made from it (guidance, or a
@@ -217,7 +222,8 @@ class PlanContext:
                 ereq["policy"].update(policy)
                 if sampled is not None:
                     ereq["etas"] = sampled
-                ev = self.gen.plan(ereq, name, n_test, deps=[train], memory_gb=self.mem["gen"], group=f"round {r}")
+                ev = self.gen.plan(ereq, name, n_test, deps=[train], memory_gb=self.eval_memory(policy),
+                                   group=f"round {r}")
             else:  # only eta 0: nothing to sample
                 ev = [Job(id=f"{name}.merge", kind="eval.merge", deps=[train], params={"shards": []},
                           resources=Resources(0, 0.0), duration_hint=0.1, group=f"round {r}")]
@@ -243,7 +249,7 @@ class PlanContext:
         ereq["policy"].update(policy)
         ereq["etas"] = sampled
         if sampled:
-            ev = self.gen.plan(ereq, name, self.n_validation, deps=[train], memory_gb=self.mem["gen"],
+            ev = self.gen.plan(ereq, name, self.n_validation, deps=[train], memory_gb=self.eval_memory(policy),
                                group=f"round {r}")
         else:
             ev = [Job(id=f"{name}.merge", kind="eval.merge", deps=[train], params={"shards": []},

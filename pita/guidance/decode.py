@@ -27,7 +27,9 @@ applied after the offset, to the guided distribution.
 
 The value model keeps its own KV cache, fed the same tokens as the reference: the prompt once
 (``begin``), then each new token (``advance``); the prefix is never re-encoded, and the cache
-object is updated in place (sliding-window and hybrid caches included), never copied.
+object is updated in place (sliding-window and hybrid caches included), never copied. When the
+sampler drops finished rows from its batch (``select``), the value model's cache drops the same
+rows.
 A failure here fails the job: there is no fallback to unguided sampling.
 """
 
@@ -70,6 +72,17 @@ class GuidedDecoder:
     def advance(self, feed, mask, pos) -> None:
         h, self.past = self.vm.hidden(feed, mask, pos, past_key_values=self.past, use_cache=True)
         self.h = h[:, -1]
+
+    def selectable(self) -> bool:
+        from pita.models.lm import selectable
+
+        return selectable(self.past)
+
+    def select(self, keep: torch.Tensor) -> None:
+        """Keep only these batch rows (the sampler drops finished rows): the value model's cache
+        shrinks with the reference's, in place."""
+        self.past.batch_select_indices(keep)
+        self.h = self.h[keep]
 
     @torch.no_grad()
     def adjust(self, ref_lp: torch.Tensor) -> torch.Tensor:

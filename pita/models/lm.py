@@ -54,6 +54,17 @@ def default_device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
+def selectable(cache) -> bool:
+    """Whether rows can be dropped from this KV cache in place: a dynamic cache whose layers hold
+    keys and values only. Caches with other per-row state (linear-attention or recurrent layers,
+    static buffers) keep every row to the end of the batch, as before."""
+    from transformers.cache_utils import DynamicCache, DynamicLayer, DynamicSlidingWindowLayer
+
+    layers = getattr(cache, "layers", None)
+    return (type(cache) is DynamicCache and bool(layers)
+            and all(type(layer) in (DynamicLayer, DynamicSlidingWindowLayer) for layer in layers))
+
+
 def pad_right(seqs: list[list[int]], pad_id: int, device="cpu"):
     """Right-padded ids and the attention mask (from lengths, never from the pad id)."""
     L = max(len(s) for s in seqs)
@@ -220,11 +231,17 @@ class LM:
         active = torch.tensor([b > 0 for b in budgets], device=dev)
         budget_t = torch.tensor(budgets, device=dev)
         eos_t = torch.tensor(self.eos_ids, device=dev)
+        # rows[i]: the caller's row that batch row i holds. Finished rows leave the batch once at
+        # least half of it has finished (their KV caches too), so a batch whose completions end
+        # at different lengths does not keep computing the finished ones up to the longest
+        rows = torch.arange(B, device=dev)
+        row_list = list(range(B))
         pos = (mask.cumsum(-1) - 1).clamp(min=0)
         res = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True)
         past, logits = res.past_key_values, res.logits[:, -1, :]
         if guide is not None:
             guide.begin(ids, mask, pos)
+        compact = selectable(past) and (guide is None or bool(getattr(guide, "selectable", lambda: False)()))
         next_pos = pos[:, -1] + 1
         for step in range(T):
             if not bool(active.any()):
@@ -249,22 +266,31 @@ class LM:
                     tok = sample_from(q, U[:, step], 1.0, 1.0, 0)
                     step_q = q.gather(-1, tok.unsqueeze(-1)).squeeze(-1).double()
                     step_r = r.gather(-1, tok.unsqueeze(-1)).squeeze(-1).double()
-                    logp += torch.where(active, step_q, torch.zeros_like(step_q))
-                    logp_ref += torch.where(active, step_r, torch.zeros_like(step_r))
+                    logp.index_add_(0, rows, torch.where(active, step_q, torch.zeros_like(step_q)))
+                    logp_ref.index_add_(0, rows, torch.where(active, step_r, torch.zeros_like(step_r)))
             is_eos = torch.isin(tok, eos_t)
             tok_list, eos_list, act_list = tok.tolist(), is_eos.tolist(), active.tolist()
-            for i in range(B):
+            for i, row in enumerate(row_list):
                 if not act_list[i]:
                     continue
                 if eos_list[i]:
-                    finish[i] = "eos"
-                    stop[i] = tok_list[i]
+                    finish[row] = "eos"
+                    stop[row] = tok_list[i]
                 else:
-                    out[i].append(tok_list[i])
+                    out[row].append(tok_list[i])
             done_now = is_eos | (budget_t <= step + 1)
             active = active & ~done_now
-            if not bool(active.any()) or step == T - 1:
+            n_active = int(active.sum())
+            if n_active == 0 or step == T - 1:
                 break
+            if compact and 2 * n_active <= len(row_list):
+                keep = active.nonzero().squeeze(-1)
+                past.batch_select_indices(keep)
+                if guide is not None:
+                    guide.select(keep)
+                rows, mask, tok, next_pos = rows[keep], mask[keep], tok[keep], next_pos[keep]
+                U, budget_t, active = U[keep], budget_t[keep], active[keep]
+                row_list = rows.tolist()
             feed = torch.where(active, tok, torch.full_like(tok, self.pad_id)).unsqueeze(-1)
             mask = torch.cat([mask, active.long().unsqueeze(-1)], dim=-1)
             res = self.model(input_ids=feed, attention_mask=mask, position_ids=next_pos.unsqueeze(-1),

@@ -105,6 +105,12 @@ def experiment_plan(cfg, device_totals: list[int], cuda: bool) -> list[Job]:
     resolve_auto_training(cfg, paths, device_totals, cuda)
     mem = {"gen": dc.memory_gb if dc.memory_gb is not None else
            estimate_memory_gb(paths["reference"], cfg.model.dtype, dc.batch_size, 256 + dc.max_new_tokens, cuda)}
+    # evaluation samples with its own batch and length; a guided one holds the value model too
+    ev_seq = 256 + ev.max_new_tokens
+    mem["eval"] = dc.memory_gb if dc.memory_gb is not None else \
+        estimate_memory_gb(paths["reference"], cfg.model.dtype, ev.batch_size, ev_seq, cuda)
+    mem["eval_guided"] = dc.memory_gb if dc.memory_gb is not None else \
+        mem["eval"] + estimate_memory_gb(paths["guidance"], cfg.model.dtype, ev.batch_size, ev_seq, cuda)
     try:
         from transformers import AutoConfig
 
@@ -143,7 +149,7 @@ def experiment_plan(cfg, device_totals: list[int], cuda: bool) -> list[Job]:
     jobs: list[Job] = []
     for name in tests:  # the base model on every dataset something is evaluated on
         base = gen.plan(eval_request(configs[name]), base_evaluation(cfg.model.name, name), tests[name],
-                        memory_gb=mem["gen"], group="base")
+                        memory_gb=mem["eval"], group="base")
         base[-1].kind = "eval.merge"
         base[-1].params.update(labels={"algorithm": "base", "family": cfg.model.name, "train_dataset": name,
                                        "round": 0, "eval_dataset": name, "task": tasks[name]},
@@ -153,7 +159,7 @@ def experiment_plan(cfg, device_totals: list[int], cuda: bool) -> list[Job]:
         if n_val[ds.name]:
             vreq = eval_request(ds)
             vreq["split"] = "held_out"
-            val = gen.plan(vreq, base_validation(cfg.model.name, ds.name), n_val[ds.name], memory_gb=mem["gen"],
+            val = gen.plan(vreq, base_validation(cfg.model.name, ds.name), n_val[ds.name], memory_gb=mem["eval"],
                            group="base")
             val[-1].kind = "eval.merge"
             val[-1].params.update(labels={"algorithm": "base", "family": cfg.model.name, "train_dataset": ds.name,
