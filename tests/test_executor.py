@@ -196,3 +196,23 @@ def test_a_dead_warm_process_fails_its_workers_and_is_replaced(tmp_path):
     e = state["jobs"]["w"]
     assert [a["status"] for a in e["attempts"]] == ["died", "ok"] and e["state"] == "COMPLETED"
     assert "SIGKILL" in e["attempts"][0]["error"]
+
+
+def test_a_cpu_job_holding_two_devices_gets_both_devices_threads(tmp_path):
+    from pita.core.backends.local import LocalBackend
+    from pita.core.executor import Executor, ExecutorSettings
+    from pita.core.gpu_manager import GPUManager
+    from pita.core.graph import JobGraph
+    from pita.core.logs import setup_logging
+    from pita.core.paths import RunPaths
+
+    gpus = GPUManager.from_inventory(2, 8e9, kind="cpu")
+    run = RunPaths.create(tmp_path, "threads")
+    setup_logging(run.run_log, console=False)
+    jobs = [Job("both", "synthetic.env", resources=Resources(2, 0.0)),
+            Job("one", "synthetic.env", deps=["both"], resources=Resources(1, 0.0))]
+    s = ExecutorSettings(progress="off", poll_interval_s=0.02, kill_grace_s=2, threads_per_job=1)
+    summary = Executor(JobGraph(jobs).validate([d.total_bytes for d in gpus.devices]), gpus,
+                       LocalBackend(worker_start="forkserver", kill_grace_s=2), run, s).run()
+    assert summary.exit_code == 0, summary.failures
+    assert run.job("both").read_result()["threads"] == 2 and run.job("one").read_result()["threads"] == 1

@@ -200,3 +200,35 @@ def test_a_batch_that_drops_its_finished_rows_gives_each_row_what_it_gets_alone(
     for t, a in zip(together, alone):
         assert t[0] == a[0] and t[1] == a[1] and t[4] == a[4]  # tokens, finish, the EOS it stopped on
         assert abs(t[2] - a[2]) < 1e-4 and abs(t[3] - a[3]) < 1e-4  # log-probs under policy and reference
+
+
+def test_pretraining_in_length_sorted_parts_is_one_padded_batch():
+    """The tiny family's pretraining splits each batch into micro-batches padded to their own
+    length; the losses and the updated weights equal those of the whole batch padded at once."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from pita.models.tiny import _pretrain
+
+    cfg = LlamaConfig(vocab_size=40, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, max_position_embeddings=64, pad_token_id=0)
+    g = torch.Generator().manual_seed(0)
+    seqs = [torch.randint(1, 40, (int(n),), generator=g).tolist() for n in torch.randint(3, 30, (50,), generator=g)]
+    runs = []
+    for parts in (1, 4):
+        torch.manual_seed(0)
+        model = LlamaForCausalLM(cfg)
+        losses = _pretrain(model, seqs, steps=3, lr=1e-2, seed=0, pad_id=0, batch=8, parts=parts)
+        runs.append((losses, {k: v.clone() for k, v in model.state_dict().items()}))
+    (l1, w1), (l4, w4) = runs
+    import random
+
+    from pita.models.lm import pad_right
+
+    r = random.Random(0)  # the first step's batch, padded at once, scored by transformers' own loss
+    ids, mask = pad_right([seqs[r.randrange(len(seqs))] for _ in range(8)], 0)
+    torch.manual_seed(0)
+    with torch.no_grad():
+        hf = LlamaForCausalLM(cfg)(input_ids=ids, attention_mask=mask, labels=ids.masked_fill(mask == 0, -100)).loss
+    assert l1[0] == pytest.approx(float(hf), rel=1e-5)
+    assert l1 == pytest.approx(l4, rel=1e-5)
+    assert all(torch.allclose(w1[k], w4[k], atol=1e-5) for k in w1)

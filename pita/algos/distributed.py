@@ -58,7 +58,10 @@ def run_distributed(ctx, kind: str, k: int) -> dict:
     cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={k}", "--nnodes=1",
            f"--master_port={_free_port()}", "-m", "pita.algos.distributed", str(spec_file)]
     ctx.log.info("data-parallel over %d processes: %s", k, " ".join(cmd[2:]))
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    env = dict(os.environ)
+    if os.environ.get("OMP_NUM_THREADS"):  # CPU: the job's threads are shared out between its ranks
+        env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(max(1, int(os.environ["OMP_NUM_THREADS"]) // k))
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     for line in proc.stdout:  # every rank's output, into the job log
         ctx.log.info("%s", line.rstrip())
     rc = proc.wait()

@@ -91,6 +91,12 @@ class DiskFull(Exception):
 
 
 class Executor:
+    def _threads(self, n_devices: int) -> int | None:
+        """A CPU job's thread budget: the threads of every logical device it holds (a job that
+        holds both devices of a 2-core machine runs on both cores)."""
+        t = self.s.threads_per_job
+        return t * max(1, n_devices) if t else t
+
     def __init__(self, graph: JobGraph, gpus: GPUManager, backend: Backend, run: RunPaths,
                  settings: ExecutorSettings, config: dict | None = None, owner: OwnerLock | None = None):
         self.graph, self.gpus, self.backend, self.run_paths = graph, gpus, backend, run
@@ -339,7 +345,7 @@ class Executor:
         job_dict = dict(job.to_dict(), params=self.params[job_id])
         launch = Launch(job=job_dict, target=kind_target(job.kind), attempt=n, run_dir=str(self.run_paths.root),
                         config=self.config, devices=[dict(d.describe(), label=d.label) for d in devs],
-                        env=self.gpus.env_for(ordinals, self.s.threads_per_job), paths=jp, tag=f"{job_id} {labels}",
+                        env=self.gpus.env_for(ordinals, self._threads(len(ordinals))), paths=jp, tag=f"{job_id} {labels}",
                         fingerprint=job.fingerprint())
         self.pump.add(job_id, jp.log, launch.tag)
         self.started_at[job_id] = time.time()

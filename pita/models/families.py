@@ -76,11 +76,17 @@ def resolve_family(fam: FamilyConfig, cache_dir: str, seed: int, defer: bool = F
             "reward_models": {k: resolve_id(v, cache_dir, seed, defer) for k, v in fam.reward_models.items()}}
 
 
-def family_build_jobs(fam: FamilyConfig, cache_dir: str, seed: int, jobs: list, cuda: bool) -> list:
+def family_build_jobs(fam: FamilyConfig, cache_dir: str, seed: int, jobs: list, cuda: bool,
+                      n_devices: int = 1) -> list:
     """The jobs that build the tiny family's parts this plan uses (``model.build_tiny``): every
     job in ``jobs`` waits for the parts its params name, and every root job for the reference.
     They are planned whether or not a part is cached (a cached part makes its job a no-op), so a
-    resumed run plans the same graph. Returns the build jobs (none for a family not built here)."""
+    resumed run plans the same graph. Returns the build jobs (none for a family not built here).
+
+    In CPU mode the reference's build holds all ``n_devices`` logical devices: every other job
+    waits for it, so a core it left idle could serve nothing; it runs their threads while no
+    other process wants the cores, and one thread when one does (``pita.core.threads``). The
+    guidance backbone, built after it on one device, overlaps the first data collection."""
     import json
 
     from pita.core.job import Job, Resources, add_kind_module
@@ -95,8 +101,9 @@ def family_build_jobs(fam: FamilyConfig, cache_dir: str, seed: int, jobs: list, 
     paths = family_paths(cache_dir, seed)
     builds = {p: Job(id=f"model.{fam.name}.{p}", kind="model.build_tiny", group="model",
                      params={"cache_dir": str(cache_dir), "seed": seed, "part": p, "path": paths[p]},
-                     # trains on the CPU with one thread: on a GPU node it holds no GPU
-                     resources=Resources(devices=0 if cuda else 1, memory_gb=0.5),
+                     # trains on the CPU: on a GPU node it holds no GPU (a host slot)
+                     resources=Resources(devices=0 if cuda else (max(1, n_devices) if p == "reference" else 1),
+                                         memory_gb=0.5),
                      duration_hint=20.0 if p != "reward_sentiment" else 5.0)
               for p in parts}
     ref = builds.get("reference")

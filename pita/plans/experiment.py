@@ -179,7 +179,8 @@ def experiment_plan(cfg, device_totals: list[int], cuda: bool) -> list[Job]:
                 if j.kind == "eval.merge":
                     j.params["kl_fraction"] = ev.kl_fraction
             jobs += algo_jobs
-    return family_build_jobs(cfg.model, cfg.system.cache_dir, cfg.system.seed, jobs, cuda) + jobs
+    return family_build_jobs(cfg.model, cfg.system.cache_dir, cfg.system.seed, jobs, cuda,
+                             len(device_totals)) + jobs
 
 
 def carve_validation(ds, wanted: int) -> int:

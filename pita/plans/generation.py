@@ -46,4 +46,5 @@ def generation_plan(cfg, device_totals: list[int], cuda: bool) -> list[Job]:
         mem = dc.memory_gb if dc.memory_gb is not None else estimate_memory_gb(
             paths["reference"], cfg.model.dtype, dc.batch_size, 256 + dc.max_new_tokens, cuda)
         jobs += gen.plan(req, f"gen.{cfg.model.name}.{ds.name}", len(examples), memory_gb=mem, group=ds.name)
-    return family_build_jobs(cfg.model, cfg.system.cache_dir, cfg.system.seed, jobs, cuda) + jobs
+    return family_build_jobs(cfg.model, cfg.system.cache_dir, cfg.system.seed, jobs, cuda,
+                             len(device_totals)) + jobs
