@@ -287,3 +287,24 @@ def test_grpo_hf_scores_a_cut_off_completion_without_eos(tiny, monkeypatch):
     ids = [[7, 8, eos], [7, 8]]
     r._proxy_scores([Ex(), Ex()], ["5", "5"], completion_ids=ids)
     assert seen[0][-1] == eos and seen[1][-1] != eos and seen[0][:-1] == seen[1]
+
+
+@pytest.mark.parametrize("on", [False, True])
+def test_trl_arguments_take_checkpointing_under_the_current_name(tmp_path, on, recwarn):
+    """transformers 5.x renamed ``gradient_checkpointing`` (a FutureWarning per job in run.log);
+    the setting still arrives, under whichever name the installed release reads."""
+    import dataclasses
+
+    from trl import DPOConfig, GRPOConfig
+
+    from pita.algos.post_training import training_args
+
+    p = {"dtype": "float32", "batch_size": 4, "devices": 1, "gradient_accumulation_steps": 1, "tf32": False,
+         "compile": False, "lr": 1e-4, "beta": 0.1, "gradient_checkpointing": on, "seed": 0}
+    for cls in (DPOConfig, GRPOConfig):
+        extra = {"num_generations": 2} if cls is GRPOConfig else {}
+        args = training_args(cls, p, str(tmp_path / cls.__name__), False, **extra)
+        assert args.gradient_checkpointing is on
+        if "activation_checkpointing" in {f.name for f in dataclasses.fields(cls)}:
+            assert args.activation_checkpointing is on
+    assert not [str(w.message) for w in recwarn if "checkpointing" in str(w.message)]

@@ -234,7 +234,9 @@ def test_the_smoke_preset_runs_all_six_algorithms_and_writes_the_report(tmp_path
     text = (run / "run.log").read_text()
     dpo = (run / "jobs" / "DPO.tiny.arith.r0.train" / "job.log").read_bytes().decode()  # "\r" kept
     assert "Loading weights: 100%" in dpo and "{'loss': " in dpo and "\r" in dpo
-    for noise in ("Loading weights", "Saving the dataset", "it/s]", "examples/s]", "{'loss': ", "{'train_runtime': "):
+    for noise in ("Loading weights", "Saving the dataset", "it/s]", "examples/s]", "{'loss': ", "{'train_runtime': ",
+                  ", params {",  # each job's parameters: in its launch.json, not a kilobyte line per job
+                  "FutureWarning", "Timeout is disabled"):  # deprecations and math-verify's timeouts, fixed at source
         assert noise not in text, noise
     assert "INFO pita.job: DPO from" in text and "[DPO.tiny.arith.r0.train cpu" in text  # the jobs' own lines
     tokens = sum(json.loads((j / "result.json").read_text()).get("tokens", 0)

@@ -232,3 +232,27 @@ def test_pretraining_in_length_sorted_parts_is_one_padded_batch():
     assert l1[0] == pytest.approx(float(hf), rel=1e-5)
     assert l1 == pytest.approx(l4, rel=1e-5)
     assert all(torch.allclose(w1[k], w4[k], atol=1e-5) for k in w1)
+
+
+def test_the_kv_cache_goes_by_the_models_own_keyword(ref, tiny, caplog, recwarn):
+    """transformers 5.x renamed ``past_key_values`` to ``cache`` and warns on every call with the old
+    name (74 warnings in one benchmark run's log); older releases know only the old name."""
+    import logging
+
+    from pita.guidance.decode import GuidedDecoder
+    from pita.guidance.value_model import ValueModel
+    from pita.models.lm import _cache_param, with_cache
+
+    def new(input_ids=None, cache=None, use_cache=None): ...
+
+    def old(input_ids=None, past_key_values=None, use_cache=None): ...
+
+    assert _cache_param(new) == "cache" and _cache_param(old) == "past_key_values"
+    assert list(with_cache(ref.model, "C")) == [_cache_param(type(ref.model).forward)]
+    vm = ValueModel.create(tiny["guidance"], loss="bce").eval()
+    caplog.set_level(logging.WARNING)
+    ids = ref.encode([ref.chat_prompt("Tom has 5 cups. How many cups? Answer after ####.")]) * 2
+    ref.generate_ids(ids, 6, [0, 1])
+    ref.generate_ids(ids, 6, [0, 1], guide=GuidedDecoder(vm, "bernoulli", 1.0, top_k=4))
+    said = [str(w.message) for w in recwarn] + [r.getMessage() for r in caplog.records]
+    assert not [m for m in said if "past_key_values" in m], said

@@ -565,3 +565,17 @@ def test_make_pairs_per_group_pairs_disjoint_completions_each_labelled_once():
     assert [(p["chosen"], p["rejected"], p["pair"]) for p in pairs] == [("a", "b", 0), ("c", "d", 1)]
     again = make_pairs(groups, seed=0, beta=1.0, sampling=True, per_group=2)
     assert again == make_pairs(groups, seed=0, beta=1.0, sampling=True, per_group=2)
+
+
+def test_math_verify_timeout_notice_stays_out_of_the_logs():
+    """math-verify warns once per process that its timeouts are off; they are off on purpose (the
+    verifier bounds the work itself), so the notice must not reach job.log and run.log."""
+    import subprocess
+    import sys
+
+    code = ("import logging; logging.basicConfig(level=logging.INFO); "
+            "from pita.rewards.verifier import verify; "
+            "print(verify(r'so \\boxed{(2, 12) \\cup (12, 102)}', r'(2,12) \\cup (12,102)').correct)")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout.strip() == "True", r.stderr
+    assert "Timeout is disabled" not in r.stderr, r.stderr

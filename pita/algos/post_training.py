@@ -203,6 +203,15 @@ def on_cuda() -> bool:
     return default_device().startswith("cuda")
 
 
+def _checkpointing_key(cls) -> str:
+    """transformers 5.x renamed TrainingArguments' ``gradient_checkpointing`` to
+    ``activation_checkpointing`` (the old name still works, with a FutureWarning per job)."""
+    import dataclasses
+
+    names = {f.name for f in dataclasses.fields(cls)}
+    return "activation_checkpointing" if "activation_checkpointing" in names else "gradient_checkpointing"
+
+
 def training_args(cls, p: dict, out: str, cuda: bool, tracker=None, **extra):
     """TRL's ``cls`` (DPOConfig, GRPOConfig) from a training job's params; ``tracker``
     (``pita.report.tracker.tracker_settings(ctx)``) sets TRL's ``report_to``."""
@@ -218,7 +227,7 @@ def training_args(cls, p: dict, out: str, cuda: bool, tracker=None, **extra):
                tf32=bool(p["tf32"]) if cuda else None, torch_compile=bool(p["compile"]),
                per_device_train_batch_size=per_device,
                gradient_accumulation_steps=p["gradient_accumulation_steps"], learning_rate=p["lr"], beta=p["beta"],
-               gradient_checkpointing=bool(p["gradient_checkpointing"]), seed=p["seed"], data_seed=p["seed"],
+               **{_checkpointing_key(cls): bool(p["gradient_checkpointing"])}, seed=p["seed"], data_seed=p["seed"],
                logging_steps=1, **prepare_trl(tracker), save_strategy="no", disable_tqdm=True,
                dataloader_num_workers=int(p.get("num_workers", 0)),
                ddp_find_unused_parameters=False if p["devices"] > 1 else None, **extra)
@@ -270,7 +279,12 @@ def _save_policy(ctx, trainer, tok, lora: bool) -> str:
 
 def train_and_save(ctx, trainer, tok, p: dict, key: str) -> tuple[dict, list[dict]]:
     """Train, write the log history and the policy; the common result and the logged rows with ``key``."""
-    out = trainer.train()
+    import warnings
+
+    with warnings.catch_warnings():
+        # TRL's own use of a transformers 5.x deprecated property, once per job: nothing the user can change
+        warnings.filterwarnings("ignore", message=r"`is_gradient_checkpointing` is deprecated", category=FutureWarning)
+        out = trainer.train()
     hist = trainer.state.log_history
     if is_rank0():
         ctx.paths.write_metrics(hist)

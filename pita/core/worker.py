@@ -82,8 +82,10 @@ def execute(launch: dict, logger: logging.Logger) -> dict:
         fn = resolve_target(launch["target"])
         cfg = OmegaConf.create(launch.get("config") or {})
         ctx = JobContext(job, attempt, paths, run, cfg, launch.get("devices", []), logger)
-        logger.info("attempt %d of %s (%s) on %s, params %s", attempt, job.id, job.kind,
-                    ", ".join(d.get("label", "?") for d in ctx.devices) or "host", json.dumps(job.params, sort_keys=True))
+        # the parameters are in launch.json beside this log (a line of them here would be a
+        # kilobyte of JSON in run.log for every job)
+        logger.info("attempt %d of %s (%s) on %s", attempt, job.id, job.kind,
+                    ", ".join(d.get("label", "?") for d in ctx.devices) or "host")
         result = fn(ctx)
         if result is None:
             result = {}

@@ -36,6 +36,7 @@ import torch
 from torch import nn
 
 from pita.core.errors import ConfigError
+from pita.models.lm import cache_of, with_cache
 
 HEAD_FILE, META_FILE = "value_head.pt", "value_head.json"
 
@@ -140,9 +141,10 @@ class ValueModel(nn.Module):
 
     # ------------------------------------------------------------------ scoring
     def hidden(self, input_ids, attention_mask=None, position_ids=None, past_key_values=None, use_cache=False):
-        out = self.backbone.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                                  past_key_values=past_key_values, use_cache=use_cache)
-        return out.last_hidden_state, getattr(out, "past_key_values", None)
+        body = self.backbone.model
+        out = body(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                   use_cache=use_cache, **with_cache(body, past_key_values))
+        return out.last_hidden_state, cache_of(out)
 
     def scores(self, h: torch.Tensor, candidates: torch.Tensor) -> torch.Tensor:
         """``h`` [..., H], ``candidates`` [..., k] -> head outputs [..., k, n_out]."""

@@ -65,6 +65,36 @@ def selectable(cache) -> bool:
             and all(type(layer) in (DynamicLayer, DynamicSlidingWindowLayer) for layer in layers))
 
 
+def _cache_param(forward) -> str:
+    """The name a model's ``forward`` takes its KV cache under: ``cache`` in transformers 5.x
+    (where ``past_key_values`` is deprecated and warns on every call), ``past_key_values`` before."""
+    import inspect
+
+    try:
+        params = inspect.signature(forward).parameters
+    except (TypeError, ValueError):
+        return "past_key_values"
+    return "cache" if "cache" in params else "past_key_values"
+
+
+_CACHE_PARAM: dict[type, str] = {}
+
+
+def with_cache(model, past) -> dict:
+    """``{<the model's cache keyword>: past}``, to pass to ``model(...)`` whatever the transformers version."""
+    cls = type(model)
+    if cls not in _CACHE_PARAM:
+        _CACHE_PARAM[cls] = _cache_param(cls.forward)
+    return {_CACHE_PARAM[cls]: past}
+
+
+def cache_of(output):
+    """The KV cache a forward pass returned, under either version's field name."""
+    if "cache" in getattr(type(output), "__dataclass_fields__", {}):
+        return output.cache
+    return getattr(output, "past_key_values", None)
+
+
 def pad_right(seqs: list[list[int]], pad_id: int, device="cpu"):
     """Right-padded ids and the attention mask (from lengths, never from the pad id)."""
     L = max(len(s) for s in seqs)
@@ -238,7 +268,7 @@ class LM:
         row_list = list(range(B))
         pos = (mask.cumsum(-1) - 1).clamp(min=0)
         res = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True)
-        past, logits = res.past_key_values, res.logits[:, -1, :]
+        past, logits = cache_of(res), res.logits[:, -1, :]
         if guide is not None:
             guide.begin(ids, mask, pos)
         compact = selectable(past) and (guide is None or bool(getattr(guide, "selectable", lambda: False)()))
@@ -294,8 +324,8 @@ class LM:
             feed = torch.where(active, tok, torch.full_like(tok, self.pad_id)).unsqueeze(-1)
             mask = torch.cat([mask, active.long().unsqueeze(-1)], dim=-1)
             res = self.model(input_ids=feed, attention_mask=mask, position_ids=next_pos.unsqueeze(-1),
-                             past_key_values=past, use_cache=True)
-            past, logits = res.past_key_values, res.logits[:, -1, :]
+                             use_cache=True, **with_cache(self.model, past))
+            past, logits = cache_of(res), res.logits[:, -1, :]
             if guide is not None:
                 guide.advance(feed, mask, next_pos.unsqueeze(-1))
             next_pos = next_pos + 1
