@@ -361,7 +361,7 @@ def test_a_run_confined_to_one_core_counts_one_core(tmp_path):
              "synthetic.rounds=1"], tmp_path, preexec_fn=lambda: os.sched_setaffinity(0, {min(os.sched_getaffinity(0))}))
     assert r.returncode == 0, r.stderr
     log = (only_run(tmp_path, "one") / "run.log").read_text()
-    assert "on 1 device(s) [cpu]" in log and "CPU (1 cores)" in log
+    assert "on 1 device(s) [cpu]" in log and "CPU 0 (1 core)" in log
     code = ("import os; from pita.core.gpu_manager import usable_cores; os.sched_setaffinity(0, {0}); "
             "print(usable_cores())")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)

@@ -167,7 +167,7 @@ def test_the_live_table_redraws_in_place_while_the_run_logs_to_the_console(monke
         for i in range(6):
             groups = {"base": Counter(COMPLETED=min(i, 4), PENDING=4 - min(i, 4)),
                       "round 0": Counter(COMPLETED=i, RUNNING=1, PENDING=9 - i)}
-            p.update(groups, ["CPU 0 (CPU (2 cores)): 0.43 GB RSS of its jobs, 11.67 GB total, 1 job"])
+            p.update(groups, ["CPU 0 (2 cores): 0.43 GB RSS of its jobs, 11.67 GB total, 1 job"])
             log.warning("job %d ran out of memory on cpu0; retrying with batch_size=4", i)
         p.update({"base": Counter(COMPLETED=4), "round 0": Counter(COMPLETED=10)}, ["CPU 0 (x): 0 jobs"], force=True)
         log.info("finished after 19.8s: 14 completed, 0 failed, 0 skipped, 0 not run")

@@ -317,3 +317,11 @@ def test_the_timeline_legend_names_every_phase_drawn_and_no_other(tmp_path, monk
     plots.plot_timeline({"jobs": jobs}, tmp_path, phase_of)
     assert seen["labels"] == ["model build", "generation", "training", "copycat"]
     assert len(seen["colors"]) == 4  # one colour per phase, none reused
+
+
+def test_the_console_table_gives_the_reference_no_round():
+    from pita.report.results import table
+
+    lines = table([_row("base", 0, 0.0, 0.25, 0.0), _row("PITA", 1, 2.0, 0.3, 0.1)]).splitlines()
+    base, pita = (line.split() for line in lines[1:3])
+    assert base[:3] == ["base", "arith", "-"] and pita[:3] == ["PITA", "arith", "1"]

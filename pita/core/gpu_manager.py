@@ -3,7 +3,7 @@
     mgr = GPUManager.detect("auto")          # from the hardware, honouring CUDA_VISIBLE_DEVICES
     mgr = GPUManager.from_inventory(8, 80e9) # hand-built, for tests and the scheduler benchmark
     mgr.summary({0: 2})                      # ['GPU 0 (NVIDIA H100 80GB HBM3): 45.23 GB used, 80.00 GB total, 2 jobs']
-    cpu.summary({0: 1}, {0: 4.3e8})          # ['CPU 0 (CPU (2 cores)): 0.43 GB RSS of its jobs, 11.67 GB total, 1 job']
+    cpu.summary({0: 1}, {0: 4.3e8})          # ['CPU 0 (2 cores): 0.43 GB RSS of its jobs, 11.67 GB total, 1 job']
 
 Device ``ordinal`` is the position in this inventory (what the scheduler uses); ``index`` is the
 physical index as nvidia-smi shows it; ``uuid`` is stable across both. Child processes get
@@ -157,7 +157,8 @@ class GPUManager:
         import psutil
 
         avail = psutil.virtual_memory().available
-        name = f"CPU ({usable_cores()} cores)"
+        cores = usable_cores()
+        name = f"{cores} core{'s' if cores != 1 else ''}"
         devs = [Device(ordinal=i, index=i, uuid=f"CPU-{i}", name=name, total_bytes=int(avail // n), kind="cpu")
                 for i in range(n)]
         return cls(devs, source="cpu")

@@ -146,7 +146,8 @@ def table(rows: list[dict]) -> str:
     for r in rows:
         m = metric(r)
         eta = f"{r['eta']:.2f}" + ("*" if r.get("selected") and len([x for x in rows if _same_cell(x, r)]) > 1 else " ")
-        lines.append(f"{r['algorithm']:<10} {r['eval_dataset']:<10} {r['round']:>5} {eta:>6} {m:>11} "
+        rnd = "-" if r["algorithm"] == "base" else r["round"]  # the reference has no round
+        lines.append(f"{r['algorithm']:<10} {r['eval_dataset']:<10} {rnd:>5} {eta:>6} {m:>11} "
                      f"{fmt(r, m):>7} {fmt(r, m + '_stderr'):>6} {fmt(r, 'kl'):>7} {fmt(r, 'kl_stderr'):>6}")
     if any(len([x for x in rows if _same_cell(x, r)]) > 1 for r in rows):
         lines.append("* the eta chosen on the validation prompts (results/validation.csv), never on the test split")
