@@ -165,8 +165,9 @@ def _train(vm, examples: list, s: TrainSettings, logger: logging.Logger, pad_id:
     torch.manual_seed(s.seed)
     rng = random.Random(s.seed)
     vm.to(device).train()
-    if s.gradient_checkpointing:
-        vm.backbone.gradient_checkpointing_enable()
+    if s.gradient_checkpointing:  # transformers 5.x name first; the old one warns on every call
+        enable = getattr(vm.backbone, "activation_checkpointing_enable", None) or vm.backbone.gradient_checkpointing_enable
+        enable()
     head = [p for n, p in vm.named_parameters() if not n.startswith("backbone.") and p.requires_grad]
     body = [p for n, p in vm.named_parameters() if n.startswith("backbone.") and p.requires_grad]
     opt = torch.optim.AdamW([{"params": body, "lr": s.lr}, {"params": head, "lr": s.lr * s.head_lr_scale}],
