@@ -80,3 +80,37 @@ def final_state(run: Path) -> dict:
         res = run / "jobs" / jid / "result.json"
         out[jid] = (e["state"], json.loads(res.read_text()).get("digest") if res.exists() else None)
     return out
+
+
+def record_optimizer_gradients(monkeypatch, optimizer=None) -> list:
+    """Keep a copy of the gradients every ``optimizer.step`` (AdamW's by default) is about to
+    apply: one list of tensors per step. Two ways of computing one step are compared on these,
+    not on the weights after it: Adam divides each gradient by its own magnitude, so a coordinate
+    whose gradient is near 0 moves by an amount float noise decides, and a wrong scale of the
+    whole gradient would not show in the weights at all."""
+    import torch
+
+    cls = optimizer or torch.optim.AdamW
+    step = cls.step
+    steps: list = []
+
+    def recording_step(opt, *a, **kw):
+        steps.append([p.grad.detach().clone() for g in opt.param_groups for p in g["params"] if p.grad is not None])
+        return step(opt, *a, **kw)
+
+    monkeypatch.setattr(cls, "step", recording_step)
+    return steps
+
+
+def assert_same_gradient(a: list, b: list, rel: float = 1e-4) -> None:
+    """Each tensor's difference within ``rel`` of its norm (float32 sums in another order agree
+    to ~1e-6 of it); a tensor whose gradient is ~0 against the rest's is held to the whole's."""
+    import torch
+
+    assert len(a) == len(b) > 0
+    total = float(torch.cat([g.flatten() for g in a]).norm())
+    assert total > 0, "an all-zero gradient compares nothing"
+    for i, (x, y) in enumerate(zip(a, b)):
+        assert x.shape == y.shape, (i, x.shape, y.shape)
+        err, scale = float((x - y).norm()), max(float(x.norm()), 1e-3 * total)
+        assert err <= rel * scale, f"tensor {i} {tuple(x.shape)}: |a-b| = {err:.3g}, |a| = {float(x.norm()):.3g}"

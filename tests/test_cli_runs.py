@@ -230,6 +230,12 @@ def test_the_smoke_preset_runs_all_six_algorithms_and_writes_the_report(tmp_path
     for png in ("frontier_arith", "rounds_arith", "timeline"):
         assert (run / "results" / "plots" / f"{png}.png").exists() and f"plots/{png}.png" in report
     assert "| generation |" in report and "report: " in r.stdout and "pass@1" in r.stdout
+    # where the numbers were computed: every attempt records its platform, the report names it
+    from pita.core.provenance import cpu_model
+
+    attempt = json.loads((run / "jobs" / "DPO.tiny.arith.r0.train" / "attempt-1.json").read_text())
+    assert attempt["platform"]["torch"]["cpu_capability"] and attempt["platform"]["cpu"]["model"] == cpu_model()
+    assert "- platform" in report and f"{cpu_model()}, {attempt['platform']['torch']['cpu_capability']} kernels" in report
     # run.log is for people: the jobs' progress bars and TRL's per-step dicts stay in their job.log
     text = (run / "run.log").read_text()
     dpo = (run / "jobs" / "DPO.tiny.arith.r0.train" / "job.log").read_bytes().decode()  # "\r" kept

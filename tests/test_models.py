@@ -7,6 +7,7 @@ import math
 import pytest
 import torch
 
+from helpers import assert_same_gradient, record_optimizer_gradients
 from pita.core.errors import ConfigError
 from pita.models.lm import LM, row_seed, sample_from
 
@@ -125,8 +126,8 @@ def test_sequence_logprobs_match_a_manual_sum_and_do_not_depend_on_the_batch(ref
     manual = sum(float(lp[len(p) - 1 + i, t]) for i, t in enumerate(c))
     other = ref.encode(["Tom has 1 cup. How many cups does Tom have?"])[0]
     got = ref.sequence_logprobs([p, other], [c, c[:2]])
-    assert got[0] == pytest.approx(manual, abs=1e-4)
-    assert ref.sequence_logprobs([p], [c])[0] == pytest.approx(got[0], abs=1e-4)
+    assert got[0] == pytest.approx(manual, rel=1e-5, abs=1e-4)
+    assert ref.sequence_logprobs([p], [c])[0] == pytest.approx(got[0], rel=1e-5, abs=1e-4)
 
 
 def test_sample_from_rules():
@@ -199,12 +200,13 @@ def test_a_batch_that_drops_its_finished_rows_gives_each_row_what_it_gets_alone(
     assert sizes and min(sizes) < 12  # the batch did shrink (the guide's cache with it when guided)
     for t, a in zip(together, alone):
         assert t[0] == a[0] and t[1] == a[1] and t[4] == a[4]  # tokens, finish, the EOS it stopped on
-        assert abs(t[2] - a[2]) < 1e-4 and abs(t[3] - a[3]) < 1e-4  # log-probs under policy and reference
+        # log-probs under policy and reference: other batch shapes sum in another order
+        assert t[2] == pytest.approx(a[2], rel=1e-5, abs=1e-4) and t[3] == pytest.approx(a[3], rel=1e-5, abs=1e-4)
 
 
-def test_pretraining_in_length_sorted_parts_is_one_padded_batch():
+def test_pretraining_in_length_sorted_parts_is_one_padded_batch(monkeypatch):
     """The tiny family's pretraining splits each batch into micro-batches padded to their own
-    length; the losses and the updated weights equal those of the whole batch padded at once."""
+    length; the losses and the first step's gradient equal those of the whole batch padded at once."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from pita.models.tiny import _pretrain
@@ -213,13 +215,13 @@ def test_pretraining_in_length_sorted_parts_is_one_padded_batch():
                       num_key_value_heads=2, max_position_embeddings=64, pad_token_id=0)
     g = torch.Generator().manual_seed(0)
     seqs = [torch.randint(1, 40, (int(n),), generator=g).tolist() for n in torch.randint(3, 30, (50,), generator=g)]
+    grads = record_optimizer_gradients(monkeypatch)
     runs = []
     for parts in (1, 4):
         torch.manual_seed(0)
         model = LlamaForCausalLM(cfg)
-        losses = _pretrain(model, seqs, steps=3, lr=1e-2, seed=0, pad_id=0, batch=8, parts=parts)
-        runs.append((losses, {k: v.clone() for k, v in model.state_dict().items()}))
-    (l1, w1), (l4, w4) = runs
+        runs.append(_pretrain(model, seqs, steps=3, lr=1e-2, seed=0, pad_id=0, batch=8, parts=parts))
+    l1, l4 = runs
     import random
 
     from pita.models.lm import pad_right
@@ -231,7 +233,8 @@ def test_pretraining_in_length_sorted_parts_is_one_padded_batch():
         hf = LlamaForCausalLM(cfg)(input_ids=ids, attention_mask=mask, labels=ids.masked_fill(mask == 0, -100)).loss
     assert l1[0] == pytest.approx(float(hf), rel=1e-5)
     assert l1 == pytest.approx(l4, rel=1e-5)
-    assert all(torch.allclose(w1[k], w4[k], atol=1e-5) for k in w1)
+    assert len(grads) == 6
+    assert_same_gradient(grads[0], grads[3])  # the first step's, from the same weights
 
 
 def test_the_kv_cache_goes_by_the_models_own_keyword(ref, tiny, caplog, recwarn):

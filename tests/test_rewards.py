@@ -428,13 +428,13 @@ def test_scores_do_not_depend_on_batching_or_order(rm_dirs, variant):
     assert max(ref) - min(ref) > 0.1, ref  # distinct inputs give distinct scores: the check has teeth
     for bs in (2, 3, 32):
         got = RewardModelScorer(rm_dirs[variant], batch_size=bs).score(PROMPTS, COMPLETIONS)
-        assert got == pytest.approx(ref, abs=1e-5), bs
+        assert got == pytest.approx(ref, rel=1e-5, abs=1e-5), bs
     perm = list(range(len(PROMPTS)))
     random.Random(0).shuffle(perm)
     shuffled = RewardModelScorer(rm_dirs[variant], batch_size=4).score(
         [PROMPTS[i] for i in perm], [COMPLETIONS[i] for i in perm]
     )
-    assert shuffled == pytest.approx([ref[i] for i in perm], abs=1e-5)
+    assert shuffled == pytest.approx([ref[i] for i in perm], rel=1e-5, abs=1e-5)
 
 
 def test_batches_are_formed_by_length(rm_dirs):

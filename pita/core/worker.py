@@ -4,7 +4,8 @@ backend). All go through :func:`execute`.
 
 The parent sets ``CUDA_VISIBLE_DEVICES`` in the environment before torch touches CUDA, so torch
 only ever sees the job's own devices. The config arrives as a plain dict and is rebuilt
-as an OmegaConf object here. The outcome of the attempt is written to ``attempt-<n>.json``; on
+as an OmegaConf object here. The outcome of the attempt is written to ``attempt-<n>.json`` (with
+the platform it computed on: CPU, kernel ISA, torch, BLAS, threads, GPUs); on
 success ``result.json`` then the ``.done`` marker are written, the marker last.
 
 Exit codes: 0 success, 1 the job raised, 3 out of memory (the parent may retry with a smaller
@@ -106,8 +107,18 @@ def execute(launch: dict, logger: logging.Logger) -> dict:
         if isinstance(e, KeyboardInterrupt):
             outcome["status"] = "cancelled"
     outcome.update(attempt=attempt, duration_s=time.time() - t0,
-                   **_peak_memory(getattr(ctx, "declared_peak_bytes", None)))
+                   **_peak_memory(getattr(ctx, "declared_peak_bytes", None)), platform=_platform())
     return outcome
+
+
+def _platform() -> dict:
+    """What the attempt's numbers depend on besides config and seed (pita.core.provenance)."""
+    try:
+        from pita.core.provenance import describe
+
+        return describe()
+    except Exception as e:  # noqa: BLE001 - a record, never a reason to fail the attempt
+        return {"error": f"{type(e).__name__}: {e}"}
 
 
 def _die_with_parent(parent_pid: int) -> None:

@@ -54,6 +54,25 @@ def compute_table(state: dict, results_of) -> list[dict]:
     return sorted(acc.values(), key=lambda r: (order.index(r["phase"]) if r["phase"] in order else 99, r["phase"]))
 
 
+def platform_lines(state: dict) -> list[str]:
+    """Where the jobs computed (each one's last attempt, ``pita.core.provenance``), one line per
+    distinct platform: two runs whose lines differ are not expected to agree to the last digit."""
+    from pita.core.provenance import summary
+
+    seen: dict[str, int] = {}
+    for j in state.get("jobs", {}).values():
+        last = next((a for a in reversed(j.get("attempts") or []) if a.get("platform")), None)
+        if last is not None:
+            line = summary(last["platform"])
+            seen[line] = seen.get(line, 0) + 1
+    if not seen:
+        return []
+    if len(seen) == 1:
+        return [f"- platform: {next(iter(seen))} (every job; see README, \"Reproducibility\")"]
+    return ["- platforms (README, \"Reproducibility\"):"] + [f"  - {line}: {n} job{'s' if n != 1 else ''}"
+                                                             for line, n in sorted(seen.items(), key=lambda x: -x[1])]
+
+
 def _md_table(header: list[str], rows: list[list]) -> str:
     out = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     out += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
@@ -220,6 +239,7 @@ def render(run: RunPaths, rows: list[dict] | None = None) -> Path:
                      f"{max(finished) - min(started):.0f} s of wall time")
     lines.append("- configuration: [`config.yaml`](../config.yaml) (the resolved config that ran; "
                  "`resume_from` reloads it)")
+    lines += platform_lines(state)
     lines.append("- files: `results/final_results.json`, `results/results.csv`, `results/cells/`, "
                  "`run.log`, `state.json`")
     lines.append("")
