@@ -92,7 +92,7 @@ def test_unknown_algorithm_names_say_what_to_type(override, needle):
 def test_an_old_config_file_with_foreign_algorithm_keys_is_explained(tmp_path):
     """A YAML written when every algorithm carried every key: composing it fails on the first key
     the algorithm lacks, with a sentence naming the key and the algorithm."""
-    from pita.cli import _explain, _schema
+    from pita.cli.overrides import _explain, _schema
 
     old = tmp_path / "old.yaml"
     old.write_text("algos:\n  DPO:\n    lr: 1.0e-06\n    etas: [0.0, 1.0]\n")
@@ -102,7 +102,7 @@ def test_an_old_config_file_with_foreign_algorithm_keys_is_explained(tmp_path):
 
 
 def test_resuming_a_run_saved_with_every_key_under_every_algorithm_drops_the_unread_ones(tmp_path, capsys):
-    from pita.cli import _drop_foreign_algo_keys
+    from pita.cli.resume import _drop_foreign_algo_keys
 
     saved = OmegaConf.create({"algos": {"DPO": {"lr": 1e-4, "eta": 2.0, "top_k": 20}, "PITA": {"eta": 2.0, "beta": 0.1}}})
     _drop_foreign_algo_keys(saved, "config.yaml")

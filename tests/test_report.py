@@ -235,12 +235,13 @@ def test_every_row_carries_bootstrap_intervals_and_a_paired_gain(recorded_run):
 
 
 def test_the_report_opens_with_the_headline_then_every_row_sorted(recorded_run):
+    from pita.cli.report import algorithm_roster
     from pita.report import results
     from pita.report.report import render
 
     rows = results.write(recorded_run)
     by = {(r["algorithm"], r["round"], r["eta"]): r for r in rows}
-    text = render(recorded_run, rows).read_text()
+    text = render(recorded_run, rows, algorithm_roster()).read_text()
     head = text[text.index("### Headline"):text.index("### Every row")]
     lines = [ln for ln in head.splitlines() if ln.startswith("| arith")]
     assert [ln.split(" | ")[1] for ln in lines] == ["base", "PITA", "DPO"]  # base first, then registry order
@@ -285,8 +286,11 @@ def test_training_curves_are_drawn_from_each_jobs_metrics(tmp_path):
 
 
 def test_every_algorithm_keeps_one_colour_and_every_round_one_style():
-    from pita.report.plots import PALETTE, colour_of, round_style
+    from pita.cli.report import algorithm_roster
+    from pita.report.plots import round_style
+    from pita.report.roster import PALETTE
 
+    colour_of = algorithm_roster().colour
     algos = ["PITA", "QSharp", "QSharp-HF", "DPO", "GRPO", "GRPO-HF"]
     colours = [colour_of(a) for a in algos]
     assert len(set(colours)) == len(algos) and colour_of("base") not in colours

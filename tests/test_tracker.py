@@ -1,4 +1,4 @@
-"""Experiment trackers (pita/report/tracker.py): TensorBoard offline end to end on a tiny value
+"""Experiment trackers (pita/tracking.py): TensorBoard offline end to end on a tiny value
 model, TRL's report_to from the config, the config check, wandb offline when it is installed.
 
     .venv/bin/python -m pytest -q tests/test_tracker.py
@@ -35,7 +35,7 @@ def _scalars(folder, tag):
 
 
 def test_no_tracker_is_the_default_and_sends_nothing(tmp_path):
-    from pita.report.tracker import TrackerSettings, prepare_trl, settings_for, tracker_settings
+    from pita.tracking import TrackerSettings, prepare_trl, settings_for, tracker_settings
 
     ctx = _ctx(tmp_path, "none")
     assert tracker_settings(ctx) == TrackerSettings() and prepare_trl(tracker_settings(ctx)) == {"report_to": []}
@@ -50,7 +50,7 @@ def test_value_model_training_writes_every_step_to_tensorboard(tmp_path):
     import torch
 
     from pita.guidance.train import SeqExample, TrainSettings, train
-    from pita.report.tracker import tracker_settings
+    from pita.tracking import tracker_settings
 
     class Tiny(torch.nn.Module):  # what train() needs of a value model: parameters, token_scores, spec
         spec = SimpleNamespace(loss="bce")
@@ -78,7 +78,7 @@ def test_trl_reports_to_the_configured_tracker(tmp_path, monkeypatch):
     from trl import DPOConfig
 
     from pita.algos.post_training import training_args
-    from pita.report.tracker import tracker_settings
+    from pita.tracking import tracker_settings
 
     monkeypatch.delenv("TENSORBOARD_LOGGING_DIR", raising=False)
     p = {"dtype": "float32", "batch_size": 4, "devices": 1, "gradient_accumulation_steps": 1, "tf32": False,
@@ -95,7 +95,7 @@ def test_trl_reports_to_the_configured_tracker(tmp_path, monkeypatch):
 
 @pytest.mark.skipif(not HAS_TB, reason="tensorboard not installed")
 def test_the_final_results_go_to_tensorboard_when_results_are_written(tmp_path):
-    from pita.report.tracker import send_results
+    from pita.report.results import send_results
 
     run = RunPaths(tmp_path / "exp" / "t")
     run.root.mkdir(parents=True)
@@ -116,7 +116,7 @@ def test_the_final_results_go_to_tensorboard_when_results_are_written(tmp_path):
 
 
 def test_wandb_without_wandb_is_refused_with_the_fix():
-    from pita.report.tracker import check_tracker
+    from pita.tracking import check_tracker
 
     (msg,) = check_tracker("wandb", wandb_available=False)
     assert "logging.tracker" in msg and "pip install wandb" in msg and "logging.tracker=tensorboard" in msg
@@ -135,7 +135,7 @@ def test_the_cli_refuses_logging_tracker_wandb_when_wandb_is_missing(tmp_path):
 
 @pytest.mark.skipif(not HAS_WANDB, reason="wandb not installed")
 def test_wandb_logs_offline(tmp_path, monkeypatch):
-    from pita.report.tracker import open_tracker, tracker_settings
+    from pita.tracking import open_tracker, tracker_settings
 
     monkeypatch.setenv("WANDB_MODE", "offline")
     ctx = _ctx(tmp_path, "wandb")

@@ -47,7 +47,7 @@ def run_distributed(ctx, kind: str, k: int) -> dict:
 
     from dataclasses import asdict
 
-    from pita.report.tracker import tracker_settings
+    from pita.tracking import tracker_settings
 
     spec = {"kind": kind, "target": kind_target(kind), "params": ctx.params, "deps": deps, "dir": str(ctx.paths.dir),
             "tracker": asdict(tracker_settings(ctx))}
@@ -81,7 +81,7 @@ def main(spec_file: str) -> int:
 
     spec = json.loads(Path(spec_file).read_text())
     logging.basicConfig(level=logging.INFO, format=f"[rank {os.environ.get('RANK', '0')}] %(message)s")
-    from pita.report.tracker import TrackerSettings
+    from pita.tracking import TrackerSettings
 
     ctx = SimpleNamespace(params=spec["params"], dep_result=lambda j: spec["deps"][j],
                           paths=JobPaths(Path(spec["dir"])), log=logging.getLogger("pita.job"),

@@ -102,7 +102,7 @@ def dpo_train(ctx):
     from transformers import AutoModelForCausalLM
     from trl import DPOConfig as TRLDPOConfig
 
-    from pita.report.tracker import tracker_settings
+    from pita.tracking import tracker_settings
 
     p = ctx.params
     if p.get("devices", 1) > 1 and world_size() == 1:

@@ -180,7 +180,7 @@ def grpo_trainer(ctx, p: dict):
     extra = {}
     if p["use_vllm"]:
         extra.update(use_vllm=True, vllm_mode=p["vllm_mode"], vllm_gpu_memory_utilization=p["vllm_gpu_memory_utilization"])
-    from pita.report.tracker import tracker_settings
+    from pita.tracking import tracker_settings
 
     steps = grpo_steps(p, len(examples))
     args = training_args(TRLGRPOConfig, p, str(ctx.paths.artifacts / "trainer"), cuda, tracker_settings(ctx),

@@ -214,10 +214,10 @@ def _checkpointing_key(cls) -> str:
 
 def training_args(cls, p: dict, out: str, cuda: bool, tracker=None, **extra):
     """TRL's ``cls`` (DPOConfig, GRPOConfig) from a training job's params; ``tracker``
-    (``pita.report.tracker.tracker_settings(ctx)``) sets TRL's ``report_to``."""
+    (``pita.tracking.tracker_settings(ctx)``) sets TRL's ``report_to``."""
     import torch
 
-    from pita.report.tracker import prepare_trl
+    from pita.tracking import prepare_trl
 
     # mixed precision on CUDA: autocast in bf16 (fp16 where bf16 is unsupported or asked for),
     # fp32 master weights (load_policy)

@@ -191,7 +191,7 @@ def value_train(ctx):
     from pita.guidance.proxy import shared_settings
     from pita.guidance.value_model import HeadSpec, ValueModel
     from pita.models.lm import default_device
-    from pita.report.tracker import tracker_settings
+    from pita.tracking import tracker_settings
 
     p = ctx.params
     dev = default_device()

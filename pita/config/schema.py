@@ -170,7 +170,7 @@ class GenerationConfig:
 
 @dataclass
 class LoggingConfig:
-    """Experiment trackers (pita/report/tracker.py): training metrics and the final results table."""
+    """Experiment trackers (pita/tracking.py): training metrics and the final results table."""
 
     # none | tensorboard (event files under <run>/tensorboard/, offline) | wandb (needs pip install
     # wandb; WANDB_MODE=offline keeps it on disk): TRL's report_to, the value-model and proxy

@@ -103,7 +103,7 @@ def validate_config(cfg: DictConfig, models: bool = False) -> None:
             p.append(unknown_name("algos", name, ALGORITHMS.names()) + " (algos.<name> holds the settings of a "
                      "registered algorithm)")
     if cfg.get("logging") is not None:
-        from pita.report.tracker import check_tracker
+        from pita.tracking import check_tracker
 
         p += check_tracker(cfg.logging.tracker)
     ev = cfg.eval

@@ -98,7 +98,7 @@ def proxy_train(ctx):
 
     from pita.guidance.rollouts import continuation_pairs, read_rounds, sequence_ids
     from pita.guidance.train import PairExample, TrainSettings, train
-    from pita.report.tracker import tracker_settings
+    from pita.tracking import tracker_settings
     from pita.guidance.value_model import ValueModel
     from pita.models.lm import default_device
 

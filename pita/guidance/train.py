@@ -151,10 +151,10 @@ def calibrate(vm, examples: list[SeqExample], pad_id: int = 0, device: str = "cp
 def train(vm, examples: list, s: TrainSettings, logger: logging.Logger = log, pad_id: int = 0,
           device: str = "cpu", tracker=None) -> list[dict]:
     """Train in place; returns the loss curve [{"epoch", "step", "loss"}]. With ``tracker``
-    (``pita.report.tracker.TrackerSettings``) every step's loss also goes to that tracker."""
+    (``pita.tracking.TrackerSettings``) every step's loss also goes to that tracker."""
     if not examples:
         raise JobError("no training examples: the data collection produced nothing usable")
-    from pita.report.tracker import open_tracker
+    from pita.tracking import open_tracker
 
     with open_tracker(tracker) as t:
         return _train(vm, examples, s, logger, pad_id, device, t)

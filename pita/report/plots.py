@@ -18,17 +18,13 @@ from __future__ import annotations
 
 import json
 import math
-import zlib
 from pathlib import Path
 
 from pita.report.intervals import metric_of
+from pita.report.roster import BASE_COLOUR, Roster
 
-BASE_COLOUR = "dimgray"
 # (marker, line style) of rounds 0, 1, 2, ...
 ROUND_STYLES = [("o", "-"), ("s", "--"), ("^", ":"), ("D", "-."), ("v", (0, (5, 1))), ("P", (0, (3, 1, 1, 1)))]
-# tab10 without its grey (the base model's colour)
-PALETTE = ["tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple", "tab:brown", "tab:pink", "tab:olive",
-           "tab:cyan", "navy", "darkgoldenrod", "teal"]
 
 
 def _plt():
@@ -38,27 +34,6 @@ def _plt():
     import matplotlib.pyplot as plt
 
     return plt
-
-
-def algorithm_order(names) -> list[str]:
-    """Registered algorithms in registration order, then any others sorted (base excluded)."""
-    from pita.algos import ALGORITHMS
-
-    reg = ALGORITHMS.names(ordered=True)
-    names = set(names) - {"base"}
-    return [a for a in reg if a in names] + sorted(names - set(reg))
-
-
-def colour_of(algo: str) -> str:
-    """The algorithm's colour in every plot: fixed by its place in the registry."""
-    from pita.algos import ALGORITHMS
-
-    if algo == "base":
-        return BASE_COLOUR
-    reg = ALGORITHMS.names(ordered=True)
-    # an unregistered name (a plug-in not imported here) gets a colour fixed by its name
-    i = reg.index(algo) if algo in reg else len(reg) + zlib.crc32(algo.encode()) % (len(PALETTE) - len(reg))
-    return PALETTE[i % len(PALETTE)]
 
 
 def round_style(rnd) -> tuple:
@@ -72,11 +47,11 @@ def _err(values, los, his):
     return [lo, hi]
 
 
-def _legends(ax, plt, algos: list[str], rounds: list, extra: list = ()):
+def _legends(ax, plt, algos: list[str], rounds: list, roster: Roster, extra: list = ()):
     """Two legends outside the axes: colour = algorithm, marker and line style = round."""
     from matplotlib.lines import Line2D
 
-    h1 = [Line2D([], [], color=colour_of(a), lw=2.5, label=a) for a in algos] + list(extra)
+    h1 = [Line2D([], [], color=roster.colour(a), lw=2.5, label=a) for a in algos] + list(extra)
     leg = ax.legend(handles=h1, title="algorithm", fontsize=7, title_fontsize=7, loc="upper left",
                     bbox_to_anchor=(1.01, 1.0))
     ax.add_artist(leg)
@@ -138,7 +113,7 @@ def _save(fig, plt, path: Path) -> Path:
     return path
 
 
-def plot_frontier(rows: list[dict], eval_ds: str, out: Path) -> Path:
+def plot_frontier(rows: list[dict], eval_ds: str, out: Path, roster: Roster = Roster()) -> Path:
     """One panel per round (same y axis): each algorithm's points of that round, value-guided
     ones joined across eta with eta written beside each point (eta 0 is the base model's star)."""
     from matplotlib.lines import Line2D
@@ -151,7 +126,7 @@ def plot_frontier(rows: list[dict], eval_ds: str, out: Path) -> Path:
     for r in rows:
         if r["algorithm"] != "base":
             series.setdefault((r["algorithm"], r["train_dataset"], int(r["round"])), []).append(r)
-    order = algorithm_order({a for a, _, _ in series})
+    order = roster.order({a for a, _, _ in series})
     rounds = sorted({k[2] for k in series}) or [0]
     fig, axes = plt.subplots(1, len(rounds), figsize=(4.6 * len(rounds) + 0.8, 4.6), sharey=True, squeeze=False)
     xs_all = [float(r.get("kl") or 0.0) for r in rows]
@@ -164,7 +139,7 @@ def plot_frontier(rows: list[dict], eval_ds: str, out: Path) -> Path:
             pts = sorted(pts, key=lambda r: float(r["eta"]))
             xs, ys = [float(r.get("kl") or 0.0) for r in pts], [r[m] for r in pts]
             marker, ls = round_style(rnd)
-            c = colour_of(algo)
+            c = roster.colour(algo)
             ax.errorbar(xs, ys, yerr=_err(ys, [r.get(f"{m}_ci_lo") for r in pts], [r.get(f"{m}_ci_hi") for r in pts]),
                         xerr=_err(xs, [r.get("kl_ci_lo") for r in pts], [r.get("kl_ci_hi") for r in pts]),
                         color=c, marker=marker, ls=ls if len(pts) > 1 else "none", ms=5, lw=1.3, elinewidth=0.7,
@@ -185,13 +160,13 @@ def plot_frontier(rows: list[dict], eval_ds: str, out: Path) -> Path:
     if swept:
         extra.append(Line2D([], [], marker="o", ms=10, mfc="none", mec="black", ls="none",
                             label="η chosen on validation"))
-    _legends(axes[0][-1], plt, order, rounds, extra)
+    _legends(axes[0][-1], plt, order, rounds, roster, extra)
     fig.suptitle(f"{eval_ds}: {m} vs KL to the reference (value-guided: one line across η)", fontsize=10)
     fig.tight_layout()
     return _save(fig, plt, out / f"frontier_{eval_ds}.png")
 
 
-def plot_rounds(rows: list[dict], eval_ds: str, out: Path) -> Path:
+def plot_rounds(rows: list[dict], eval_ds: str, out: Path, roster: Roster = Roster()) -> Path:
     from matplotlib.ticker import MaxNLocator
 
     plt = _plt()
@@ -204,7 +179,7 @@ def plot_rounds(rows: list[dict], eval_ds: str, out: Path) -> Path:
     for r in rows:  # value-guided rows at the eta chosen on validation prompts, never the test's best
         if r["algorithm"] != "base" and r.get("selected"):
             chosen.setdefault((r["algorithm"], r["train_dataset"]), []).append(r)
-    order = algorithm_order({a for a, _ in chosen})
+    order = roster.order({a for a, _ in chosen})
     n_algos = max(1, len(order))
     all_rounds = sorted({int(r["round"]) for pts in chosen.values() for r in pts})
     for (algo, train), pts in sorted(chosen.items(), key=lambda kv: (order.index(kv[0][0]), kv[0][1])):
@@ -212,7 +187,7 @@ def plot_rounds(rows: list[dict], eval_ds: str, out: Path) -> Path:
         # a small sideways shift per algorithm keeps overlapping error bars apart
         shift = (order.index(algo) - (n_algos - 1) / 2) * 0.04
         xs, ys = [int(r["round"]) + shift for r in pts], [r[m] for r in pts]
-        c = colour_of(algo)
+        c = roster.colour(algo)
         ax.plot(xs, ys, color=c, lw=1.2)
         for r, x, y in zip(pts, xs, ys):
             marker, _ = round_style(r["round"])
@@ -225,7 +200,7 @@ def plot_rounds(rows: list[dict], eval_ds: str, out: Path) -> Path:
     if all_rounds:
         ax.set_xticks(all_rounds)
         ax.set_xlim(min(all_rounds) - 0.5, max(all_rounds) + 0.5)
-    _legends(ax, plt, order, all_rounds, extra)
+    _legends(ax, plt, order, all_rounds, roster, extra)
     ax.set_xlabel("round (algorithms set slightly apart so that their error bars do not overlap)", fontsize=8)
     ax.set_ylabel(f"{m} (error bars: 95% CI)")
     ax.set_title(f"{eval_ds}: {m} by round (value-guided: η chosen on validation)")
@@ -291,10 +266,10 @@ def training_curves(jobs_dir: Path) -> dict[str, dict[tuple, list[dict]]]:
     return out
 
 
-def plot_training(curves: dict[tuple, list[dict]], dataset: str, out: Path) -> Path | None:
+def plot_training(curves: dict[tuple, list[dict]], dataset: str, out: Path, roster: Roster = Roster()) -> Path | None:
     """``training_<dataset>.png``: one panel per quantity that some job logged, one line per job."""
     plt = _plt()
-    order = algorithm_order({k[0] for k in curves})
+    order = roster.order({k[0] for k in curves})
     panels = []  # (title, [(algo, rnd, xs, ys)])
     for title, kind, key in PANELS.values():
         lines = []
@@ -317,7 +292,7 @@ def plot_training(curves: dict[tuple, list[dict]], dataset: str, out: Path) -> P
     for ax, (title, lines) in zip(flat, panels):
         for algo, rnd, xs, ys in lines:
             marker, ls = round_style(rnd)
-            ax.plot(xs, ys, color=colour_of(algo), ls=ls, marker=marker, ms=3, markevery=max(1, len(xs) // 8),
+            ax.plot(xs, ys, color=roster.colour(algo), ls=ls, marker=marker, ms=3, markevery=max(1, len(xs) // 8),
                     lw=1.0)
             algos.add(algo)
             rounds.add(rnd)
@@ -327,7 +302,7 @@ def plot_training(curves: dict[tuple, list[dict]], dataset: str, out: Path) -> P
         ax.tick_params(labelsize=7)
     for ax in flat[len(panels):]:
         ax.set_visible(False)
-    _legends(flat[cols - 1], plt, algorithm_order(algos), sorted(rounds))
+    _legends(flat[cols - 1], plt, roster.order(algos), sorted(rounds), roster)
     fig.suptitle(f"training on {dataset}: each training job's logged metrics per step (jobs/<id>/metrics.jsonl)",
                  fontsize=10)
     fig.tight_layout()

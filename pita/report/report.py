@@ -19,7 +19,8 @@ from pathlib import Path
 
 from pita.core.paths import RunPaths
 from pita.report.intervals import add_intervals, metric_of
-from pita.report.plots import (algorithm_order, plot_frontier, plot_rounds, plot_timeline, plot_training,
+from pita.report.roster import Roster
+from pita.report.plots import (plot_frontier, plot_rounds, plot_timeline, plot_training,
                                swept_algorithms, training_curves)
 
 
@@ -83,7 +84,7 @@ def _f(v, nd=3) -> str:
     return "" if v is None else (f"{v:.{nd}f}" if isinstance(v, float) else str(v))
 
 
-def _fairness_notes(run: RunPaths, rows: list[dict], swept: set) -> list[str]:
+def _fairness_notes(run: RunPaths, rows: list[dict], swept: set, roster: Roster) -> list[str]:
     """What every row was given: the preference budget, and how eta was chosen."""
     from omegaconf import OmegaConf
 
@@ -93,10 +94,7 @@ def _fairness_notes(run: RunPaths, rows: list[dict], swept: set) -> list[str]:
     except Exception:  # noqa: BLE001 - an unreadable config only loses these two lines
         return []
     out = []
-    from pita.algos import ALGORITHMS
-
-    pref = sorted(a for a in {r["algorithm"] for r in rows}
-                  if a in ALGORITHMS and ALGORITHMS.get(a).uses_preference_pairs)
+    pref = sorted(a for a in {r["algorithm"] for r in rows} if a in roster.preference_pairs)
     if pref:
         out.append(f"- preference budget: {budget} labelled pairs per prompt and round for every "
                    f"preference-learning method ({', '.join(pref)}; `data_collection.pairs_per_prompt`), "
@@ -119,9 +117,10 @@ def _ci(v, lo, hi, nd=3, signed=False) -> str:
     return f(v) + (f" [{f(lo)}, {f(hi)}]" if lo is not None and hi is not None else "")
 
 
-def sort_rows(rows: list[dict]) -> list[dict]:
-    """Base first, then algorithms in registry order, then eval dataset, family, training dataset, round, eta."""
-    order = ["base"] + algorithm_order({r["algorithm"] for r in rows})
+def sort_rows(rows: list[dict], roster: Roster = Roster()) -> list[dict]:
+    """Base first, then algorithms in the roster's (registry) order, then eval dataset, family,
+    training dataset, round, eta."""
+    order = ["base"] + roster.order({r["algorithm"] for r in rows})
     return sorted(rows, key=lambda r: (order.index(r["algorithm"]), r["eval_dataset"], r["family"],
                                        r["train_dataset"], int(r["round"]), float(r["eta"])))
 
@@ -133,7 +132,7 @@ def eta_cell(r: dict, swept: set) -> str:
     return f"{float(r['eta']):g}" + (" (chosen)" if r.get("selected") else "")
 
 
-def headline_rows(rows: list[dict]) -> list[dict]:
+def headline_rows(rows: list[dict], roster: Roster = Roster()) -> list[dict]:
     """Per (eval dataset, family, training dataset, algorithm): the last round's row at the eta
     chosen on validation (the base model's single row; a sweep without a choice is left out)."""
     last: dict[tuple, dict] = {}
@@ -143,7 +142,7 @@ def headline_rows(rows: list[dict]) -> list[dict]:
         key = (r["eval_dataset"], r["family"], r["train_dataset"], r["algorithm"])
         if key not in last or int(r["round"]) > int(last[key]["round"]):
             last[key] = r
-    rows = sort_rows(list(last.values()))
+    rows = sort_rows(list(last.values()), roster)
     return sorted(rows, key=lambda r: r["eval_dataset"])  # stable: per dataset, base first, then algorithms
 
 
@@ -158,8 +157,8 @@ def sample_counts(rows: list[dict]) -> str:
     return "; ".join(f"{ds}: {t}" for ds, t in sorted(text.items()))
 
 
-def headline_table(rows: list[dict], swept: set) -> str:
-    head = headline_rows(rows)
+def headline_table(rows: list[dict], swept: set, roster: Roster = Roster()) -> str:
+    head = headline_rows(rows, roster)
     multi_fam = len({r["family"] for r in rows}) > 1
     cross = any(r["train_dataset"] != r["eval_dataset"] for r in rows if r["algorithm"] != "base")
     header = ["dataset"] + (["family"] if multi_fam else []) + ["algorithm"] + (["trained on"] if cross else []) + \
@@ -177,9 +176,9 @@ def headline_table(rows: list[dict], swept: set) -> str:
     return _md_table(header, tab)
 
 
-def full_table(rows: list[dict], swept: set) -> str:
+def full_table(rows: list[dict], swept: set, roster: Roster = Roster()) -> str:
     tab = []
-    for r in sort_rows(rows):
+    for r in sort_rows(rows, roster):
         m = metric_of(r)
         tab.append([r["algorithm"], r["family"], r["train_dataset"] if r["algorithm"] != "base" else "",
                     r["eval_dataset"], "" if r["algorithm"] == "base" else r["round"], eta_cell(r, swept), m,
@@ -211,8 +210,11 @@ def _interval_note(rows: list[dict]) -> str:
     return text
 
 
-def render(run: RunPaths, rows: list[dict] | None = None) -> Path:
-    """Write results/report.md (and the plots); returns its path."""
+def render(run: RunPaths, rows: list[dict] | None = None, roster: Roster | None = None) -> Path:
+    """Write results/report.md (and the plots); returns its path. ``roster``: the algorithms'
+    order, colours and which learn from preference pairs (the command line passes the
+    registry's); without it, the order of the run's config.yaml."""
+    roster = roster if roster is not None else Roster.of_run(run)
     state = json.loads(run.state.read_text()) if run.state.exists() else {"jobs": {}}
     if rows is None:
         f = run.results / "final_results.json"
@@ -249,20 +251,20 @@ def render(run: RunPaths, rows: list[dict] | None = None) -> Path:
         swept = swept_algorithms(rows)
         lines.append(f"Every row evaluates {sample_counts(rows)}. {_interval_note(rows)}")
         lines.append("")
-        lines += _fairness_notes(run, rows, swept) + [""]
-        lines += ["### Headline: last round, η chosen on validation", "", headline_table(rows, swept), ""]
+        lines += _fairness_notes(run, rows, swept, roster) + [""]
+        lines += ["### Headline: last round, η chosen on validation", "", headline_table(rows, swept, roster), ""]
         if any(r["algorithm"] in swept for r in rows) and not any(r.get("selected") for r in rows
                                                                   if r["algorithm"] in swept):
             lines += ["Value-guided algorithms are missing above: no η was chosen (no validation prompts).", ""]
-        lines += [f"### Every row ({len(rows)})", "", full_table(rows, swept), ""]
+        lines += [f"### Every row ({len(rows)})", "", full_table(rows, swept, roster), ""]
         lines.append("KL is a Monte Carlo estimate over the evaluated samples of log pi(y|x) - log pi_ref(y|x) "
                      "(0 for the base model), against the same untruncated reference for every row; value-guided "
                      "rows at η 0 are the reference itself: the base model's evaluation, reused. η is blank for "
                      "algorithms that do not sweep it.")
         lines.append("")
         for eds in sorted({r["eval_dataset"] for r in rows}):
-            fp = plot_frontier(rows, eds, plots)
-            rp = plot_rounds(rows, eds, plots)
+            fp = plot_frontier(rows, eds, plots, roster)
+            rp = plot_rounds(rows, eds, plots, roster)
             lines += [f"### {eds}", "", f"![frontier]({fp.relative_to(run.results)})",
                       f"![rounds]({rp.relative_to(run.results)})", ""]
     else:
@@ -272,7 +274,7 @@ def render(run: RunPaths, rows: list[dict] | None = None) -> Path:
     if curves:
         lines += ["## Training", "", "Per step, from each training job's `jobs/<id>/metrics.jsonl`.", ""]
         for ds in sorted(curves):
-            tp = plot_training(curves[ds], ds, plots)
+            tp = plot_training(curves[ds], ds, plots, roster)
             if tp is not None:
                 lines += [f"![training {ds}]({tp.relative_to(run.results)})", ""]
     lines.append("## Compute")

@@ -16,9 +16,14 @@ from __future__ import annotations
 
 import csv
 import json
+import logging
 
 from pita.core.paths import RunPaths, atomic_write_json
 from pita.report.intervals import CI_COLUMNS, add_intervals, metric_of as _metric
+from pita.report.roster import Roster
+from pita.tracking import open_tracker, settings_for
+
+log = logging.getLogger(__name__)
 
 COLUMNS = ["algorithm", "family", "train_dataset", "round", "eval_dataset", "eta", "selected", "pass@1", "pass@1_stderr",
            "maj@n", "first_sample_acc", "mean_reward", "mean_reward_stderr", "kl", "kl_stderr", "n", "prompts",
@@ -108,7 +113,7 @@ def cell_name(r: dict) -> str:
             f".eta{float(r['eta']):g}")
 
 
-def write(run: RunPaths) -> list[dict]:
+def write(run: RunPaths, roster: Roster | None = None) -> list[dict]:
     rows, val = collect(run)
     if not rows:
         return rows
@@ -129,9 +134,7 @@ def write(run: RunPaths) -> list[dict]:
         w.writeheader()
         for r in rows:
             w.writerow(r)
-    from pita.report.tracker import send_results
-
-    send_results(run, rows)  # logging.tracker: the final table (does nothing without one)
+    send_results(run, rows, roster)  # logging.tracker: the final table (does nothing without one)
     return rows
 
 
@@ -156,3 +159,32 @@ def table(rows: list[dict]) -> str:
 
 def _same_cell(a: dict, b: dict) -> bool:
     return all(a[k] == b[k] for k in ("algorithm", "family", "train_dataset", "round", "eval_dataset"))
+
+
+def send_results(run: RunPaths, rows: list[dict], roster: Roster | None = None) -> None:
+    """The final results to the run's tracker: the table as text, and each reported value
+    (base, and every algorithm at its chosen eta) as a scalar per round. Never raises."""
+    try:
+        from omegaconf import OmegaConf
+
+        cfg = OmegaConf.load(run.config) if run.config.exists() else None
+        s = settings_for(cfg, run, "results")
+        if s.kind == "none" or not rows:
+            return
+        from pita.report.intervals import metric_of
+        from pita.report.plots import swept_algorithms
+        from pita.report.report import full_table, headline_table
+
+        swept = swept_algorithms(rows)
+        roster = roster if roster is not None else Roster.of_run(run)
+        with open_tracker(s) as t:
+            t.text("results/headline", headline_table(rows, swept, roster))
+            t.text("results/all_rows", full_table(rows, swept, roster))
+            for r in rows:
+                if r["algorithm"] == "base" or r.get("selected"):
+                    m = metric_of(r)
+                    tag = f"{r['eval_dataset']}/{r['algorithm']}"
+                    t.log({f"{tag}/{m}": r[m], f"{tag}/kl": r.get("kl"), f"{tag}/gain": r.get("gain")},
+                          step=int(r["round"]))
+    except Exception as e:  # noqa: BLE001 - results are on disk already
+        log.warning("the results could not be sent to the tracker (%s: %s)", type(e).__name__, e)

@@ -1,4 +1,5 @@
-"""Experiment trackers: training metrics and the final results table, to TensorBoard or Weights & Biases.
+"""Experiment trackers: training metrics (and, from the report, the final results table) to
+TensorBoard or Weights & Biases. A component the training jobs use, below the algorithms.
 
     logging.tracker=none          nothing (the default); metrics.jsonl and results/ as always
     logging.tracker=tensorboard   event files under <run>/tensorboard/<job id>/ and <run>/tensorboard/results/;
@@ -10,8 +11,8 @@
 A training job gets its settings with ``tracker_settings(ctx)`` (from the run's config, so
 changing the tracker never changes a job's fingerprint): TRL jobs pass them to
 ``training_args`` (TRL's ``report_to``), value-model and proxy training to
-``pita.guidance.train.train``, which writes each optimizer step. ``send_results`` logs the final
-table when results are written. A tracker that cannot be opened is logged and skipped: the
+``pita.guidance.train.train``, which writes each optimizer step. ``pita.report.results.send_results``
+logs the final table when results are written. A tracker that cannot be opened is logged and skipped: the
 run's own files are the record.
 """
 
@@ -175,31 +176,3 @@ def prepare_trl(s: TrackerSettings | None) -> dict:
         os.environ["WANDB_RUN_GROUP"] = s.group
         os.environ.setdefault("WANDB_DIR", s.dir)
     return {"report_to": s.report_to, "run_name": s.name}
-
-
-def send_results(run: RunPaths, rows: list[dict]) -> None:
-    """The final results to the run's tracker: the table as text, and each reported value
-    (base, and every algorithm at its chosen eta) as a scalar per round. Never raises."""
-    try:
-        from omegaconf import OmegaConf
-
-        cfg = OmegaConf.load(run.config) if run.config.exists() else None
-        s = settings_for(cfg, run, "results")
-        if s.kind == "none" or not rows:
-            return
-        from pita.report.report import full_table, headline_table
-        from pita.report.intervals import metric_of
-        from pita.report.plots import swept_algorithms
-
-        swept = swept_algorithms(rows)
-        with open_tracker(s) as t:
-            t.text("results/headline", headline_table(rows, swept))
-            t.text("results/all_rows", full_table(rows, swept))
-            for r in rows:
-                if r["algorithm"] == "base" or r.get("selected"):
-                    m = metric_of(r)
-                    tag = f"{r['eval_dataset']}/{r['algorithm']}"
-                    t.log({f"{tag}/{m}": r[m], f"{tag}/kl": r.get("kl"), f"{tag}/gain": r.get("gain")},
-                          step=int(r["round"]))
-    except Exception as e:  # noqa: BLE001 - results are on disk already
-        log.warning("the results could not be sent to the tracker (%s: %s)", type(e).__name__, e)

@@ -1,0 +1,281 @@
+"""``pita run`` / ``python run_parallel.py``: compose, validate, plan and run an experiment.
+
+    run_main(argv)                       # the entry point: --help, override checks, Hydra, exit code
+    run_experiment(cfg, overrides)       # one run (or one sweep point) from a composed config
+
+Plan, validate everything (model folders included) before a run folder exists, make it (or take
+over ``resume_from``'s), run the job graph with the executor, then write the results and the
+report.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf
+
+from pita.cli.help import help_text
+from pita.cli.overrides import CONF_DIR, check_cli_overrides, normalize_argv
+from pita.cli.report import algorithm_roster, print_summary, write_report
+from pita.cli.resume import EXECUTION_KEYS, OWNED, _resume_config, _task_overrides
+from pita.core.errors import ConfigError, ResumeError
+
+log = logging.getLogger("pita")
+_exit_codes: list[int] = []  # one per experiment run by this process (a sweep runs several)
+
+
+def run_experiment(cfg: DictConfig, overrides: list[str] | None = None, run_dir: Path | None = None) -> int:
+    """Plan, validate, run; return the exit code. ConfigError -> message and 2. ``run_dir``: the
+    new run's folder (a sweep point's), instead of <system.output_dir>/<experiment.name>/<time>."""
+    try:
+        return _run_experiment(cfg, overrides, run_dir)
+    finally:  # a refused resume (graph changed, bad override) is not an orchestrator that died
+        while OWNED:
+            OWNED.pop().release()
+
+
+def _run_experiment(cfg: DictConfig, overrides: list[str] | None, run_dir: Path | None) -> int:
+    from pita.core.state import is_disk_full
+
+    try:
+        return _run(cfg, _task_overrides(overrides), run_dir)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        log.debug("configuration error", exc_info=True)
+        return 2
+    except OSError as e:
+        if not is_disk_full(e):
+            raise
+        print(f"error: no space left on device ({e}); free space (at least system.min_free_gb="
+              f"{cfg.system.min_free_gb:g} GiB) under {cfg.system.output_dir}; a run folder that was started "
+              f"resumes with resume_from= once space is freed", file=sys.stderr)
+        return 1
+
+
+def _run(cfg: DictConfig, overrides: list[str], run_dir: Path | None = None) -> int:
+    from pita.config.validate import validate_config
+    from pita.core.backends import make_backend
+    from pita.core.executor import Executor, ExecutorSettings
+    from pita.core.gpu_manager import GPUManager, usable_cores
+    from pita.core.graph import JobGraph
+    from pita.core.logs import setup_logging
+    from pita.core.paths import RunPaths, atomic_write
+    from pita.core.state import StateStore
+    from pita.plans import build_plan
+
+    resume = cfg.get("resume_from")
+    owner = rebuilt = None
+    if resume:
+        run, saved, cfg, changed, owner, rebuilt = _resume_config(cfg, overrides)
+    validate_config(cfg, models=True)  # model folders and hub ids too: before any folder is made
+    sy, ex = cfg.system, cfg.executor
+    cpu_n = min(usable_cores(), 2) if sy.cpu_devices == "auto" else int(sy.cpu_devices)
+    devices = sy.devices if isinstance(sy.devices, str) else list(sy.devices)
+    ray_backend = None
+    if ex.backend == "ray":
+        gpus, ray_backend = _ray_inventory(ex, cpu_n)
+    else:
+        gpus = GPUManager.detect(devices, cpu_devices=cpu_n)
+    if not sy.use_parallel_execution:  # one job at a time: the first device only, one job on it
+        gpus.devices = gpus.devices[:1]
+    totals = [d.total_bytes for d in gpus.devices]
+    if ex.backend == "local":  # made now: a warm process imports torch and TRL while the plan is built
+        from pita.core.backends.local import HEAVY_PRELOAD, describe_worker_start, resolve_worker_start
+
+        start = resolve_worker_start(ex.worker_start, gpus.is_cpu)
+        backend = make_backend("local", kill_grace_s=ex.kill_grace_s, worker_start=start,
+                               preload=HEAVY_PRELOAD if cfg.experiment.workload != "synthetic" else ())
+        start_note = f"workers: {describe_worker_start(start)} (executor.worker_start={ex.worker_start})"
+    else:
+        backend = ray_backend if ex.backend == "ray" else make_backend(ex.backend)
+        start_note = f"workers: {ex.backend} backend"
+    try:
+        planned = build_plan(cfg, totals, cuda=not gpus.is_cpu)
+        if len(planned) > ex.max_jobs:
+            raise ConfigError(f"the plan has {len(planned)} jobs, more than executor.max_jobs={ex.max_jobs}: plan fewer "
+                              f"rounds, algorithms or datasets, or raise executor.max_jobs")
+        graph = JobGraph(planned).validate(totals, ex.memory_margin)
+
+        if resume:
+            saved_jobs = StateStore(run.state).read()["jobs"]
+            old_fp = {k: v.get("fingerprint") for k, v in saved_jobs.items()}
+            new_fp = graph.fingerprints()
+            if rebuilt:  # only jobs that started left their fingerprint (launch.json)
+                old_fp = {k: v for k, v in old_fp.items() if v is not None}
+                differs = sorted(j for j in old_fp if old_fp[j] != new_fp.get(j))
+            else:
+                differs = sorted(j for j in set(old_fp) | set(new_fp) if old_fp.get(j) != new_fp.get(j))
+            graph_keys = [k for k in changed if not k.startswith(EXECUTION_KEYS)]
+            if differs and not cfg.resume_force:
+                raise ResumeError(
+                    f"the overrides change the job graph of {run.root} ({len(differs)} job(s) differ, e.g. "
+                    f"{', '.join(differs[:3])}); keys that differ from the saved config: "
+                    f"{', '.join(graph_keys or changed) or '(none)'}. Drop those overrides, or pass resume_force=true "
+                    f"to re-run the changed jobs and everything after them")
+            if differs:
+                stale = set(differs)
+                for j in differs:
+                    if j in graph.by_id:
+                        stale.update(graph.descendants(j))
+                for j in stale:
+                    if j in graph.by_id:
+                        run.job(j).clear_for_rerun()
+        else:
+            from pita.core.owner import OwnerLock
+
+            if run_dir is not None:  # a sweep point: its folder is named by its overrides (pita/sweep.py)
+                RunPaths.check_name(cfg.experiment.name)
+                run = RunPaths.create_at(run_dir, output_dir=sy.output_dir, min_free_bytes=sy.min_free_gb * 2**30)
+            else:
+                run = RunPaths.create(sy.output_dir, cfg.experiment.name, min_free_bytes=sy.min_free_gb * 2**30)
+            owner = OwnerLock(run.root)
+            OWNED.append(owner)
+            try:
+                owner.acquire()
+            except OSError as e:
+                _remove_new_run(run, owner)
+                raise ConfigError(f"cannot write to the new run folder {run.root} ({e.strerror}); "
+                                  f"{_space_hint(sy, run.root, e)}") from e
+        try:
+            atomic_write(run.config, OmegaConf.to_yaml(cfg, resolve=True) if not resume else OmegaConf.to_yaml(cfg))
+        except OSError as e:
+            if not resume:  # nothing ran and nothing is kept: the next try starts clean
+                _remove_new_run(run, owner)
+            raise ConfigError(f"cannot write {run.config} ({e.strerror}); {_space_hint(sy, run.root, e)}"
+                              + ("" if not resume else "; the run folder is unchanged: resume it again then")) from e
+        setup_logging(run.run_log)
+        log.info("run folder: %s", run.root)
+        from pita.models.families import family_build_note
+
+        if note := family_build_note(graph.jobs):
+            log.info("%s", note)
+        if not sy.use_parallel_execution:
+            log.info("system.use_parallel_execution=false: one job at a time on %s", gpus.devices[0].label)
+        if resume:
+            log.info("resuming %s%s", run.root, f" with changed keys: {', '.join(changed)}" if changed else "")
+        settings = ExecutorSettings(
+            oom_retries=ex.oom_retries, crash_retries=ex.crash_retries, job_timeout_s=ex.job_timeout_s,
+            kill_grace_s=ex.kill_grace_s, poll_interval_s=ex.poll_interval_s, memory_margin=ex.memory_margin,
+            max_jobs_per_device=1 if not sy.use_parallel_execution else (
+                ex.max_jobs_per_device if ex.max_jobs_per_device is not None else (1 if gpus.is_cpu else None)),
+            max_cpu_jobs=1 if not sy.use_parallel_execution else (ex.max_cpu_jobs or usable_cores()),
+            starvation_passes=ex.starvation_passes,
+            gpu_summary_interval_s=sy.gpu_summary_interval_s, progress=ex.progress,
+            progress_interval_s=ex.progress_interval_s,
+            threads_per_job=max(1, usable_cores() // len(gpus.devices)) if gpus.is_cpu else None,
+            max_running=None if sy.use_parallel_execution else 1, min_free_gb=sy.min_free_gb,
+            learn_memory=ex.learn_memory)
+        log.info("%s", start_note)
+        config_dict = OmegaConf.to_container(cfg, resolve=True)
+        summary = Executor(graph, gpus, backend, run, settings, config_dict, owner=owner).run()
+    except BaseException:
+        backend.close()  # nothing ran, or the run is over: no warm process left behind
+        if owner is not None:
+            owner.release()
+        raise
+    if summary.disk_full:
+        owner.release()
+        print_summary(summary, run)
+        print(f"error: {summary.disk_full}", file=sys.stderr)
+        return summary.exit_code
+    from pita.report.results import table, write
+
+    rows = write(run, algorithm_roster())
+    if rows:
+        print("\n" + table(rows))
+        print(f"results: {run.results / 'results.csv'}")
+    write_report(run, rows)
+    owner.release()
+    print_summary(summary, run)
+    return summary.exit_code
+
+
+def _space_hint(sy, root, e: OSError) -> str:
+    from pita.core.state import is_disk_full
+
+    if not is_disk_full(e):
+        return "check the permissions there, or choose another system.output_dir"
+    import shutil
+
+    try:
+        free = f"{shutil.disk_usage(root if Path(root).exists() else sy.output_dir).free / 2**20:.1f} MiB free"
+    except OSError:
+        free = "no space left"
+    return (f"the disk of system.output_dir={sy.output_dir!r} is full ({free}): free at least "
+            f"{max(sy.min_free_gb, 1.0):g} GiB there (system.min_free_gb), or point system.output_dir at another disk")
+
+
+def _remove_new_run(run, owner) -> None:
+    """A run folder that could not even hold its config: remove it rather than leave a husk."""
+    import shutil
+
+    try:
+        owner.release()
+    except OSError:
+        pass
+    shutil.rmtree(run.root, ignore_errors=True)
+
+
+def _ray_inventory(ex, cpu_n: int):
+    """Join (or start) Ray and start the backend's per-GPU actors; the executor plans with one
+    device per cluster GPU (memory from executor.ray.gpu_memory_gb, else this node's first GPU,
+    else 80 GiB), or with CPU devices when the cluster has no GPU."""
+    from pita.core.backends.ray import RayBackend, connect
+    from pita.core.gpu_manager import GPUManager
+
+    rc = ex.ray
+    owns = connect(rc.address, rc.num_gpus, rc.num_cpus)
+    backend = RayBackend(owns_ray=owns, kill_grace_s=ex.kill_grace_s)
+    if not backend.gpu_runners:
+        return GPUManager.cpu_inventory(cpu_n), backend
+    if rc.gpu_memory_gb:
+        total = int(rc.gpu_memory_gb * 2**30)
+    else:
+        local = GPUManager.detect("auto", cpu_devices=1)
+        total = local.devices[0].total_bytes if not local.is_cpu else int(80 * 2**30)
+    return GPUManager(backend.devices(total), source="ray"), backend
+
+
+def _task(cfg: DictConfig):
+    """Hydra's task function: one run, or one point of a sweep (``-m``; pita/sweep.py names its
+    folder and skips the points after an interrupted one)."""
+    from pita import sweep
+
+    point = sweep.current()
+    if point is not None and point.skip:
+        return None
+    _exit_codes.append(run_experiment(cfg, run_dir=point.folder if point is not None else None))
+    return _exit_codes[-1]
+
+
+def run_main(argv: list[str] | None = None, prog: str = "python run_parallel.py") -> int:
+    """Start an experiment and return its exit code: ``python run_parallel.py ...``, ``pita run
+    ...`` and ``python -m pita run ...`` all come here. ``-h`` / ``--help`` print our page
+    (Hydra's own stays at ``--hydra-help``); ``--multirun`` / ``-m`` may stand anywhere; bad
+    overrides exit 2 before Hydra composes anything."""
+    import hydra
+
+    from pita import sweep
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if any(a in ("-h", "--help") for a in argv):
+        print(help_text(prog))
+        return 0
+    argv = normalize_argv(argv)
+    check_cli_overrides(argv)
+    main = hydra.main(config_path=str(CONF_DIR), config_name="config", version_base=None)(_task)
+    before = len(_exit_codes)
+    saved, sys.argv = sys.argv, [prog, *argv]  # Hydra reads its command line from sys.argv
+    try:
+        main()
+    except KeyboardInterrupt:  # outside the executor's own handling (composing, planning, between points)
+        print("interrupted", file=sys.stderr)
+        _exit_codes.append(130)
+        sweep.close(interrupted=True)
+    finally:
+        sys.argv = saved
+        sweep.close()  # a sweep cut short (Ctrl-C between points, an error) still gets its summary
+    return max(_exit_codes[before:], default=0)
+
