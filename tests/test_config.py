@@ -78,6 +78,9 @@ def test_default_config_is_valid():
     ({"synthetic": {"memory_gb": -1}}, "synthetic.memory_gb=-1.0: must be >= 0"),
     ({"synthetic": {"rounds": 0}}, "synthetic.rounds=0"),
     ({"synthetic": {"algos": []}}, "synthetic.algos=[]"),
+    ({"system": {"attn_impl": "flash_attn"}},
+     "system.attn_impl='flash_attn' is not known (did you mean 'flash_attention_2'?); choose one of: eager, "
+     "flash_attention_2, sdpa"),
 ])
 def test_each_problem_is_reported(groups, fragment):
     with pytest.raises(ConfigError) as ei:
@@ -218,3 +221,58 @@ def test_the_guides_generation_batch_size_sets_the_data_generation_batch():
     assert cfg.data_collection.batch_size == 64  # unset: data_collection's own value
     with pytest.raises(ConfigError, match=r"generation.batch_size=0: must be a positive integer"):
         validate_config(_compose("generation.batch_size=0"))
+
+
+def test_a_disabled_algorithm_leaves_the_plan_and_config_yaml_shows_what_ran(capsys):
+    """algos.<A>.enabled=false (the user guide's switch) drops A as leaving it out of
+    experiment.algos would; with every listed algorithm disabled there is nothing to run: exit 2."""
+    cfg = _compose("experiment.algos=[PITA,DPO,GRPO]", "algos.PITA.enabled=false", "algos.GRPO.enabled=false")
+    validate_config(cfg)
+    assert list(cfg.experiment.algos) == ["DPO"]
+    assert "left out PITA, GRPO (algos.<name>.enabled=false); running DPO" in capsys.readouterr().err
+    validate_config(cfg)  # a config already applied (a resume) stays as it is
+    assert list(cfg.experiment.algos) == ["DPO"]
+    with pytest.raises(ConfigError, match=r"experiment.algos=\['PITA'\]: every one of them has enabled=false "
+                                          r"\(algos.PITA.enabled\); set one to true"):
+        validate_config(_compose("experiment.algos=[PITA]", "algos.PITA.enabled=false"))
+
+
+def test_the_plan_leaves_a_disabled_algorithm_out(tiny_cache):
+    from pita.plans import build_plan
+
+    cfg = _compose("experiment.datasets=[arith]", "algos.QSharp.enabled=false", f"system.cache_dir={tiny_cache}")
+    validate_config(cfg)
+    algos = {j.id.split(".")[0] for j in build_plan(cfg, [int(8e9)])}
+    assert "QSharp" not in algos and {"PITA", "DPO", "GRPO"} <= algos
+
+
+@pytest.mark.parametrize("env, refused", [
+    ({}, False), ({"WORLD_SIZE": "1", "RANK": "0"}, False), ({"WORLD_SIZE": "4", "RANK": "0"}, True),
+    ({"WORLD_SIZE": "4", "RANK": "3", "LOCAL_RANK": "3"}, True), ({"WORLD_SIZE": "x"}, False)])
+def test_an_orchestrator_started_as_one_of_several_ranks_is_refused(env, refused):
+    from pita.cli.run import launcher_problem
+
+    problem = launcher_problem(env)
+    assert bool(problem) == refused
+    if refused:
+        assert f"rank {env['RANK']} of WORLD_SIZE=4" in problem and "algos.<DPO|GRPO|GRPO-HF>.devices" in problem
+
+
+def test_torchrun_style_launch_exits_2_before_anything_starts(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, WORLD_SIZE="4", RANK="2", LOCAL_RANK="2")
+    r = subprocess.run([sys.executable, os.path.join(root, "run_parallel.py"), f"system.output_dir={tmp_path}"],
+                       cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "distributed launcher" in r.stderr
+    assert not any(tmp_path.iterdir())  # no run folder
+
+
+def test_the_help_page_says_what_micro_batch_auto_does():
+    from pita.cli import help_text
+
+    text = " ".join(help_text().split())
+    assert "training.micro_batch_size=0" in text and "It starts the run: pita plan (to come)" in text

@@ -37,7 +37,7 @@ add_kind_module("pita.eval.jobs")  # eval.merge, the last job of every evaluatio
 class AlgoConfig:
     """Keys every algorithm has (each algorithm's dataclass adds its own)."""
 
-    enabled: bool = True  # kept for configs written for other tools; experiment.algos picks what runs
+    enabled: bool = True  # false leaves the algorithm out of experiment.algos (the user guide's switch)
     batch_size: int = 32  # sequences per optimizer step (the effective batch, whatever the devices)
     lr: float = 1e-4  # learning rate
     gradient_checkpointing: Optional[bool] = None  # null: training.gradient_checkpointing

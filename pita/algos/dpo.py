@@ -123,7 +123,9 @@ def dpo_train(ctx):
     cut = sum((r.get("chosen_finish") == "length") + (r.get("rejected_finish") == "length") for r in pairs)
     args = training_args(TRLDPOConfig, p, str(ctx.paths.artifacts / "trainer"), cuda, tracker_settings(ctx),
                          num_train_epochs=p["epochs"],
-                         max_length=p["max_length"])
+                         max_length=p["max_length"],
+                         # named, not left to TRL's defaults (which move between releases)
+                         loss_type=["sigmoid"], label_smoothing=0.0, truncation_mode="keep_start")
     ctx.log.info("DPO from %s on %d pairs (of %d; ties dropped; %d completion(s) cut off by the length limit, "
                  "trained without an end of turn), reference policy %s, beta %s", path, len(pairs), len(records), cut,
                  "original" if ref_model is not None or not p["policy_from"] else "previous", p["beta"])

@@ -183,10 +183,14 @@ def grpo_trainer(ctx, p: dict):
     from pita.tracking import tracker_settings
 
     steps = grpo_steps(p, len(examples))
+    # TRL's GRPO defaults moved between releases (loss bnpo up to 0.23, dapo from 0.24; reward
+    # scaling a bool before "group"): the ones every result so far was measured with, named here
     args = training_args(TRLGRPOConfig, p, str(ctx.paths.artifacts / "trainer"), cuda, tracker_settings(ctx),
                          max_steps=steps,
                          num_generations=p["num_generations"], max_completion_length=p["max_completion_length"],
-                         temperature=p["temperature"], **extra)
+                         temperature=p["temperature"], loss_type="dapo", scale_rewards="group",
+                         importance_sampling_level="token", mask_truncated_completions=False, num_iterations=1,
+                         **extra)
     # TRL builds its KL reference from the path the policy was loaded from, which after round 0 is
     # the previous round's checkpoint; point it at the original model (what every row's KL, and
     # DPO's reference, are measured against) unless the user asked for the previous policy

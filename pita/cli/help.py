@@ -18,7 +18,14 @@ EXIT_CODES = (  # what run_main returns; help_text and the README list these
 
 # The keys the help page lists (with their defaults and meanings, read from the schema).
 HELP_KEYS = ("experiment.", "system.output_dir", "system.devices", "system.cache_dir", "system.seed",
-             "executor.", "resume_from", "resume_force")
+             "executor.", "resume_from", "resume_force", "training.micro_batch_size")
+# keys whose one-line note would hide what a new user needs to know: the whole note, on more lines
+LONG_NOTES = {
+    "training.micro_batch_size": "rows per forward/backward; 0: the whole batch; auto (the gpu auto preset "
+                                 "sets it): chosen from the memory estimate when a run starts and written to its "
+                                 "config.yaml. It starts the run: pita plan (to come) will show the choice "
+                                 "without running",
+}
 
 def help_text(prog: str = "pita run") -> str:
     """The page ``pita --help``, ``pita run --help`` and ``python run_parallel.py --help`` print:
@@ -69,6 +76,11 @@ def help_text(prog: str = "pita run") -> str:
         if not key.startswith(HELP_KEYS) or key.startswith("executor.ray."):
             continue
         note = " ".join(note.split())
+        if key in LONG_NOTES:
+            lines = textwrap.wrap(LONG_NOTES[key], 56)
+            out.append(f"  {f'{key}={default}':<40} {lines[0]}")
+            out += [f"  {'':<40} {line}" for line in lines[1:]]
+            continue
         if len(note) > 64:
             note = note[:61].rsplit(" ", 1)[0] + " ..."
         pair = f"{key}={default}"

@@ -5,12 +5,13 @@
 
 Plan, validate everything (model folders included) before a run folder exists, make it (or take
 over ``resume_from``'s), run the job graph with the executor, then write the results and the
-report.
+report. A distributed launcher (torchrun) is refused: pita starts its own process per device.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from pathlib import Path
 
@@ -250,6 +251,24 @@ def _task(cfg: DictConfig):
     return _exit_codes[-1]
 
 
+def launcher_problem(env) -> str | None:
+    """Started by a distributed launcher (torchrun, accelerate launch, deepspeed) as one of several
+    ranks: every rank would be an orchestrator competing for one run folder. pita is started
+    once and starts one process per device itself; a job gets several devices from the plan."""
+    try:
+        world = int(env.get("WORLD_SIZE") or 1)
+    except ValueError:
+        world = 1
+    if world <= 1:
+        return None
+    rank = env.get("RANK", "?")
+    return (f"started as rank {rank} of WORLD_SIZE={world} by a distributed launcher (torchrun or the like): "
+            f"each rank would start its own orchestrator on the same run folder. Start pita once, e.g. "
+            f"`python run_parallel.py ...`: it runs a worker per device itself, and a training job that needs "
+            f"several GPUs gets them from algos.<DPO|GRPO|GRPO-HF>.devices=k (data-parallel ranks started for that "
+            f"job alone)")
+
+
 def run_main(argv: list[str] | None = None, prog: str = "python run_parallel.py") -> int:
     """Start an experiment and return its exit code: ``python run_parallel.py ...``, ``pita run
     ...`` and ``python -m pita run ...`` all come here. ``-h`` / ``--help`` print our page
@@ -263,6 +282,10 @@ def run_main(argv: list[str] | None = None, prog: str = "python run_parallel.py"
     if any(a in ("-h", "--help") for a in argv):
         print(help_text(prog))
         return 0
+    problem = launcher_problem(os.environ)
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
+        return 2
     argv = normalize_argv(argv)
     check_cli_overrides(argv)
     main = hydra.main(config_path=str(CONF_DIR), config_name="config", version_base=None)(_task)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import sys
 
 from omegaconf import DictConfig, ListConfig
 
@@ -72,6 +73,10 @@ def validate_config(cfg: DictConfig, models: bool = False) -> None:
         p.append(unknown_name("executor.progress", ex.progress, PROGRESS))
     need(ex.progress_interval_s > 0, "executor.progress_interval_s", ex.progress_interval_s, "must be > 0")
     need(sy.gpu_summary_interval_s > 0, "system.gpu_summary_interval_s", sy.gpu_summary_interval_s, "must be > 0")
+    from pita.models.families import ATTN_IMPLS
+
+    if sy.attn_impl not in ATTN_IMPLS:
+        p.append(unknown_name("system.attn_impl", sy.attn_impl, ATTN_IMPLS))
 
     dev = sy.devices
     if isinstance(dev, (list, ListConfig)):
@@ -135,6 +140,12 @@ def validate_config(cfg: DictConfig, models: bool = False) -> None:
     gb = cfg.generation.batch_size
     need(gb is None or (isinstance(gb, int) and not isinstance(gb, bool) and gb >= 1), "generation.batch_size", gb,
          "must be a positive integer (the per-device data-generation batch), or null to use data_collection.batch_size")
+    disabled = disabled_algorithms(cfg)
+    if cfg.experiment.workload == "experiment" and len(cfg.experiment.algos) and \
+            set(cfg.experiment.algos) <= set(disabled):
+        p.append(f"experiment.algos={list(cfg.experiment.algos)}: every one of them has enabled=false "
+                 f"({', '.join(f'algos.{a}.enabled' for a in cfg.experiment.algos)}); set one to true, or list "
+                 f"the algorithms to run in experiment.algos")
     if models:
         from pita.models.sources import check_models
 
@@ -143,3 +154,15 @@ def validate_config(cfg: DictConfig, models: bool = False) -> None:
         raise ConfigError(p)
     if gb is not None:  # the user guide's shorthand, written into the key it stands for
         cfg.data_collection.batch_size = gb
+    if disabled and cfg.experiment.workload == "experiment":
+        # algos.<A>.enabled=false (the user guide's switch) leaves A out of the plan, as leaving it
+        # out of experiment.algos does; config.yaml then shows the list that ran
+        cfg.experiment.algos = [a for a in cfg.experiment.algos if a not in disabled]
+        print(f"note: left out {', '.join(a for a in disabled)} (algos.<name>.enabled=false); running "
+              f"{', '.join(cfg.experiment.algos)}", file=sys.stderr)
+
+
+def disabled_algorithms(cfg: DictConfig) -> list[str]:
+    """The algorithms of ``experiment.algos`` whose ``algos.<name>.enabled`` is false."""
+    return [a for a in cfg.experiment.algos
+            if a in cfg.algos and cfg.algos[a].get("enabled", True) is False]

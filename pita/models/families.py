@@ -19,6 +19,10 @@ from omegaconf import OmegaConf
 from pita.core.errors import ConfigError
 from pita.core.names import unknown_name
 
+# system.attn_impl: how every job loads a model's attention (torch-free here, so the config checks
+# that run before anything starts can name the choices)
+ATTN_IMPLS = ("sdpa", "eager", "flash_attention_2")
+
 log = logging.getLogger(__name__)
 
 CONF_MODEL = Path(__file__).resolve().parent.parent / "conf" / "model"

@@ -37,7 +37,7 @@ log = logging.getLogger(__name__)
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
           "float16": torch.float16, "fp16": torch.float16}
-ATTN_IMPLS = ("sdpa", "eager", "flash_attention_2")
+from pita.models.families import ATTN_IMPLS  # noqa: E402  (re-exported)
 
 
 @dataclass
