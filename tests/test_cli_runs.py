@@ -125,13 +125,13 @@ def test_sigkill_then_resume_reaches_the_same_final_state(tmp_path):
     assert wait_for(lambda: base.exists() and any(base.iterdir()), 30)
     run = only_run(tmp_path / "b", "k")
     assert wait_for(lambda: sum(1 for _ in run.glob("jobs/*/.done")) >= 4, 60)
-    warm = [c for c in psutil.Process(p.pid).children() if "pita.core.zygote" in " ".join(c.cmdline())]
-    assert len(warm) == 1, "CPU runs fork their workers from one warm process"
+    warm = [c for c in psutil.Process(p.pid).children() if "multiprocessing.forkserver" in " ".join(c.cmdline())]
+    assert len(warm) == 1, "CPU runs fork their workers from one fork server"
     p.send_signal(signal.SIGKILL)
     p.wait(timeout=10)
     assert wait_for(lambda: workers_of(run) == [], 5), "orphan workers outlived the orchestrator"
     assert wait_for(lambda: not warm[0].is_running() or warm[0].status() == psutil.STATUS_ZOMBIE, 5), \
-        "the warm process outlived the orchestrator"
+        "the fork server outlived the orchestrator"
     done_before = sum(1 for _ in run.glob("jobs/*/.done"))
     assert 0 < done_before < len(expected)
 

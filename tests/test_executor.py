@@ -155,11 +155,11 @@ def _env_jobs(tmp_path, monkeypatch, start, **env):
     return [run.job(f"e{i}").read_result() for i in range(2)], str(cwd)
 
 
-@pytest.mark.parametrize("start,main", [("forkserver", "pita.core.zygote"), ("exec", "pita.core.worker")])
-def test_forked_and_fresh_workers_see_the_same_world(tmp_path, monkeypatch, start, main):
+@pytest.mark.parametrize("start,how", [("forkserver", "forked"), ("exec", "exec")])
+def test_forked_and_fresh_workers_see_the_same_world(tmp_path, monkeypatch, start, how):
     seen, cwd = _env_jobs(tmp_path, monkeypatch, start)
     for s in seen:
-        assert s["main"] == main
+        assert s["start"] == how
         assert s["CUDA_VISIBLE_DEVICES"] == "" and s["device_count"] == 0
         assert s["threads"] == 1  # OMP_NUM_THREADS of the job, even though the warm process imported torch
         assert s["cwd"] == cwd and s["PITA_TEST_VAR"] == "set-after-the-backend"
@@ -169,7 +169,7 @@ def test_forked_and_fresh_workers_see_the_same_world(tmp_path, monkeypatch, star
 def test_a_forked_worker_can_still_become_a_fresh_interpreter(tmp_path, monkeypatch):
     """The path a GPU job takes when the warm process had touched CUDA (forced here)."""
     seen, _ = _env_jobs(tmp_path, monkeypatch, "forkserver", PITA_FRESH_INTERPRETER="1")
-    assert all(s["main"] == "pita.core.worker" for s in seen)
+    assert all(s["start"] == "exec" for s in seen)
 
 
 def test_a_dead_warm_process_fails_its_workers_and_is_replaced(tmp_path):
@@ -184,7 +184,7 @@ def test_a_dead_warm_process_fails_its_workers_and_is_replaced(tmp_path):
 
     def kill_the_warm_process():
         if wait_for(lambda: workers_of(run.root), 30):
-            [warm] = [c for c in psutil.Process().children() if "pita.core.zygote" in " ".join(c.cmdline())]
+            [warm] = [c for c in psutil.Process().children() if "multiprocessing.forkserver" in " ".join(c.cmdline())]
             warm.kill()
             killed.append(warm.pid)
 

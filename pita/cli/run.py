@@ -172,7 +172,7 @@ def _run(cfg: DictConfig, overrides: list[str], run_dir: Path | None = None) -> 
         config_dict = OmegaConf.to_container(cfg, resolve=True)
         summary = Executor(graph, gpus, backend, run, settings, config_dict, owner=owner).run()
     except BaseException:
-        backend.close()  # nothing ran, or the run is over: no warm process left behind
+        backend.close()  # nothing ran, or the run is over: no worker left behind
         if owner is not None:
             owner.release()
         raise

@@ -1,4 +1,4 @@
-"""What the local backend's warm process imports once (``executor.worker_start=forkserver``).
+"""What the local backend's fork server imports once (``executor.worker_start=forkserver``).
 
 Every attempt forked from that process starts with torch, transformers, datasets, TRL and the
 job kinds already imported; a fresh interpreter spends 4-6 s of CPU on those imports, which on a

@@ -140,10 +140,11 @@ def spawn(ctx):
 def report_env(ctx):
     import torch
 
-    main = getattr(sys.modules["__main__"], "__spec__", None)
+    from pita.core import worker
+
     out = {"pid": os.getpid(), "CUDA_VISIBLE_DEVICES": os.environ.get("CUDA_VISIBLE_DEVICES"),
            "device_count": torch.cuda.device_count(), "devices": ctx.devices,
-           "main": getattr(main, "name", None),  # pita.core.worker (fresh interpreter) | pita.core.zygote (forked)
+           "start": worker.START,  # exec (a fresh interpreter) | forked (from the fork server)
            "threads": torch.get_num_threads(), "cwd": os.getcwd(), "PITA_TEST_VAR": os.environ.get("PITA_TEST_VAR")}
     if torch.cuda.is_available():
         out["names"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
@@ -156,7 +157,7 @@ def report_env(ctx):
 @job_kind("synthetic.imports")
 def import_stack(ctx):
     """What a real job imports before its first tensor (bench.dispatch --starts): free when forked
-    from a warm process that imported it, seconds in a fresh interpreter."""
+    from the fork server that imported it, seconds in a fresh interpreter."""
     from pita.core.preload import preload
 
     return {"missing": preload()}

@@ -1,5 +1,5 @@
 """Runs one job attempt: in a worker process (``python -m pita.core.worker launch.json``, or
-:func:`forked_main` in a child of the local backend's warm process) or in-process (the inline
+:func:`forked_main` in a child of the local backend's fork server) or in-process (the inline
 backend). All go through :func:`execute`.
 
 The parent sets ``CUDA_VISIBLE_DEVICES`` in the environment before torch touches CUDA, so torch
@@ -139,7 +139,7 @@ def main(argv: list[str] | None = None, parent_pid: int | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     launch_path = Path(argv[0])
     launch = json.loads(launch_path.read_text())
-    # PITA_PARENT_PID: a parent other than the orchestrator (the ray backend's runner, the warm process)
+    # PITA_PARENT_PID: a parent other than the orchestrator (the ray backend's runner, the fork server)
     parent = parent_pid or os.environ.get("PITA_PARENT_PID") or launch.get("parent_pid")
     if parent:
         _die_with_parent(int(parent))
@@ -191,7 +191,7 @@ def _cuda_unsafe_after_fork() -> bool:
 
 
 def _set_title(title: str) -> None:
-    """Name the process as ``ps`` shows it (a forked worker otherwise shows the warm process's command)."""
+    """Name the process as ``ps`` shows it (a forked worker otherwise shows the fork server's command)."""
     try:
         import setproctitle
 
@@ -200,15 +200,50 @@ def _set_title(title: str) -> None:
         pass
 
 
+def forked_entry(launch_path: str, env: dict, cwd: str, log_path: str) -> None:
+    """The fork server's target: run the attempt, then leave with its exit code (multiprocessing
+    would report 0 for whatever a target returns) without tearing the interpreter down."""
+    code = EXIT_ERROR
+    try:
+        code = forked_main(launch_path, env, cwd, log_path)
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else EXIT_ERROR
+    except BaseException:  # noqa: BLE001 - a bug in the worker itself: on the job's log
+        traceback.print_exc()
+    exit_now(code)
+
+
+def _release_fork_server() -> None:
+    """Close this worker's copy of the fork server's liveness pipe (the library hands every child
+    one): while any copy is open, the server cannot see that the orchestrator died, so a
+    SIGKILLed orchestrator would leave the server and its workers running."""
+    try:
+        from multiprocessing import forkserver
+
+        fd = forkserver._forkserver._forkserver_alive_fd
+        if fd is not None:
+            forkserver._forkserver._forkserver_alive_fd = None
+            os.close(fd)
+    except (ImportError, AttributeError, OSError):
+        pass
+
+
+START = "exec"  # how this worker started: "forked" once forked_main ran (the synthetic env job reports it)
+
+
 def forked_main(launch_path: str, env: dict, cwd: str, log_path: str) -> int:
-    """An attempt forked from the local backend's warm process (:mod:`pita.core.zygote`).
+    """An attempt forked by the local backend's fork server (``executor.worker_start=forkserver``).
 
     Becomes what ``python -m pita.core.worker`` is: its own session (the backend signals the
     group), stdout and stderr on the job's log, the orchestrator's environment with the job's
-    devices, the orchestrator's working directory, and death with its parent. A job that uses
-    CUDA devices, in a child of a process that touched CUDA (or with ``PITA_FRESH_INTERPRETER=1``),
-    replaces itself with a fresh interpreter instead: same process, log and session.
+    devices, the orchestrator's working directory, and death with its parent (the server). A job
+    that uses CUDA devices, in a child of a process that touched CUDA (or with
+    ``PITA_FRESH_INTERPRETER=1``), replaces itself with a fresh interpreter instead: same process,
+    log and session.
     """
+    global START
+    START = "forked"
+    _release_fork_server()
     parent = os.getppid()
     os.setsid()
     fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
@@ -231,7 +266,7 @@ def forked_main(launch_path: str, env: dict, cwd: str, log_path: str) -> int:
     threads = env.get("OMP_NUM_THREADS")
     torch = sys.modules.get("torch")
     if threads and threads.isdigit() and torch is not None:
-        torch.set_num_threads(int(threads))  # OpenMP read its variables when the warm process imported torch
+        torch.set_num_threads(int(threads))  # OpenMP read its variables when the fork server imported torch
     return main([launch_path], parent_pid=parent)
 
 

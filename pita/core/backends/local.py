@@ -9,23 +9,25 @@ its parent (PR_SET_PDEATHSIG), so a killed orchestrator leaves no orphans holdin
 
 How a worker starts (``executor.worker_start``):
 
-    forkserver  forked from a warm process (:mod:`pita.core.zygote`) that imported torch,
-                transformers, datasets and TRL once (:mod:`pita.core.preload`): an attempt
-                starts in milliseconds instead of seconds. The warm process never touches
-                CUDA; a worker forked from one that did re-executes itself as below. If the
-                orchestrator dies, the warm process exits and its workers die with it.
+    forkserver  forked by the standard library's fork server (``multiprocessing``'s forkserver
+                context), which imported torch, transformers, datasets and TRL once
+                (:mod:`pita.core.preload`): an attempt starts in milliseconds instead of
+                seconds. The server never touches CUDA; a worker forked from a process that did
+                re-executes itself as below. If the orchestrator dies, the server exits and its
+                workers die with it.
     exec        ``python -m pita.core.worker <job dir>/launch.json``: a fresh interpreter each time.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
-import select
 import signal
 import subprocess
 import sys
 import time
+import types
 from dataclasses import dataclass
 
 from pita.core.backends.base import Backend, Finished, Launch
@@ -53,98 +55,95 @@ def describe_worker_start(start: str) -> str:
     return "forked from a warm process" if start == "forkserver" else "a fresh interpreter per attempt"
 
 
-class WarmProcess:
-    """The orchestrator's end of :mod:`pita.core.zygote`: asks it to fork workers, learns their
-    pids and exit codes. Started at once, so its imports run while the run is being planned."""
+# What every worker imports before its job, whatever the job: once in the fork server, not once
+# per attempt (the heavy model stack comes on top: HEAVY_PRELOAD).
+ALWAYS_PRELOAD = ("omegaconf", "psutil", "pita.core.context", "pita.core.job", "pita.core.paths",
+                  "pita.core.proctree", "pita.core.synthetic_kinds", "pita.core.worker")
 
-    def __init__(self, preload: list[str] | tuple[str, ...], python: str | None = None):
-        self.proc = subprocess.Popen([python or sys.executable, "-m", "pita.core.zygote", *preload],
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, close_fds=True,
-                                     start_new_session=True)
-        self._fd = self.proc.stdout.fileno()
-        self._buf = b""
-        self.pids: dict[str, int] = {}  # job -> pid, while it runs
-        self.rcs: dict[str, int] = {}  # job -> exit code, once it ended
-        self.gone = False
 
-    def _read(self, timeout: float) -> bool:
-        """Take in what the warm process said within ``timeout`` seconds; False once it is gone."""
-        if self.gone:
-            return False
-        ready, _, _ = select.select([self._fd], [], [], timeout)
-        if not ready:
-            return True
-        data = os.read(self._fd, 1 << 16)
-        if not data:
-            self.gone = True
-            for job in self.pids:  # its workers die with it (PR_SET_PDEATHSIG)
-                self.rcs.setdefault(job, -signal.SIGKILL)
-            return False
-        self._buf += data
-        while b"\n" in self._buf:
-            line, self._buf = self._buf.split(b"\n", 1)
-            msg = json.loads(line)
-            if "pid" in msg:
-                self.pids[msg["id"]] = msg["pid"]
-            elif "rc" in msg:
-                self.rcs[msg["id"]] = msg["rc"]
-        return True
+def fork_server(preload: list[str] | tuple[str, ...] = ()):
+    """The standard library's fork server (``multiprocessing``'s forkserver context), started now
+    so that its imports run while the run is being planned. One per orchestrator process: it
+    imports what the first backend asks for, and is started again if it died. It exits when the
+    orchestrator does; each worker closes its copy of the server's liveness pipe
+    (:func:`pita.core.worker.forked_main`), so a SIGKILLed orchestrator still takes the server,
+    and through ``PR_SET_PDEATHSIG`` every worker, with it."""
+    import multiprocessing
+    from multiprocessing import forkserver
 
-    def fork(self, job_id: str, launch: str, env: dict, cwd: str, log: str, timeout: float = 600.0) -> int:
-        """Fork a worker for ``job_id``; its pid. Waits for the preload the first time."""
-        self.rcs.pop(job_id, None)
-        self.pids.pop(job_id, None)
-        req = {"id": job_id, "launch": launch, "env": env, "cwd": cwd, "log": log}
-        try:
-            self.proc.stdin.write((json.dumps(req) + "\n").encode())
-            self.proc.stdin.flush()
-        except (BrokenPipeError, ValueError) as e:
-            raise RuntimeError(f"the warm worker process is gone (exit code {self.proc.poll()})") from e
-        deadline = time.time() + timeout
-        while job_id not in self.pids:
-            if not self._read(max(0.0, deadline - time.time())) or time.time() > deadline:
-                raise RuntimeError(f"the warm worker process did not start {job_id} "
-                                   f"(exit code {self.proc.poll()}; its errors are on the orchestrator's stderr)")
-        return self.pids[job_id]
+    ctx = multiprocessing.get_context("forkserver")
+    if getattr(forkserver._forkserver, "_forkserver_pid", None) is None:  # not started yet in this process
+        ctx.set_forkserver_preload([*ALWAYS_PRELOAD, *preload])
+    with _without_main_script():
+        forkserver.ensure_running()
+    return ctx
 
-    def exit_code(self, job_id: str) -> int | None:
-        """The worker's exit code once it ended (negative: the signal that killed it), else None."""
-        while not self.gone and select.select([self._fd], [], [], 0)[0]:
-            self._read(0.0)
-        if job_id in self.rcs:
-            self.pids.pop(job_id, None)
-            return self.rcs.pop(job_id)
-        return None
 
-    def close(self) -> None:
-        try:
-            self.proc.stdin.close()
-        except OSError:
-            pass
-        try:
-            self.proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-        self.proc.stdout.close()
+@contextlib.contextmanager
+def _without_main_script():
+    """The library makes every child re-import the script that started this process (as
+    ``__mp_main__``): a second copy of the orchestrator's imports in each worker, and a second
+    run of any user script that calls pita without an ``if __name__ == "__main__"`` guard. A
+    worker is a job, not a copy of that script: while a worker is being started, ``__main__``
+    is an empty module, so there is nothing to re-import."""
+    main = sys.modules.get("__main__")
+    sys.modules["__main__"] = types.ModuleType("__main__")
+    try:
+        yield
+    finally:
+        sys.modules["__main__"] = main
+
+
+def _server_alive() -> bool:
+    """Whether the fork server is still running (a dead one is this process's zombie until the
+    library starts the next; it must not be reaped here, the library does that)."""
+    from multiprocessing import forkserver
+
+    pid = getattr(forkserver._forkserver, "_forkserver_pid", None)
+    if pid is None:
+        return False
+    try:
+        import psutil
+
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except Exception:  # noqa: BLE001 - gone, or unknowable: treat as gone
+        return False
 
 
 class _Forked:
-    """A worker forked by the warm process, seen through the part of Popen's API used here."""
+    """A worker forked by the fork server, seen through the part of Popen's API used here."""
 
-    def __init__(self, warm: WarmProcess, job_id: str, pid: int):
-        self.warm, self.job_id, self.pid = warm, job_id, pid
+    def __init__(self, ctx, launch: str, env: dict, cwd: str, log: str):
+        from pita.core.worker import forked_entry
+
+        self.process = ctx.Process(target=forked_entry, args=(launch, env, cwd, log), name="pita-worker")
+        with _without_main_script():
+            self.process.start()
+        self.pid = self.process.pid
+        self.sentinel = self.process.sentinel
         self.returncode: int | None = None
 
     def poll(self) -> int | None:
-        if self.returncode is None:
-            self.returncode = self.warm.exit_code(self.job_id)
+        if self.returncode is None and self.process.exitcode is not None:
+            rc = self.process.exitcode
+            # the server reports each worker's exit status; if the server itself died first, the
+            # status never comes (the library says 255) and the worker died of PR_SET_PDEATHSIG
+            if rc == 255 and not _server_alive():
+                rc = -signal.SIGKILL
+            self.returncode = rc
+            self.process.close()  # its status pipe: a long run starts thousands of workers
         return self.returncode
 
     def wait(self) -> int | None:
         while self.poll() is None:
-            time.sleep(0.02)
+            multiprocessing_wait([self.sentinel], 0.05)
         return self.returncode
+
+
+def multiprocessing_wait(sentinels: list, timeout: float) -> list:
+    from multiprocessing.connection import wait
+
+    return wait(sentinels, timeout)
 
 
 @dataclass
@@ -219,7 +218,7 @@ class LocalBackend(Backend):
         self.procs: dict[str, _Proc] = {}
         self._last_tree = 0.0
         self.preload = list(preload)
-        self.warm = WarmProcess(self.preload, self.python) if self.worker_start == "forkserver" else None
+        self.ctx = fork_server(self.preload) if self.worker_start == "forkserver" else None
 
     def start(self, launch: Launch) -> None:
         p = launch.paths
@@ -230,18 +229,12 @@ class LocalBackend(Backend):
         except FileNotFoundError:
             pass
         env = dict(os.environ)
-        env.pop("PITA_PARENT_PID", None)  # the worker's parent is this process (or the warm one)
+        env.pop("PITA_PARENT_PID", None)  # the worker's parent is this process (or the fork server)
         env.update(launch.env)
         env["PYTHONUNBUFFERED"] = "1"
         if self.worker_start == "forkserver":
-            if self.warm is not None and self.warm.gone:  # it died (killed, out of memory)
-                self.warm.close()
-                self.warm = None
-            if self.warm is None:
-                self.warm = WarmProcess(self.preload, self.python)
-            pid = self.warm.fork(launch.job_id, str(p.launch), env, os.getcwd(), str(p.log))
-            self.procs[launch.job_id] = _Proc(launch, _Forked(self.warm, launch.job_id, pid), None, time.time(),
-                                              tree=ProcessTree(pid))
+            worker = _Forked(self.ctx, str(p.launch), env, os.getcwd(), str(p.log))
+            self.procs[launch.job_id] = _Proc(launch, worker, None, time.time(), tree=ProcessTree(worker.pid))
             return
         log = open(p.log, "ab", buffering=0)
         popen = subprocess.Popen([self.python, "-m", "pita.core.worker", str(p.launch)], stdout=log,
@@ -322,11 +315,12 @@ class LocalBackend(Backend):
             self._wait(min(0.05, max(0.0, deadline - time.time())))
 
     def _wait(self, timeout: float) -> None:
-        """Sleep until a forked worker may have ended (the warm process says so on its pipe), at
-        most ``timeout``: a finished job is noticed at once, not at the next poll tick."""
-        if self.warm is not None and not self.warm.gone:
-            if select.select([self.warm._fd], [], [], timeout)[0]:
-                self.warm._read(0.0)  # take the news in, so the next wait blocks again
+        """Sleep until a forked worker may have ended (its sentinel is readable), at most
+        ``timeout``: a finished job is noticed at once, not at the next poll tick."""
+        sentinels = [p.popen.sentinel for p in self.procs.values()
+                     if isinstance(p.popen, _Forked) and p.popen.returncode is None]
+        if sentinels:
+            multiprocessing_wait(sentinels, timeout)
         else:
             time.sleep(timeout)
 
@@ -349,6 +343,7 @@ class LocalBackend(Backend):
         return finished
 
     def close(self) -> None:
-        if self.warm is not None:
-            self.warm.close()
-            self.warm = None
+        """No worker outlives the backend: those still running are killed (the fork server
+        itself stays for the next run of this process, and exits with it)."""
+        for proc in self.procs.values():
+            self._kill_all(proc)
