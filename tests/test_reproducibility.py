@@ -74,16 +74,17 @@ def test_the_tiny_familys_pretraining_is_bit_identical_whatever_the_threads_and_
     tok = AutoTokenizer.from_pretrained(tiny.family_dir(tmp_path, 0) / "tokenizer")
     seqs = [tiny._chat(tok, p, r) for p, r in corpus(0, template=ARITH_TEMPLATE)]
     digests = {}
-    for name, plan in _thread_plans().items():
+    for name, plan in _thread_plans().items():  # 3 steps: the alternating plan runs 1, 2, 1 threads
         torch.manual_seed(0)
         model = LlamaForCausalLM(tiny._part_config(tok, "reference"))
+        start = _digest(model)
         step = iter(range(10**6))
         torch.set_num_threads(plan(0))
-        losses = tiny._pretrain(model, seqs, steps=6, lr=3e-3, seed=0, pad_id=tok.pad_token_id,
+        losses = tiny._pretrain(model, seqs, steps=3, lr=3e-3, seed=0, pad_id=tok.pad_token_id,
                                 on_step=lambda: torch.set_num_threads(plan(next(step))))
         digests[name] = (_digest(model), losses)
+        assert digests[name][0] != start  # it trained
     assert neighbour.poll() is None  # the neighbour ran throughout
-    assert digests["1"][1][-1] < digests["1"][1][0]  # it trained
     assert digests["1"] == digests["2"] == digests["alternating"]
 
 

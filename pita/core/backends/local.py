@@ -94,20 +94,23 @@ def _without_main_script():
         sys.modules["__main__"] = main
 
 
-def _server_alive() -> bool:
-    """Whether the fork server is still running (a dead one is this process's zombie until the
-    library starts the next; it must not be reaped here, the library does that)."""
+def _server_gone_within(timeout: float) -> bool:
+    """Whether the fork server is dead, or dies within ``timeout`` seconds (a dead one is this
+    process's zombie until the library starts the next; it must not be reaped here)."""
+    import psutil
     from multiprocessing import forkserver
 
     pid = getattr(forkserver._forkserver, "_forkserver_pid", None)
-    if pid is None:
-        return False
-    try:
-        import psutil
-
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except Exception:  # noqa: BLE001 - gone, or unknowable: treat as gone
-        return False
+    deadline = time.time() + timeout
+    while True:
+        try:
+            if pid is None or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+                return True
+        except psutil.Error:  # gone (reaped), or unknowable: treat as gone
+            return True
+        if time.time() >= deadline:
+            return False
+        time.sleep(0.01)
 
 
 class _Forked:
@@ -127,8 +130,9 @@ class _Forked:
         if self.returncode is None and self.process.exitcode is not None:
             rc = self.process.exitcode
             # the server reports each worker's exit status; if the server itself died first, the
-            # status never comes (the library says 255) and the worker died of PR_SET_PDEATHSIG
-            if rc == 255 and not _server_alive():
+            # status never comes (the library says 255) and the worker died of PR_SET_PDEATHSIG.
+            # The status pipe closes a moment before the dying server turns zombie: wait for that.
+            if rc == 255 and _server_gone_within(2.0):
                 rc = -signal.SIGKILL
             self.returncode = rc
             self.process.close()  # its status pipe: a long run starts thousands of workers
