@@ -41,6 +41,10 @@ from pita.core.errors import ConfigError
 from pita.guidance.offsets import check_eta, check_mode, offset
 
 
+# candidates scored at once by the value head (top_k=-1 scores the whole vocabulary in chunks)
+CANDIDATE_CHUNK = 1024
+
+
 class GuidedDecoder:
     def __init__(self, value_model, mode: str, eta: float, top_k: int = 20):
         check_mode(mode)
@@ -94,8 +98,16 @@ class GuidedDecoder:
         if self.eta == 0:
             off = torch.zeros(cands.shape, dtype=ref_lp.dtype, device=ref_lp.device)
         else:
-            out = self.vm.scores(self.h.to(next(self.vm.parameters()).dtype), cands).float()
-            atoms = self.atoms.to(out.device) if self.atoms is not None else None
-            off = offset(self.mode, self.eta, out, atoms)
+            h = self.h.to(next(self.vm.parameters()).dtype)
+            atoms = self.atoms.to(h.device) if self.atoms is not None else None
+            # the head's tensors are [rows x candidates x head_dim]: the whole vocabulary (top_k=-1)
+            # is scored CANDIDATE_CHUNK candidates at a time, the backbone's log-probs computed once
+            if cands.shape[-1] <= CANDIDATE_CHUNK:
+                off = offset(self.mode, self.eta, self.vm.scores(h, cands).float(), atoms)
+            else:
+                lm_logp = self.vm.lm_logprobs(h)
+                off = torch.cat([offset(self.mode, self.eta, self.vm.scores(h, cands[:, a:a + CANDIDATE_CHUNK],
+                                                                             lm_logp).float(), atoms)
+                                 for a in range(0, cands.shape[-1], CANDIDATE_CHUNK)], dim=-1)
         # the offset on the scored candidates only; every other token keeps its reference log-prob
         return ref_lp.scatter(-1, cands, ref_lp.gather(-1, cands) + off.to(ref_lp.dtype))

@@ -146,11 +146,16 @@ class ValueModel(nn.Module):
                    use_cache=use_cache, **with_cache(body, past_key_values))
         return out.last_hidden_state, cache_of(out)
 
-    def scores(self, h: torch.Tensor, candidates: torch.Tensor) -> torch.Tensor:
-        """``h`` [..., H], ``candidates`` [..., k] -> head outputs [..., k, n_out]."""
+    def lm_logprobs(self, h: torch.Tensor) -> torch.Tensor:
+        """The backbone's next-token log-probabilities [..., V] (fp32) of states ``h`` [..., H]."""
+        return torch.log_softmax(self.backbone.lm_head(h).float(), -1)
+
+    def scores(self, h: torch.Tensor, candidates: torch.Tensor, lm_logp: torch.Tensor | None = None) -> torch.Tensor:
+        """``h`` [..., H], ``candidates`` [..., k] -> head outputs [..., k, n_out]; ``lm_logp``: the
+        states' :meth:`lm_logprobs` when the caller already has them (scoring in chunks)."""
         emb = self.backbone.get_input_embeddings()(candidates)
         z = self.w_h(h).unsqueeze(-2) + self.w_e(emb) + self.u_h(h).unsqueeze(-2) * self.u_e(emb)
-        lm_lp = torch.log_softmax(self.backbone.lm_head(h).float(), -1).gather(-1, candidates)
+        lm_lp = (self.lm_logprobs(h) if lm_logp is None else lm_logp).gather(-1, candidates)
         return self.w_o(torch.nn.functional.gelu(z)) + lm_lp.unsqueeze(-1).to(z.dtype) * self.w_lm
 
     def token_scores(self, input_ids, attention_mask) -> torch.Tensor:
@@ -159,7 +164,11 @@ class ValueModel(nn.Module):
         return self.scores(h[:, :-1], input_ids[:, 1:].unsqueeze(-1)).squeeze(-2)
 
     def sequence_reward(self, input_ids, attention_mask) -> torch.Tensor:
-        """Bradley-Terry proxy reward of right-padded sequences: the head at each one's last token."""
-        s = self.token_scores(input_ids, attention_mask)[..., 0]  # [B, T-1]
-        last = attention_mask.sum(-1) - 2  # index of the state before the last real token
-        return s.gather(-1, last.clamp(min=0).unsqueeze(-1)).squeeze(-1)
+        """Bradley-Terry proxy reward of right-padded sequences: the head at each one's last token
+        (the state before it scoring it), read from that one position: no [B x T x vocabulary]
+        tensor."""
+        h, _ = self.hidden(input_ids, attention_mask)
+        last = (attention_mask.sum(-1) - 2).clamp(min=0)  # the state before the last real token
+        rows = torch.arange(h.shape[0], device=h.device)
+        tok = input_ids[rows, last + 1].unsqueeze(-1)
+        return self.scores(h[rows, last], tok)[..., 0, 0]

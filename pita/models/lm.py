@@ -54,6 +54,32 @@ def default_device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
+# completion positions whose log-probabilities over the vocabulary are computed at once by
+# ``LM.sequence_logprobs`` (the planning estimate, pita.core.memory.SCORE_CHUNK_TOKENS, assumes it)
+SCORE_CHUNK = 1024
+
+
+def keep_last_logits(model) -> dict:
+    """``logits_to_keep=1`` where the model's forward takes it: prefill then makes one position's
+    logits per row instead of every prompt position's."""
+    params = _forward_params(model)
+    return {"logits_to_keep": 1} if "logits_to_keep" in params else {}
+
+
+def _forward_params(model) -> frozenset:
+    import inspect
+
+    fwd = type(model).forward
+    cached = getattr(fwd, "_pita_params", None)
+    if cached is None:
+        cached = frozenset(inspect.signature(fwd).parameters)
+        try:
+            fwd._pita_params = cached
+        except AttributeError:
+            pass
+    return cached
+
+
 def selectable(cache) -> bool:
     """Whether rows can be dropped from this KV cache in place: a dynamic cache whose layers hold
     keys and values only. Caches with other per-row state (linear-attention or recurrent layers,
@@ -267,7 +293,8 @@ class LM:
         rows = torch.arange(B, device=dev)
         row_list = list(range(B))
         pos = (mask.cumsum(-1) - 1).clamp(min=0)
-        res = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True)
+        res = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True,
+                         **keep_last_logits(self.model))
         past, logits = cache_of(res), res.logits[:, -1, :]
         if guide is not None:
             guide.begin(ids, mask, pos)
@@ -324,7 +351,7 @@ class LM:
             feed = torch.where(active, tok, torch.full_like(tok, self.pad_id)).unsqueeze(-1)
             mask = torch.cat([mask, active.long().unsqueeze(-1)], dim=-1)
             res = self.model(input_ids=feed, attention_mask=mask, position_ids=next_pos.unsqueeze(-1),
-                             use_cache=True, **with_cache(self.model, past))
+                             use_cache=True, **with_cache(self.model, past), **keep_last_logits(self.model))
             past, logits = cache_of(res), res.logits[:, -1, :]
             if guide is not None:
                 guide.advance(feed, mask, next_pos.unsqueeze(-1))
@@ -361,6 +388,20 @@ class LM:
         return results
 
     # ------------------------------------------------------------------ scoring
+    def hidden_states(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """The final (normed) hidden states [B, L, H] of right-padded ``ids``: the model body alone,
+        no KV cache and no logits."""
+        body = getattr(self.model, self.model.base_model_prefix, None) or self.model.get_decoder()
+        return body(input_ids=ids, attention_mask=mask, use_cache=False).last_hidden_state
+
+    def logits_of(self, h: torch.Tensor) -> torch.Tensor:
+        """Next-token logits of hidden states ``h`` [N, H], as the model's own head makes them."""
+        logits = self.model.get_output_embeddings()(h)
+        cap = getattr(self.model.config.get_text_config(), "final_logit_softcapping", None)
+        if cap:
+            logits = torch.tanh(logits / cap) * cap
+        return logits
+
     @torch.no_grad()
     def sequence_logprobs(self, prompt_ids: list[list[int]], completion_ids: list[list[int]],
                           batch_size: int = 16, add_eos: bool | Sequence[bool] = False, temperature: float = 1.0,
@@ -385,17 +426,27 @@ class LM:
                 ids[i, :len(x)] = torch.tensor(x)
                 mask[i, :len(x)] = 1
             ids, mask = ids.to(self.device), mask.to(self.device)
-            logp = torch.log_softmax(self.model(input_ids=ids, attention_mask=mask).logits.float() / (temperature or 1.0), -1)
-            if top_p < 1.0:
-                logp = torch.log_softmax(logp.masked_fill(~nucleus(logp, top_p), float("-inf")), -1)
+            # the final hidden states (no KV cache, no logits), then the completion positions only,
+            # SCORE_CHUNK positions at a time: never a [rows x length x vocabulary] tensor
+            h = self.hidden_states(ids, mask)
+            rows_i, pos_i = [], []
             for i, (p, c) in enumerate(zip(P, C)):
-                if not c:
-                    outs.append(0.0)
-                    continue
-                start = len(p)
-                tgt = ids[i, start:start + len(c)]
-                lp = logp[i, start - 1:start - 1 + len(c)].gather(-1, tgt.unsqueeze(-1)).sum()
-                outs.append(float(lp))
+                rows_i += [i] * len(c)
+                pos_i += range(len(p) - 1, len(p) - 1 + len(c))
+            sums = torch.zeros(len(seqs), dtype=torch.float64, device=self.device)
+            if rows_i:
+                r_t = torch.tensor(rows_i, device=self.device)
+                p_t = torch.tensor(pos_i, device=self.device)
+                tgt = ids[r_t, p_t + 1]
+                for a in range(0, len(rows_i), SCORE_CHUNK):
+                    sl = slice(a, a + SCORE_CHUNK)
+                    logp = torch.log_softmax(self.logits_of(h[r_t[sl], p_t[sl]]).float() / (temperature or 1.0), -1)
+                    if top_p < 1.0:
+                        logp = torch.log_softmax(logp.masked_fill(~nucleus(logp, top_p), float("-inf")), -1)
+                    sums.index_add_(0, r_t[sl], logp.gather(-1, tgt[sl].unsqueeze(-1)).squeeze(-1).double())
+                    del logp
+            del h
+            outs += [float(x) for x in sums.tolist()]
         return outs
 
 
