@@ -166,23 +166,43 @@ def test_preset_typos_say_what_to_type(override, needle):
         check_overrides([override])
 
 
-def test_gpu_auto_picks_the_largest_micro_batch_the_memory_estimate_fits(tiny):
-    from pita.core.memory import ModelShape, training_bytes
+def test_gpu_auto_picks_each_algorithms_largest_micro_batch_the_memory_estimate_fits(tiny):
+    """Per algorithm: the chosen micro-batch divides its per-device batch and fits the smallest
+    device, and the next larger divisor does not; checkpointing only where nothing fits without it."""
+    from pita.algos import algorithm
     from pita.plans.experiment import resolve_auto_training
-    from transformers import AutoConfig
+    from pita.plans.memory import JobMemory
 
     cfg = _compose("gpu=auto", "experiment.algos=[PITA,DPO]", "algos.DPO.batch_size=16")
-    shape = ModelShape.from_hf_config(AutoConfig.from_pretrained(tiny["reference"]))
-    seq = 256 + cfg.data_collection.max_new_tokens
-    need4 = training_bytes(shape, "float32", 4, seq, cuda=True)
-    need8 = training_bytes(shape, "float32", 8, seq, cuda=True)
-    total = int((need4 + need8) / 2 / (1 - cfg.executor.memory_margin))  # 4 fits, 8 does not
-    paths = {"reference": tiny["reference"], "guidance": tiny["guidance"]}
+    paths = {"reference": tiny["reference"], "guidance": tiny["guidance"], "reward_models": {}}
+    est = JobMemory(cfg, paths, True, [])
+    dpo = algorithm("DPO", cfg.algos.DPO)
+    need4, need8 = (est.policy_training(dpo, micro=m, gradient_checkpointing=False) * 1e9 for m in (4, 8))
+    total = int((need4 + need8) / 2 / (1 - cfg.executor.memory_margin))  # DPO: 4 fits, 8 does not
     resolve_auto_training(cfg, paths, [total, 2 * total], cuda=True)
-    assert cfg.training.micro_batch_size == 4 and cfg.training.gradient_checkpointing is False
-    tiny_gpu = _compose("gpu=auto")
-    with pytest.raises(ConfigError, match="not even a micro-batch of 1"):
-        resolve_auto_training(tiny_gpu, paths, [1024], cuda=True)
+    assert cfg.algos.DPO.micro_batch_size == 4 and cfg.algos.DPO.gradient_checkpointing is False
+    budget = total * (1 - cfg.executor.memory_margin)
+    pita = algorithm("PITA", cfg.algos.PITA)
+    m = cfg.algos.PITA.micro_batch_size
+    assert 32 % m == 0 and est.value_training(pita, micro=m, gradient_checkpointing=False) * 1e9 <= budget
+    bigger = [d for d in (2 * m, 4 * m, 8 * m) if d <= 32 and 32 % d == 0]
+    assert all(est.value_training(pita, micro=d, gradient_checkpointing=False) * 1e9 > budget for d in bigger[:1])
+    assert cfg.training.micro_batch_size == min(4, m)  # training.* shows the smallest choice
+
+
+def test_a_training_job_that_fits_no_device_is_one_line_per_kind_with_the_fix(tiny):
+    """Nothing fits 1 kB: every kind is named once with its count and its fix; exit 2 material."""
+    from pita.plans import build_plan
+    from pita.plans.fit import fit_problems
+
+    cfg = _compose("gpu=auto", "experiment.algos=[PITA,DPO]", "experiment.datasets=[arith]", "experiment.rounds=1")
+    jobs = build_plan(cfg, [1000], cuda=True)  # gpu=auto finds nothing that fits: micro-batch 1, checkpointing
+    problems = fit_problems(jobs, [1000], 0.05)
+    kinds = [p.split(" job(s)")[0].split(" ", 1)[1] for p in problems]
+    assert len(kinds) == len(set(zip(kinds, [p.split(" of ")[1].split(" ")[0] for p in problems])))
+    dpo = [p for p in problems if "algo.dpo_train" in p]
+    assert len(dpo) == 1 and "algos.DPO.lora_r=16" in dpo[0] and "micro-batch of 1" in dpo[0]
+    assert any("eval.shard" in p and "eval.batch_size" in p for p in problems)
 
 
 def test_a_run_refuses_to_start_without_disk_space_and_creates_nothing(tmp_path):

@@ -60,6 +60,40 @@ def test_oom_is_retried_with_halved_batch(tmp_path):
     assert "retrying with batch_size=4" in run.run_log.read_text()
 
 
+def test_a_training_oom_halves_the_micro_batch_never_the_batch_and_the_kind_remembers(tmp_path):
+    """TRAINING_RETRY: micro_batch_size 8 -> 4 -> 2, batch_size stays 32; the next job of the same
+    kind starts at 2 instead of failing twice first; the report lists both jobs as resized."""
+    from pita.core.job import TRAINING_RETRY
+    from pita.report.report import oom_lines
+
+    def T(id, deps=()):
+        return Job(id, "synthetic.oom", deps=list(deps), resources=Resources(1, 0.5), retry=TRAINING_RETRY,
+                   params={"size_param": "micro_batch_size", "micro_batch_size": 8, "batch_size": 32, "fits": 2})
+
+    summary, state, run = run_graph([T("a"), T("b", deps=["a"])], tmp_path, oom_retries=2)
+    a, b = state["jobs"]["a"], state["jobs"]["b"]
+    assert [x["micro_batch_size"] for x in a["attempts"]] == [8, 4, 2]
+    assert [x["status"] for x in a["attempts"]] == ["oom", "oom", "ok"]
+    assert [x["micro_batch_size"] for x in b["attempts"]] == [2] and b["attempts"][0]["status"] == "ok"
+    assert b["attempts"][0]["oom_resized"] == {"param": "micro_batch_size", "planned": 8, "used": 2}
+    text = run.run_log.read_text()
+    assert "retrying with micro_batch_size=4" in text
+    assert "b starts with micro_batch_size=2 instead of 8" in text
+    lines = oom_lines(state)
+    assert "2 jobs" in lines[0] and any("`a`: micro_batch_size 8 -> 2" in x for x in lines)
+
+
+def test_device_steps_keep_the_effective_batch():
+    from pita.algos.post_training import device_steps
+
+    base = {"batch_size": 32, "devices": 1, "gradient_accumulation_steps": 1}
+    assert device_steps({**base, "micro_batch_size": 8}) == (8, 4)
+    assert device_steps({**base, "micro_batch_size": 4}) == (4, 8)  # an OOM retry: accumulation doubles
+    assert device_steps({**base, "batch_size": 18, "micro_batch_size": 4}) == (3, 6)  # the divisor below
+    assert device_steps({**base, "micro_batch_size": 0, "gradient_accumulation_steps": 2}) == (16, 2)
+    assert device_steps({**base, "devices": 2, "micro_batch_size": 2}) == (2, 8)
+
+
 def test_oom_gives_up_after_the_limit(tmp_path):
     jobs = [Job("o", "synthetic.oom", params={"batch_size": 8, "fits": 1}, resources=Resources(1, 0.5),
                 retry=RetryPolicy(oom_retries=1))]

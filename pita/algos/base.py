@@ -41,6 +41,9 @@ class AlgoConfig:
     batch_size: int = 32  # sequences per optimizer step (the effective batch, whatever the devices)
     lr: float = 1e-4  # learning rate
     gradient_checkpointing: Optional[bool] = None  # null: training.gradient_checkpointing
+    # rows per forward/backward of this algorithm's training jobs; null: training.micro_batch_size
+    # (gpu=auto writes each algorithm's own: the largest that fits its jobs)
+    micro_batch_size: Optional[int] = None
     # data-loader worker processes of the TRL trainers; value-model training batches in-process
     # and does not use them (the key is accepted there for the user guide's configs)
     num_workers: int = 0
@@ -54,6 +57,9 @@ class Algorithm:
     tunes_eta: ClassVar[bool] = False  # its rows sweep eta, chosen on validation prompts
     # it learns from labelled preference pairs (budget: data_collection.pairs_per_prompt)
     uses_preference_pairs: ClassVar[bool] = False
+    # it trains a Bradley-Terry proxy reward model each round (algo.proxy_train); its batch
+    trains_proxy: ClassVar[bool] = False
+    proxy_batch_size: ClassVar[Optional[int]] = None  # None: algos.<name>.batch_size
 
     def __init__(self, config: Any):
         self.c = config
@@ -136,11 +142,26 @@ def preference_labels(cfg) -> dict:
             "label_seed": int(cfg.system.seed), "pairs_per_prompt": int(dc.pairs_per_prompt)}
 
 
-def training_settings(cfg, c) -> dict:
-    """The shared training settings a training job reads (training.*, system.clear_cache_interval)."""
+def effective_training(cfg, c) -> tuple:
+    """(micro-batch, gradient checkpointing) of algorithm settings ``c``: its own
+    ``micro_batch_size`` / ``gradient_checkpointing`` where set, else ``training.*`` (the micro-batch
+    may still be "auto" before the plan resolves it)."""
+    micro = c.micro_batch_size if getattr(c, "micro_batch_size", None) is not None else cfg.training.micro_batch_size
     gc = c.gradient_checkpointing if c.gradient_checkpointing is not None else cfg.training.gradient_checkpointing
-    return {"gradient_checkpointing": bool(gc), "micro_batch_size": int(cfg.training.micro_batch_size),
+    micro = int(micro) if isinstance(micro, int) and not isinstance(micro, bool) else micro
+    return micro, (bool(gc) if isinstance(gc, bool) else gc)
+
+
+def training_settings(cfg, c, whole: int | None = None) -> dict:
+    """The shared training settings a training job reads (training.*, system.clear_cache_interval).
+    ``whole``: the rows one device holds when the micro-batch is 0 ("the whole batch at once"),
+    written out so that an OOM retry can halve it (TRAINING_RETRY)."""
+    micro, gc = effective_training(cfg, c)
+    if micro == 0 and whole:
+        micro = int(whole)
+    return {"gradient_checkpointing": gc, "micro_batch_size": micro,
             "clear_cache_interval": int(cfg.system.clear_cache_interval)}
+
 
 
 # ---------------------------------------------------------------- planning
@@ -155,7 +176,7 @@ class PlanContext:
     n_train: int  # training prompts
     evals: list  # (dataset config, test prompts, task) of every dataset the models are evaluated on
     task: str  # the training dataset's task: math | reward
-    mem: dict  # memory estimates in GB: gen, train (value models), policy_train
+    mem: dict  # memory estimates in GB per job kind (pita/plans/experiment.py: plan_memory)
     policy_params: Optional[int]  # parameters of the reference policy (None if its config is unreadable)
     data_request: Callable[[], dict]  # a data-collection request on the training split (data_collection.*)
     n_validation: int  # validation prompts (the training dataset's held_out split); 0 = none
@@ -181,7 +202,7 @@ class PlanContext:
         under ``data.<family>.<dataset>.r0.<recipe>-<hash of the request>``; the second asker
         gets no new job."""
         if deps:
-            jobs = self.gen.plan(req, job_prefix, self.n_train, deps=deps, memory_gb=self.mem["gen"],
+            jobs = self.gen.plan(req, job_prefix, self.n_train, deps=deps, memory_gb=self.gen_memory(req),
                                  group=f"round {r}")
             return jobs, jobs[-1].id
         key = json.dumps(req, sort_keys=True)
@@ -190,14 +211,22 @@ class PlanContext:
         # named by the request's content, so one algorithm's settings never rename another's data
         digest = hashlib.sha256(key.encode()).hexdigest()[:6]
         name = f"data.{self.family}.{self.ds.name}.r{r}.{req['recipe']}-{digest}"
-        jobs = self.gen.plan(req, name, self.n_train, deps=[], memory_gb=self.mem["gen"], group=f"round {r}")
+        jobs = self.gen.plan(req, name, self.n_train, deps=[], memory_gb=self.gen_memory(req), group=f"round {r}")
         self.shared[key] = jobs[-1].id
         return jobs, jobs[-1].id
 
+    def gen_memory(self, req: dict) -> float:
+        """A data-generation shard's estimate: the sampling policy, and the value model beside it
+        when the round's policy is guided."""
+        return self.mem["gen_guided" if req["policy"].get("guidance") else "gen"]
+
     def eval_memory(self, policy: dict) -> float:
-        """An evaluation shard's estimate: the policy at the evaluation's batch and length, and the
-        value model beside it when the policy is guided."""
-        return self.mem["eval_guided" if policy.get("guidance") else "eval"]
+        """An evaluation shard's estimate: the policy at the evaluation's batch and length, the
+        value model beside it when the policy is guided, the reference beside a trained policy
+        (it scores the samples for the KL)."""
+        if policy.get("guidance"):
+            return self.mem["eval_guided"]
+        return self.mem["eval_trained" if policy.get("model_from_job") else "eval"]
 
     def evaluations(self, algo: str, r: int, train: str, policy: dict, etas: list[float] | None = None) -> list[Job]:
         """Round r's evaluation jobs of the model trained by job ``train`` on every dataset of

@@ -116,7 +116,9 @@ def dpo_train(ctx):
     path, model, tok = load_policy(ctx, p, cuda)
     ref_model = None
     if p["policy_from"] and p["ref_policy"] == "original":
-        ref_model = AutoModelForCausalLM.from_pretrained(p["reference"], dtype=model.dtype)
+        # frozen, forward only: model.dtype on CUDA (autocast runs it there), the policy's fp32 on CPU
+        ref_model = AutoModelForCausalLM.from_pretrained(
+            p["reference"], dtype=p["dtype"] if cuda and p["dtype"] in ("bfloat16", "float16") else model.dtype)
     ds = Dataset.from_list([{"prompt": user(r["prompt"]), "chosen": assistant(r["chosen"]),
                              "rejected": assistant(r["rejected"]), "chosen_finish": r.get("chosen_finish", "eos"),
                              "rejected_finish": r.get("rejected_finish", "eos")} for r in pairs])

@@ -147,7 +147,7 @@ class Rewards:
         ended = [True] * len(texts) if completion_ids is None else \
             [bool(ids) and int(ids[-1]) in self._eos for ids in completion_ids]
         return score_sequences(self.proxy, [text_ids(self._tok, e.prompt, t, f) for e, t, f in zip(exs, texts, ended)],
-                               self.device)
+                               self.device, batch=max(1, int(self.p.get("micro_batch_size") or 64)))
 
 
 def grpo_steps(p: dict, n_prompts: int) -> int:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pita.algos.base import preference_labels, register_algorithm
+from pita.algos.base import preference_labels, register_algorithm, training_settings
 from pita.algos.grpo import GRPO, GRPOConfig
 from pita.core.job import Job
 from pita.guidance.proxy import ProxyKeys, check_proxy_keys, proxy_job
@@ -27,6 +27,8 @@ class GRPOHF(GRPO):
     name = "GRPO-HF"
     Config = GRPOHFConfig
     uses_preference_pairs = True
+    trains_proxy = True
+    proxy_batch_size = 32
 
     def check(self, cfg, n_devices: int) -> list[str]:
         return super().check(cfg, n_devices) + check_proxy_keys(self.key, self.c)
@@ -36,8 +38,9 @@ class GRPOHF(GRPO):
         merges.append(merge)
         proxy = proxy_job(f"{p.prefix(self.name)}.r{r}.proxy", merges, p.paths["guidance"], epochs=self.c.proxy_epochs,
                           lr=self.c.proxy_lr, labels=preference_labels(p.cfg), seed=p.cfg.system.seed + r,
-                          batch_size=32, token_budget=8192, head_dim=128, memory_gb=p.mem["train"],
-                          group=f"round {r}", tokenizer=p.paths["reference"])
+                          batch_size=self.proxy_batch_size, token_budget=8192, head_dim=128, memory_gb=p.mem[f"proxy.{self.name}"],
+                          group=f"round {r}", tokenizer=p.paths["reference"],
+                          training=training_settings(p.cfg, self.c, whole=self.proxy_batch_size))
         train = self.train_job(p, r, ([prev] if prev else []) + [proxy.id],
                                {**base, "policy_from": prev, "proxy": proxy.id, "seed": p.seed(r)})
         return gen + [proxy, train]

@@ -22,9 +22,9 @@ import logging
 from dataclasses import dataclass, field
 from typing import List, Optional
 
-from pita.algos.base import AlgoConfig, Algorithm, PlanContext, check_common, training_settings
+from pita.algos.base import AlgoConfig, Algorithm, PlanContext, check_common, effective_training, training_settings
 from pita.algos.distributed import is_rank0
-from pita.core.job import Job, Resources
+from pita.core.job import TRAINING_RETRY, Job, Resources
 from pita.core.names import unknown_name
 
 log = logging.getLogger(__name__)
@@ -73,12 +73,13 @@ class PostTrainingAlgorithm(Algorithm):
                 p.append(f"{k}.{key}={getattr(c, key)} must be >= 1")
         if c.devices > n_devices >= 1:
             p.append(f"{k}.devices={c.devices} but this machine has {n_devices} device(s); lower it")
-        micro = cfg.training.micro_batch_size
+        micro = effective_training(cfg, c)[0]
+        where = f"{k}.micro_batch_size" if getattr(c, "micro_batch_size", None) is not None else "training.micro_batch_size"
         micro = micro if isinstance(micro, int) and not isinstance(micro, bool) else -1  # auto: chosen to divide
         if micro > 0:
             per = c.devices * micro
             if c.batch_size >= 1 and c.devices >= 1 and c.batch_size % per:
-                p.append(f"{k}.batch_size={c.batch_size} must be divisible by {k}.devices x training.micro_batch_size "
+                p.append(f"{k}.batch_size={c.batch_size} must be divisible by {k}.devices x {where} "
                          f"= {c.devices} x {micro} = {per} (the effective batch is made of micro-batches of "
                          f"{micro} per device; accumulation steps are derived)")
         elif micro == 0:  # a negative value is reported once, by the plan
@@ -101,23 +102,26 @@ class PostTrainingAlgorithm(Algorithm):
         c = self.c
         if c.lora_r <= 0:
             return []
-        from accelerate import init_empty_weights
-        from transformers import AutoConfig, AutoModelForCausalLM
+        from pita.models.shapes import linear_modules, lora_targets
 
         model_path = paths["reference"]
-        with init_empty_weights():
-            m = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_path))
-        names = {n.rsplit(".", 1)[-1] for n, _ in m.named_modules() if n}
-        missing = [t for t in c.lora_target_modules if t not in names]
+        linear = linear_modules(model_path, "model.reference")
+        missing = [t for t in lora_targets(model_path, c.lora_target_modules, "model.reference") if t not in linear]
         if missing:
-            linear = sorted({n.rsplit(".", 1)[-1] for n, mod in m.named_modules()
-                             if mod.__class__.__name__ == "Linear"})
             return [f"{self.key}.lora_target_modules: {', '.join(missing)} not found in {model_path}; "
-                    f"its linear modules are: {', '.join(linear)}"]
+                    f"its linear modules are: {', '.join(sorted(linear))}"]
         return []
 
     def per_device_batch(self) -> int:
         return self.c.batch_size // max(1, self.c.devices)
+
+    def lora_targets(self, p: PlanContext) -> list[str]:
+        """lora_target_modules as the reference names them (q_proj, v_proj -> qkv_proj where fused)."""
+        if self.c.lora_r <= 0:
+            return list(self.c.lora_target_modules)
+        from pita.models.shapes import lora_targets
+
+        return lora_targets(p.paths["reference"], self.c.lora_target_modules, "model.reference")
 
     lr_family = "dpo"  # which row of LEARNING_RATES a null lr takes
 
@@ -138,7 +142,7 @@ class PostTrainingAlgorithm(Algorithm):
         """Gradient accumulation per optimizer step: derived from training.micro_batch_size when that
         is set (batch_size / (devices x micro)), else algos.<A>.gradient_accumulation_steps."""
         c = self.c
-        micro = int(cfg.training.micro_batch_size)
+        micro = int(effective_training(cfg, c)[0])
         if micro > 0:
             return max(1, c.batch_size // (c.devices * micro))
         return c.gradient_accumulation_steps
@@ -152,8 +156,9 @@ class PostTrainingAlgorithm(Algorithm):
             "algo": self.name, "task": p.task, "dataset": OmegaConf.to_container(OmegaConf.structured(p.ds)),
             "reference": p.paths["reference"], "lr": self.learning_rate(p), "beta": c.beta, "batch_size": c.batch_size,
             "gradient_accumulation_steps": self.accumulation_steps(cfg), "devices": c.devices,
-            "lora_r": c.lora_r, "lora_alpha": c.lora_alpha, "lora_target_modules": list(c.lora_target_modules),
-            **training_settings(cfg, c), "num_workers": c.num_workers,
+            "lora_r": c.lora_r, "lora_alpha": c.lora_alpha, "lora_target_modules": self.lora_targets(p),
+            **training_settings(cfg, c, whole=c.batch_size // (c.devices * self.accumulation_steps(cfg))),
+            "num_workers": c.num_workers,
             "dtype": cfg.model.dtype, "attn_impl": cfg.system.attn_impl, "tf32": cfg.system.tf32,
             "compile": cfg.system.compile, "ref_policy": c.ref_policy,
         }
@@ -176,7 +181,8 @@ class PostTrainingAlgorithm(Algorithm):
 
     def train_job(self, p: PlanContext, r: int, deps: list[str], params: dict) -> Job:
         return Job(id=f"{p.prefix(self.name)}.r{r}.train", kind=self.train_kind, deps=deps, group=f"round {r}",
-                   params=params, resources=Resources(self.c.devices, p.mem["policy_train"]), duration_hint=4.0)
+                   params=params, resources=Resources(self.c.devices, p.mem[f"policy_train.{self.name}"]),
+                   retry=TRAINING_RETRY, duration_hint=4.0)
 
     def plan_round(self, p: PlanContext, r: int, prev: str | None, merges: list[str], base: dict) -> list[Job]:
         """Round r's collection and training jobs (the training job last)."""
@@ -212,6 +218,20 @@ def _checkpointing_key(cls) -> str:
     return "activation_checkpointing" if "activation_checkpointing" in names else "gradient_checkpointing"
 
 
+def device_steps(p: dict) -> tuple[int, int]:
+    """(rows per device and micro-step, accumulation steps) of a training job: from its
+    micro_batch_size when set (an OOM retry halves it; accumulation rises so the effective
+    batch_size stays), else from gradient_accumulation_steps. A micro-batch that does not divide
+    the per-device batch becomes the largest that does below it."""
+    per_device_batch = max(1, p["batch_size"] // max(1, p["devices"]))
+    micro = int(p.get("micro_batch_size") or 0)
+    if micro <= 0:
+        acc = max(1, int(p["gradient_accumulation_steps"]))
+        return max(1, per_device_batch // acc), acc
+    micro = next(m for m in range(min(micro, per_device_batch), 0, -1) if per_device_batch % m == 0)
+    return micro, per_device_batch // micro
+
+
 def training_args(cls, p: dict, out: str, cuda: bool, tracker=None, **extra):
     """TRL's ``cls`` (DPOConfig, GRPOConfig) from a training job's params; ``tracker``
     (``pita.tracking.tracker_settings(ctx)``) sets TRL's ``report_to``."""
@@ -222,11 +242,15 @@ def training_args(cls, p: dict, out: str, cuda: bool, tracker=None, **extra):
     # mixed precision on CUDA: autocast in bf16 (fp16 where bf16 is unsupported or asked for),
     # fp32 master weights (load_policy)
     bf16 = cuda and p["dtype"] in ("bfloat16", "float32") and torch.cuda.is_bf16_supported()
-    per_device = p["batch_size"] // (p["devices"] * p["gradient_accumulation_steps"])
+    per_device, accumulation = device_steps(p)
+    if cuda and p["dtype"] in ("bfloat16", "float16") and "model_init_kwargs" not in extra:
+        # TRL builds its frozen reference in the policy's dtype (fp32 master weights here) unless told:
+        # the reference only runs forward passes under autocast, so model.dtype halves it
+        extra["model_init_kwargs"] = {"dtype": p["dtype"]}
     return cls(output_dir=out, use_cpu=not cuda, bf16=bf16, fp16=cuda and not bf16 and p["dtype"] == "float16",
                tf32=bool(p["tf32"]) if cuda else None, torch_compile=bool(p["compile"]),
                per_device_train_batch_size=per_device,
-               gradient_accumulation_steps=p["gradient_accumulation_steps"], learning_rate=p["lr"], beta=p["beta"],
+               gradient_accumulation_steps=accumulation, learning_rate=p["lr"], beta=p["beta"],
                **{_checkpointing_key(cls): bool(p["gradient_checkpointing"])}, seed=p["seed"], data_seed=p["seed"],
                logging_steps=1, **prepare_trl(tracker), save_strategy="no", disable_tqdm=True,
                dataloader_num_workers=int(p.get("num_workers", 0)),

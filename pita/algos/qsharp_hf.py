@@ -25,6 +25,7 @@ class QSharpHF(ValueGuidedAlgorithm):
     name = "QSharp-HF"
     Config = QSharpHFConfig
     uses_preference_pairs = True
+    trains_proxy = True
 
     def default_loss(self, task: str) -> str:
         return "mle"
@@ -36,8 +37,8 @@ class QSharpHF(ValueGuidedAlgorithm):
         c = self.c
         job = proxy_job(f"{p.prefix(self.name)}.r{r}.proxy", merges, p.paths["guidance"], epochs=c.proxy_epochs,
                         lr=c.proxy_lr, labels=preference_labels(p.cfg), seed=p.cfg.system.seed + r, batch_size=c.batch_size,
-                        token_budget=c.token_budget, head_dim=c.head_dim, memory_gb=p.mem["train"],
-                        group=f"round {r}", training=training_settings(p.cfg, c))
+                        token_budget=c.token_budget, head_dim=c.head_dim, memory_gb=p.mem[f"proxy.{self.name}"],
+                        group=f"round {r}", training=training_settings(p.cfg, c, whole=c.batch_size))
         return [job], {"proxy": job.id}
 
     @classmethod
@@ -50,7 +51,9 @@ class QSharpHF(ValueGuidedAlgorithm):
         if not recs:
             return []
         pvm = ValueModel.load(ctx.dep_result(ctx.params["proxy"])["checkpoint"], device=device).eval()
-        targets = score_sequences(pvm, [sequence_ids(r) for r in recs], device)
+        # scored micro_batch_size rows at a time: an OOM retry, which halves it, reaches the scoring too
+        targets = score_sequences(pvm, [sequence_ids(r) for r in recs], device,
+                                  batch=max(1, int(ctx.params.get("micro_batch_size") or 64)))
         del pvm
         # a Bradley-Terry reward is defined up to a constant and each round's proxy is trained
         # afresh: centre its scores so that rounds share the atoms of round 0

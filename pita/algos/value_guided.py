@@ -19,7 +19,7 @@ from typing import List, Optional
 
 from pita.algos.base import ALGORITHMS, AlgoConfig, Algorithm, PlanContext, check_common, training_settings
 from pita.core.errors import ConfigError, JobError
-from pita.core.job import Job, Resources, add_kind_module, job_kind
+from pita.core.job import TRAINING_RETRY, Job, Resources, add_kind_module, job_kind
 
 add_kind_module("pita.algos.value_guided")
 
@@ -113,9 +113,9 @@ class ValueGuidedAlgorithm(Algorithm):
     def check_models(self, paths: dict) -> list[str]:
         if self.c.top_k == -1:
             return []
-        from transformers import AutoConfig
+        from pita.models.shapes import model_config, text_config
 
-        vocab = AutoConfig.from_pretrained(paths["guidance"]).vocab_size
+        vocab = text_config(model_config(paths["guidance"], "model.guidance")).vocab_size
         if self.c.top_k > vocab:
             return [f"{self.key}.top_k={self.c.top_k} is larger than the vocabulary ({vocab}); use -1 for all"]
         return []
@@ -155,8 +155,9 @@ class ValueGuidedAlgorithm(Algorithm):
                                     "head_dim": c.head_dim, "epochs": c.epochs, "lr": c.lr,
                                     "batch_size": c.batch_size, "token_budget": c.token_budget,
                                     "lm_prior": c.lm_prior, "seed": p.cfg.system.seed + r,
-                                    **training_settings(p.cfg, c), **extra_params},
-                            resources=Resources(1, p.mem["train"]), duration_hint=3.0))
+                                    **training_settings(p.cfg, c, whole=c.batch_size), **extra_params},
+                            resources=Resources(1, p.mem[f"train.{algo}"]), retry=TRAINING_RETRY,
+                            duration_hint=3.0))
             jobs += p.evaluations(algo, r, train, policy={"guidance": {"from_job": train, "mode": mode, "top_k": c.top_k}},
                                   etas=[float(e) for e in c.etas])
             prev_train = train

@@ -1,6 +1,7 @@
 """The command line: plan the experiment, validate everything, run it, report.
 
     pita run experiment.name=NAME [key=value ...]                   (Hydra main -> run_experiment)
+    pita plan [--json] [key=value ...] [system.inventory=8x80GB]    (the plan, nothing run: plan_main)
     python run_parallel.py experiment.name=NAME [key=value ...]     (the same: run_main)
     pita run resume_from=outputs/NAME/<time>                        (re-run unfinished jobs)
     pita status outputs/NAME/<time>                                 (jobs by state, live or not)
@@ -37,6 +38,10 @@ def console_main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["run"]:  # the experiment itself: Hydra's command line, not argparse's
         return run_main(argv[1:], prog="pita run")
+    if argv[:1] == ["plan"]:  # the same command line, planned and not run
+        from pita.cli.plan import plan_main
+
+        return plan_main(argv[1:], prog="pita plan")
     # Output piped into `head` and the like: end quietly when the reader goes away, as Unix tools do.
     signal.signal(signal.SIGPIPE, signal.SIG_DFL)
     if argv[:1] in (["-h"], ["--help"]):
@@ -46,6 +51,8 @@ def console_main(argv: list[str] | None = None) -> int:
                                  "(pita --help: the whole page).")
     sub = ap.add_subparsers(dest="cmd", required=True)
     sub.add_parser("run", help="run an experiment: pita run key=value ... (pita run --help)")
+    sub.add_parser("plan", help="the plan a run would make (jobs, memory, makespan), on this machine or "
+                   "system.inventory=8x80GB; --json for scripts")
     st = sub.add_parser("status", help="jobs by state, devices, failures and their logs")
     st.add_argument("run_dir")
     st.add_argument("--all", action="store_true", help="every job, not only running / failed / skipped ones")

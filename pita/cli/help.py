@@ -22,9 +22,9 @@ HELP_KEYS = ("experiment.", "system.output_dir", "system.devices", "system.cache
 # keys whose one-line note would hide what a new user needs to know: the whole note, on more lines
 LONG_NOTES = {
     "training.micro_batch_size": "rows per forward/backward; 0: the whole batch; auto (the gpu auto preset "
-                                 "sets it): chosen from the memory estimate when a run starts and written to its "
-                                 "config.yaml. It starts the run: pita plan (to come) will show the choice "
-                                 "without running",
+                                 "sets it): chosen per algorithm from the memory estimate when a run starts and "
+                                 "written to its config.yaml (algos.<A>.micro_batch_size); pita plan shows the "
+                                 "choice without running",
 }
 
 def help_text(prog: str = "pita run") -> str:
@@ -39,6 +39,7 @@ def help_text(prog: str = "pita run") -> str:
     out = [
         f"usage: {prog} [key=value ...] [-m|--multirun] [--cfg job]",
         "       pita run ... | python -m pita run ... | python run_parallel.py ...   (one and the same)",
+        "       pita plan [--json] [key=value ...] [system.inventory=8x80GB]   (python run_parallel.py --plan ...)",
         "       pita status RUN_FOLDER [--all]",
         "       pita report RUN_FOLDER",
         "",
@@ -50,6 +51,8 @@ def help_text(prog: str = "pita run") -> str:
         "",
         "commands:",
         "  run      run an experiment (or a sweep with -m); key=value overrides, checked first",
+        "  plan     the plan a run would make: jobs, devices, memory per job kind, the simulated makespan; "
+        "no run folder, no hub; system.inventory=8x80GB plans for another machine",
         "  status   a run's jobs by state, its devices, failures and their logs (safe on a live run)",
         "  report   re-render a run's results/report.md and plots from its saved results",
         "",

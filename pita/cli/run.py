@@ -66,6 +66,10 @@ def _run(cfg: DictConfig, overrides: list[str], run_dir: Path | None = None) -> 
     from pita.core.state import StateStore
     from pita.plans import build_plan
 
+    if cfg.system.get("inventory") is not None:
+        raise ConfigError(f"system.inventory={cfg.system.inventory!r} describes devices this machine may not have; "
+                          f"only `pita plan` (or --plan) accepts it. Drop it to run on this machine's devices, or "
+                          f"plan with: pita plan ... system.inventory={cfg.system.inventory}")
     resume = cfg.get("resume_from")
     owner = rebuilt = None
     if resume:
@@ -97,6 +101,10 @@ def _run(cfg: DictConfig, overrides: list[str], run_dir: Path | None = None) -> 
         if len(planned) > ex.max_jobs:
             raise ConfigError(f"the plan has {len(planned)} jobs, more than executor.max_jobs={ex.max_jobs}: plan fewer "
                               f"rounds, algorithms or datasets, or raise executor.max_jobs")
+        from pita.plans.fit import fit_problems
+
+        if fit := fit_problems(planned, totals, ex.memory_margin):
+            raise ConfigError(fit)
         graph = JobGraph(planned).validate(totals, ex.memory_margin)
 
         if resume:
@@ -282,6 +290,10 @@ def run_main(argv: list[str] | None = None, prog: str = "python run_parallel.py"
     if any(a in ("-h", "--help") for a in argv):
         print(help_text(prog))
         return 0
+    if "--plan" in argv:  # python run_parallel.py --plan ...: pita plan
+        from pita.cli.plan import plan_main
+
+        return plan_main(argv, prog=f"{prog} --plan")
     problem = launcher_problem(os.environ)
     if problem:
         print(f"error: {problem}", file=sys.stderr)

@@ -43,6 +43,12 @@ class SystemConfig:
     clear_cache_interval: int = 0  # CUDA: empty the allocator cache every N training steps; 0 = never
     # false: one job at a time on one device (debugging; the plan and results are the same)
     use_parallel_execution: bool = True
+    # lower each sampling job kind's batch (data_collection.batch_size, eval.batch_size) to the largest
+    # its memory estimate fits on the smallest device; gpu=auto sets it
+    fit_batches: bool = False
+    # pita plan only: the devices to plan for instead of this machine's, e.g. 8x80GB, 8xH100,
+    # [80GB,80GB,40GB] (GB = 10^9 bytes; a GPU name: the memory NVML reports for it)
+    inventory: Any = None
 
 
 @dataclass

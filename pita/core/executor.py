@@ -121,6 +121,9 @@ class Executor:
         self.params = {j.id: copy.deepcopy(j.params) for j in graph.jobs}
         self.attempts: dict[str, int] = {}
         self.oom_count: Counter = Counter()
+        # memory key -> the batch (params[batch_param]) a job of that kind was retried at after an
+        # OOM at its planned estimate: later jobs of the kind start there instead of failing first
+        self.oom_batch: dict[str, int] = {}
         self.crash_count: Counter = Counter()
         self.started_at: dict[str, float] = {}
         self.pending_state: dict[str, dict] = {}
@@ -342,6 +345,7 @@ class Executor:
         reserve = self.sched.devices[ordinals[0]].reserved.get(job_id, 0) if ordinals else 0
         self.reserved[job_id] = reserve
         self.sampled_peak.pop(job_id, None)
+        self._apply_oom_batch(job_id)
         job_dict = dict(job.to_dict(), params=self.params[job_id])
         launch = Launch(job=job_dict, target=kind_target(job.kind), attempt=n, run_dir=str(self.run_paths.root),
                         config=self.config, devices=[dict(d.describe(), label=d.label) for d in devs],
@@ -382,6 +386,19 @@ class Executor:
                 self.backend.kill(job_id, status="timeout", reason=f"timed out after {limit:g}s",
                                   grace_s=self.s.kill_grace_s)
 
+    def _apply_oom_batch(self, job_id: str) -> None:
+        """A job of a kind that already ran out of memory at its planned batch starts at the batch
+        that kind was retried at (one line in the log), not at the one known to fail."""
+        job = self.graph[job_id]
+        key = self.memory.key_of.get(job_id)
+        smaller = self.oom_batch.get(key) if key else None
+        bp = job.retry.batch_param
+        bs = self.params[job_id].get(bp)
+        if smaller is not None and isinstance(bs, int) and bs > smaller:
+            self.params[job_id][bp] = smaller
+            log.info("%s starts with %s=%d instead of %d: a job like it ran out of memory at the larger one",
+                     job_id, bp, smaller, bs)
+
     # ------------------------------------------------------------------ outcomes
     def _handle(self, f: Finished) -> None:
         job = self.graph[f.job_id]
@@ -395,6 +412,9 @@ class Executor:
         record = {"n": f.attempt, "status": f.status, "start": self.started_at.get(f.job_id), "end": now,
                   "devices": [d.describe() for d in devs], "exit_code": f.exit_code, "error": f.error or None,
                   job.retry.batch_param: self.params[f.job_id].get(job.retry.batch_param), **f.extra}
+        used, planned_bs = self.params[f.job_id].get(job.retry.batch_param), job.params.get(job.retry.batch_param)
+        if used != planned_bs:  # an OOM (this job's or one like it) changed its size: the report says so
+            record["oom_resized"] = {"param": job.retry.batch_param, "planned": planned_bs, "used": used}
         mem = self._memory_record(f, job, devs)
         if mem:
             record["memory"] = mem
@@ -437,6 +457,10 @@ class Executor:
             self.oom_count[f.job_id] += 1
             if isinstance(bs, int) and bs > 1 and self.oom_count[f.job_id] <= limit:
                 self.params[f.job_id][job.retry.batch_param] = bs // 2
+                key = self.memory.key_of.get(f.job_id)
+                if key:  # the kind's later jobs start at the smaller batch; its estimate is not lowered
+                    self.oom_batch[key] = min(self.oom_batch.get(key, bs), bs // 2)
+                    self._memory_changed(self.memory.distrust(f.job_id), level=logging.WARNING)
                 log.warning("%s ran out of memory on %s (attempt %d); retrying with %s=%d (OOM retry %d of %d)",
                             f.job_id, where, f.attempt, job.retry.batch_param, bs // 2, self.oom_count[f.job_id], limit)
                 self.sched.requeue(f.job_id)

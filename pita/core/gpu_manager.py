@@ -16,6 +16,7 @@ from __future__ import annotations
 import glob
 import logging
 import os
+import re
 from dataclasses import dataclass, field
 from typing import Iterable, Sequence
 
@@ -313,3 +314,53 @@ class GPUManager:
         if threads:
             env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(threads)
         return env
+
+
+# What NVML reports as total memory (MiB) for GPUs an inventory may name (system.inventory=8xH100)
+GPU_MEMORY_MIB = {
+    "H100": 81559, "H100-80GB": 81559, "H200": 143771, "B200": 183359, "GH200": 97871,
+    "A100": 81920, "A100-80GB": 81920, "A100-40GB": 40960, "L40S": 46068, "L40": 46068, "A6000": 49140,
+    "A10G": 23028, "A10": 23028, "L4": 23034, "RTX4090": 24564, "V100": 32768, "V100-16GB": 16384, "T4": 15360,
+}
+_SIZE = re.compile(r"^(\d+(?:\.\d+)?)\s*(GB|GIB|G|MB|MIB)$")
+_COUNT = re.compile(r"^(\d+)\s*[xX*]\s*(.+)$")
+
+
+def parse_inventory(value) -> list[tuple[str, int]]:
+    """``system.inventory`` as (name, total bytes) per device: ``8x80GB``, ``8xH100``,
+    ``[80GB,80GB,40GB]``, ``2xA100-40GB,2xL4``. GB are 10^9 bytes and GiB 2^30; a GPU name gets
+    the memory NVML reports for it (:data:`GPU_MEMORY_MIB`). ConfigError names what is wrong."""
+    items = str(value).strip().strip("[]").split(",") if isinstance(value, (str, int, float)) \
+        else [str(x) for x in value]
+    fix = ("write N x SIZE or N x GPU, e.g. system.inventory=8x80GB, system.inventory=8xH100 or "
+           "system.inventory=[80GB,80GB,40GB]; known GPUs: " + ", ".join(GPU_MEMORY_MIB))
+    devices: list[tuple[str, int]] = []
+    problems = []
+    for raw in items:
+        item = raw.strip()
+        if not item:
+            continue
+        n, what = 1, item
+        m = _COUNT.match(item)
+        if m:
+            n, what = int(m.group(1)), m.group(2).strip()
+        size = _SIZE.match(what.upper().replace(" ", ""))
+        if size:
+            x, unit = float(size.group(1)), size.group(2)
+            total = int(x * {"GB": 1e9, "G": 1e9, "GIB": 2**30, "MB": 1e6, "MIB": 2**20}[unit])
+            name = f"{x:g} {unit.replace('GIB', 'GiB').replace('MIB', 'MiB')} GPU"
+        else:
+            key_ = what.upper().replace("NVIDIA", "").replace(" ", "").replace("_", "-")
+            if key_ not in GPU_MEMORY_MIB:
+                problems.append(f"system.inventory={value!r}: {item!r} is neither a size nor a GPU pita knows; {fix}")
+                continue
+            total, name = GPU_MEMORY_MIB[key_] * 2**20, key_
+        if n < 1 or total <= 0:
+            problems.append(f"system.inventory={value!r}: {item!r} describes no memory; {fix}")
+            continue
+        devices += [(name, total)] * n
+    if not devices and not problems:
+        problems.append(f"system.inventory={value!r} lists no device; {fix}")
+    if problems:
+        raise ConfigError(problems)
+    return devices

@@ -59,6 +59,11 @@ class RetryPolicy:
     timeout_s: float | None = None
 
 
+# A training job that runs out of memory is retried with its micro-batch halved; the job raises
+# gradient accumulation to match, so the effective batch (the experiment) never changes
+TRAINING_RETRY = RetryPolicy(batch_param="micro_batch_size")
+
+
 @dataclass
 class Job:
     id: str

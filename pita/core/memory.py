@@ -6,10 +6,11 @@ job starts, and the OOM retry (batch halved) covers the cases where they are too
     inference  ~ weights + KV cache(batch, seq) + logits of one step + workspace
     training   ~ weights + gradients + optimizer states (+ fp32 master copy) + activations + logits
 
-Activation sizes follow the usual transformer accounting (Korthikanti et al., 2022): about
-``34 * hidden`` bytes per token per layer in 16-bit without recomputation, and only each layer's
-input (``2 * hidden`` bytes per token per layer) plus one layer's full set with gradient
-checkpointing. Attention scores are not materialised (SDPA / FlashAttention).
+Activation sizes follow the transformer accounting of Korthikanti et al. (2022), per layer and
+token, from the model's own widths (:func:`layer_activation_elements`: wide MLPs and grouped
+queries count as they are), and only each layer's input plus one layer's full set with gradient
+checkpointing. Attention scores are not materialised (SDPA / FlashAttention). The formulas are
+checked against fake-tensor measurements of the jobs' own code: ``python -m bench.memory_truth``.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ def bytes_per_param(dtype: str) -> float:
 
 @dataclass(frozen=True)
 class ModelShape:
-    """What memory estimates need to know about a model."""
+    """What memory estimates need to know about a model (its language model's sizes)."""
 
     n_params: int
     n_layers: int
@@ -47,21 +48,31 @@ class ModelShape:
     n_kv_heads: int
     head_dim: int
     vocab: int
+    n_heads: int = 0  # 0: unknown (hidden // head_dim is used)
+    intermediate: int = 0  # the MLP's width; 0: unknown (4 x hidden is used)
+
+    @property
+    def heads(self) -> int:
+        return self.n_heads or max(1, self.hidden // max(1, self.head_dim))
+
+    @property
+    def mlp(self) -> int:
+        return self.intermediate or 4 * self.hidden
 
     @classmethod
     def from_hf_config(cls, cfg, n_params: int | None = None) -> "ModelShape":
-        """Build from a transformers config (``n_params`` estimated from the shape when not given)."""
+        """Build from a transformers (text) config (``n_params`` estimated from the shape when not given)."""
         hidden = cfg.hidden_size
         heads = cfg.num_attention_heads
         kv = getattr(cfg, "num_key_value_heads", None) or heads
         head_dim = getattr(cfg, "head_dim", None) or hidden // heads
         layers = cfg.num_hidden_layers
         vocab = cfg.vocab_size
+        inter = getattr(cfg, "intermediate_size", None) or getattr(cfg, "hidden_dim", None) or 4 * hidden
         if n_params is None:
-            inter = getattr(cfg, "intermediate_size", 4 * hidden)
             per_layer = hidden * (heads * head_dim) * 2 + hidden * (kv * head_dim) * 2 + 3 * hidden * inter
             n_params = layers * per_layer + vocab * hidden * (1 if getattr(cfg, "tie_word_embeddings", False) else 2)
-        return cls(int(n_params), layers, hidden, kv, head_dim, vocab)
+        return cls(int(n_params), layers, hidden, kv, head_dim, vocab, heads, inter)
 
 
 def weights_bytes(shape: ModelShape, dtype: str) -> float:
@@ -82,6 +93,86 @@ def inference_bytes(shape: ModelShape, dtype: str, batch: int, seq_len: int, cud
     return int(total + (CUDA_CONTEXT_BYTES if cuda else 0))
 
 
+# fp32 [rows x vocabulary] tensors the sampler holds at once at one step: the tempered
+# log-probs, the guided or nucleus-masked copy, the sampled distribution, the reference's under
+# its own processing, the softmax and its cumulative sum
+SAMPLER_COPIES = 6
+
+
+def layer_transient_bytes(shape: ModelShape, tokens: int, act_bytes: float) -> float:
+    """The widest moment of one layer's forward over ``tokens`` tokens without autograd: the
+    residual stream and its normed copy next to the MLP's gate, up and gated product (or the
+    attention's queries, keys, values and output, whichever is wider)."""
+    mlp = 2 * shape.hidden + 3 * shape.mlp
+    attn = 3 * shape.hidden + (2 * shape.heads + 2 * shape.n_kv_heads) * shape.head_dim
+    return tokens * max(mlp, attn) * act_bytes
+
+
+def generation_bytes(shape: ModelShape, dtype: str, batch: int, prompt_len: int, new_tokens: int,
+                     cuda: bool = True) -> int:
+    """Sampling ``batch`` completions of up to ``new_tokens`` after prompts of ``prompt_len``:
+    weights + the larger of the prefill (the prompts' KV cache and the widest layer over every
+    prompt token) and the last decode step (the KV cache at full length), + the last position's
+    logits and the sampler's fp32 copies (+ 10% workspace and the context). Prefill keeps only
+    the last position's logits (``LM.generate_ids``)."""
+    b = bytes_per_param(dtype)
+    w = weights_bytes(shape, dtype)
+    prefill = (kv_cache_bytes(shape, dtype, batch, prompt_len)
+               + layer_transient_bytes(shape, batch * prompt_len, b) + batch * prompt_len * shape.hidden * b)
+    decode = kv_cache_bytes(shape, dtype, batch, prompt_len + new_tokens) + layer_transient_bytes(shape, batch, b)
+    logits = batch * shape.vocab * (b + 4 * SAMPLER_COPIES)
+    return int((w + max(prefill, decode) + logits) * 1.10 + (CUDA_CONTEXT_BYTES if cuda else 0))
+
+
+# completion positions whose fp32 log-probabilities over the vocabulary exist at once when
+# ``LM.sequence_logprobs`` scores a batch (chunked over positions)
+SCORE_CHUNK_TOKENS = 1024
+
+
+def scoring_bytes(shape: ModelShape, dtype: str, batch: int, seq_len: int, cuda: bool = True,
+                  weights: bool = True, logits: bool = True) -> int:
+    """Scoring ``batch`` sequences of ``seq_len`` tokens in one forward without a KV cache: weights
+    (unless ``weights=False``: a second use of a model already counted) + the widest layer over
+    every token + the final hidden states + one chunk of completion positions' logits in fp32
+    (logits, log-softmax, nucleus mask) (+ 10% workspace and the context)."""
+    b = bytes_per_param(dtype)
+    tokens = batch * seq_len
+    w = weights_bytes(shape, dtype) if weights else 0
+    act = layer_transient_bytes(shape, tokens, b) + tokens * shape.hidden * b
+    lg = min(tokens, SCORE_CHUNK_TOKENS) * shape.vocab * (b + 4 * 3) if logits else 0  # a classifier: none
+    return int((w + act + lg) * 1.10 + (CUDA_CONTEXT_BYTES if cuda else 0))
+
+
+# the linear layers LoRA may adapt: (input width, output width) in a layer of ``shape``
+def _linear_widths(shape: ModelShape) -> dict[str, tuple[int, int]]:
+    q, kv, h, i = shape.heads * shape.head_dim, shape.n_kv_heads * shape.head_dim, shape.hidden, shape.mlp
+    return {"q_proj": (h, q), "k_proj": (h, kv), "v_proj": (h, kv), "o_proj": (q, h),
+            "gate_proj": (h, i), "up_proj": (h, i), "down_proj": (i, h),
+            "qkv_proj": (h, q + 2 * kv), "gate_up_proj": (h, 2 * i)}
+
+
+def lora_params(shape: ModelShape, r: int, targets) -> int:
+    """Parameters of rank-``r`` LoRA adapters on the named linear layers of every layer (a name
+    this table does not know counts as the widest, hidden x MLP)."""
+    if r <= 0:
+        return 0
+    widths = _linear_widths(shape)
+    widest = shape.hidden + shape.mlp
+    return shape.n_layers * sum(r * (sum(widths[t]) if t in widths else widest) for t in targets)
+
+
+def layer_activation_elements(shape: ModelShape) -> int:
+    """Elements one layer keeps per token for its backward (SwiGLU MLP, SDPA attention): the two
+    norms' inputs and fp32 statistics (6h), queries and attention output (2q), keys and values
+    (2kv), and the MLP's gate, up, activation and product (4 x intermediate). A 4h MLP without
+    grouped queries gives 26h elements, 52h bytes in 16-bit: above the usual 34h, which counts a
+    two-matrix GELU MLP and no fp32 norm statistics; the fake-tensor measurements of
+    bench/memory_truth.py agree with this one."""
+    q = shape.heads * shape.head_dim
+    kv = shape.n_kv_heads * shape.head_dim
+    return 6 * shape.hidden + 2 * q + 2 * kv + 4 * shape.mlp
+
+
 def training_bytes(
     shape: ModelShape,
     dtype: str,
@@ -91,27 +182,46 @@ def training_bytes(
     master_fp32: bool = True,
     gradient_checkpointing: bool = False,
     cuda: bool = True,
+    act_dtype: str | None = None,
+    trainable_params: int | None = None,
+    extra_bytes: float = 0.0,
+    logits: bool = True,
+    logit_positions: int | None = None,
+    logit_bytes: float | None = None,
 ) -> int:
     """Weights + gradients + optimizer states (+ fp32 master) + activations + logits (+ context).
 
     ``batch`` is the micro-batch that is resident at once (gradient accumulation does not add).
+    ``act_dtype``: the activations' dtype (autocast's, e.g. bfloat16 over fp32 weights; default
+    ``dtype``). ``trainable_params``: gradients and optimizer states for this many parameters
+    only (LoRA adapters, which are then added to the weights); default every parameter.
+    ``extra_bytes``: other resident memory (a frozen reference model). ``logits=False``: the loss
+    never takes the whole vocabulary at every position.
     """
     b = bytes_per_param(dtype)
+    ab = bytes_per_param(act_dtype or dtype)
     n = shape.n_params
-    weights = n * b
-    grads = n * b
+    t = n if trainable_params is None else int(trainable_params)
+    weights = n * b + (t * b if trainable_params is not None else 0)
+    grads = t * b
     opt_states = {"adamw": 8, "adam": 8, "sgd": 0, "sgd_momentum": 4, "adafactor": 4}.get(optimizer)
     if opt_states is None:
         raise ValueError(f"optimizer={optimizer!r} is not known; choose adamw, adam, sgd, sgd_momentum, adafactor")
-    optim = n * opt_states
-    master = n * 4 if (master_fp32 and b < 4) else 0
+    optim = t * opt_states
+    master = t * 4 if (master_fp32 and b < 4) else 0
     tokens = batch * seq_len
-    act = tokens * shape.n_layers * 34 * shape.hidden
+    per_layer = layer_activation_elements(shape)
+    act = tokens * shape.n_layers * per_layer
     if gradient_checkpointing:  # layer inputs kept, one layer's activations live during recompute
-        act = min(act, tokens * shape.n_layers * 2 * shape.hidden + tokens * 34 * shape.hidden)
-    act *= b / 2  # the 34*h figure is for 16-bit activations
-    logits = tokens * shape.vocab * 4 * 2  # fp32 logits and their gradient
-    total = (weights + grads + optim + master + act + logits) * 1.10
+        act = min(act, tokens * shape.n_layers * shape.hidden + tokens * per_layer)
+    act *= ab
+    # the logits in the activations' dtype, their fp32 log-softmax and its gradient, and the
+    # gradient back in the activations' dtype (``logit_positions``: positions per row whose
+    # logits exist, when fewer than seq_len)
+    # logits; ``logit_bytes``: per logit, for a loss that never holds fp32 copies (TRL's selective_log_softmax)
+    per_logit = (2 * ab + 4 * 3) if logit_bytes is None else logit_bytes
+    lg = batch * min(seq_len, logit_positions or seq_len) * shape.vocab * per_logit if logits else 0
+    total = (weights + grads + optim + master + act + lg + extra_bytes) * 1.10
     return int(total + (CUDA_CONTEXT_BYTES if cuda else 0))
 
 

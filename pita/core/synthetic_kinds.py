@@ -8,7 +8,8 @@
     synthetic.kill   SIGKILL itself (a worker killed from outside, or by the kernel's OOM killer);
                      with params.kill_attempts only on that many first attempts, then it
                      completes, reporting params.peak_gb as synthetic.work does
-    synthetic.oom    raise a CUDA-style out-of-memory error while params.batch_size > params.fits, and
+    synthetic.oom    raise a CUDA-style out-of-memory error while params.batch_size (or the param
+                     params.size_param names) > params.fits, and
                      on the first params.oom_attempts attempts whatever the batch (a device that
                      filled up); params.peak_gb as for synthetic.work
     synthetic.hang   sleep for ever (timeouts, Ctrl-C)
@@ -93,12 +94,13 @@ def kill_self(ctx):
 
 @job_kind("synthetic.oom")
 def oom(ctx):
-    bs, fits = int(ctx.params["batch_size"]), int(ctx.params.get("fits", 1))
+    size = ctx.params.get("size_param", "batch_size")  # micro_batch_size: a training job's retry
+    bs, fits = int(ctx.params[size]), int(ctx.params.get("fits", 1))
     if ctx.params.get("peak_gb") is not None:
         ctx.report_peak(float(ctx.params["peak_gb"]) * 1e9)
     if bs > fits or ctx.attempt <= int(ctx.params.get("oom_attempts", 0)):
-        raise RuntimeError(f"CUDA out of memory. Tried to allocate {bs * 2} GiB (batch_size={bs})")
-    return {"batch_size": bs}
+        raise RuntimeError(f"CUDA out of memory. Tried to allocate {bs * 2} GiB ({size}={bs})")
+    return {size: bs}
 
 
 @job_kind("synthetic.hang")

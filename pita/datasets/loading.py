@@ -165,3 +165,39 @@ def _train_on_test_problem(cfg: Any, ds: Any) -> str:
             f"folder written by DatasetDict.save_to_disk with separate train and test splits; set {ktr}=null "
             f"for an evaluation-only set and train on another dataset; or set "
             f"{key(cfg.name, 'allow_train_on_test')}=true to train on the evaluation rows knowingly")
+
+
+# Rows of the hub splits the dataset presets name (pita/conf/dataset/), so a plan made where the
+# hub cannot be reached (``pita plan``) sizes and shards their jobs as a run would.
+HUB_ROWS = {
+    ("openai/gsm8k", "main", "train"): 7473, ("openai/gsm8k", "main", "test"): 1319,
+    ("HuggingFaceH4/MATH-500", None, "test"): 500,
+    ("HuggingFaceH4/aime_2024", None, "train"): 30,
+    ("yentinglin/aime_2025", None, "train"): 30,
+    ("AI-MO/aimo-validation-aime", None, "train"): 90,
+    ("stanfordnlp/imdb", "plain_text", "train"): 25000, ("stanfordnlp/imdb", "plain_text", "test"): 25000,
+    ("trl-lib/tldr", None, "train"): 116722, ("trl-lib/tldr", None, "test"): 6553,
+}
+
+
+def count_examples(cfg: Any, split: str, known_rows: bool = False) -> tuple[int, str, bool]:
+    """(examples, task, assumed) of ``split``: loaded as :func:`load_examples` loads them, or with
+    ``known_rows``, when the hub cannot give the rows, counted from :data:`HUB_ROWS` with the same
+    held_out split and caps (``assumed`` is then True)."""
+    try:
+        ex = load_examples(cfg, split)
+        return len(ex), (ex[0].task if ex else DATASETS.get(cfg.name).task), False
+    except ConfigError:
+        if not known_rows or cfg.path is not None:
+            raise
+        source = "test" if split == "test" else "train"
+        n = HUB_ROWS.get((cfg.hub_id, cfg.hub_config, _split_name(cfg, source)))
+        if n is None:
+            raise
+    if source == "train":
+        if cfg.held_out >= n:
+            raise ConfigError(f"{key(cfg.name, 'held_out')}={cfg.held_out}: the train split of {cfg.hub_id} has only "
+                              f"{n} rows, so none would be left for train; set held_out below {n}")
+        n = cfg.held_out if split == "held_out" else n - cfg.held_out
+    cap = {"train": cfg.train_cap, "test": cfg.test_cap}.get(split)
+    return (min(n, cap) if cap is not None else n), DATASETS.get(cfg.name).task, True

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pita.core.errors import JobError
-from pita.core.job import Job, Resources, add_kind_module, job_kind
+from pita.core.job import TRAINING_RETRY, Job, Resources, RetryPolicy, add_kind_module, job_kind
 
 add_kind_module("pita.guidance.proxy")
 
@@ -48,7 +48,8 @@ def proxy_job(job_id: str, data: list[str], backbone: str, epochs: int, lr: floa
         params["tokenizer"] = tokenizer
     params.update(training or {})
     return Job(id=job_id, kind="algo.proxy_train", deps=list(data), group=group, params=params,
-               resources=Resources(1, memory_gb), duration_hint=2.0)
+               resources=Resources(1, memory_gb), retry=TRAINING_RETRY if "micro_batch_size" in params else
+               RetryPolicy(), duration_hint=2.0)
 
 
 def text_ids(tok, prompt: str, completion: str, finished: bool = True) -> list[int]:
@@ -78,9 +79,9 @@ def score_sequences(vm, seqs: list[list[int]], dev, batch: int = 64) -> list[flo
     return out
 
 
-def pair_accuracy(vm, examples, dev) -> float:
+def pair_accuracy(vm, examples, dev, batch: int = 64) -> float:
     """Share of training pairs whose chosen sequence the proxy scores higher."""
-    scores = score_sequences(vm, [e.chosen for e in examples] + [e.rejected for e in examples], dev)
+    scores = score_sequences(vm, [e.chosen for e in examples] + [e.rejected for e in examples], dev, batch)
     n = len(examples)
     return sum(scores[i] > scores[n + i] for i in range(n)) / n
 
@@ -127,7 +128,7 @@ def proxy_train(ctx):
     out = ctx.paths.artifacts / "model"
     vm.save(out)
     ctx.paths.write_metrics(curve)
-    acc = pair_accuracy(vm, examples, dev)
+    acc = pair_accuracy(vm, examples, dev, batch=max(1, int(p.get("micro_batch_size") or 64)))
     ctx.log.info("proxy reward model: %d pairs, training pair accuracy %.3f", len(examples), acc)
     return {"checkpoint": str(out), "pairs": len(examples), "pair_accuracy": acc,
             "loss_first": curve[0]["loss"], "loss_last": curve[-1]["loss"]}

@@ -49,16 +49,17 @@ def load_family(name: str) -> FamilyConfig:
     return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(FamilyConfig), OmegaConf.load(path)))
 
 
-def _builtin(ref: str, cache_dir: str, seed: int, defer: bool = False) -> str:
+def _builtin(ref: str, cache_dir: str, seed: int, defer: bool | str = False) -> str:
     fam, _, part = ref[len("builtin:"):].partition("/")
     if fam == "tiny":
         from pita.models.tiny import build_tiny_family, prepare_tiny_family
 
         paths = prepare_tiny_family(cache_dir, seed) if defer else build_tiny_family(cache_dir, seed)
     elif fam == "smollm2":
-        from pita.models.smollm2 import convert_smollm2
+        from pita.models.smollm2 import HUB_ID, convert_smollm2, converted
 
-        paths = {"reference": convert_smollm2(cache_dir)}
+        # a plan that converts nothing (pita plan) sizes the model by its shipped architecture
+        paths = {"reference": (converted(cache_dir) or HUB_ID) if defer == "plan" else convert_smollm2(cache_dir)}
     else:
         raise ConfigError(f"model id {ref!r}: builtin family {fam!r} is not known; choose builtin:tiny/... or "
                           f"builtin:smollm2/...")
@@ -67,14 +68,16 @@ def _builtin(ref: str, cache_dir: str, seed: int, defer: bool = False) -> str:
     return paths[part]
 
 
-def resolve_id(ref: str, cache_dir: str, seed: int, defer: bool = False) -> str:
+def resolve_id(ref: str, cache_dir: str, seed: int, defer: bool | str = False) -> str:
     """A loadable id: builtin parts are built or fetched from the cache; others are returned as is.
     ``defer``: tiny-family parts are only prepared (tokenizer and config, no weights): a run
-    builds them as jobs (:func:`family_build_jobs`)."""
+    builds them as jobs (:func:`family_build_jobs`). ``defer="plan"`` (pita plan) also converts
+    nothing: smollm2 is its converted folder if there is one, else its hub id, sized by the
+    architecture shipped with pita."""
     return _builtin(ref, cache_dir, seed, defer) if ref.startswith("builtin:") else ref
 
 
-def resolve_family(fam: FamilyConfig, cache_dir: str, seed: int, defer: bool = False) -> dict:
+def resolve_family(fam: FamilyConfig, cache_dir: str, seed: int, defer: bool | str = False) -> dict:
     return {"reference": resolve_id(fam.reference, cache_dir, seed, defer),
             "guidance": resolve_id(fam.guidance, cache_dir, seed, defer),
             "reward_models": {k: resolve_id(v, cache_dir, seed, defer) for k, v in fam.reward_models.items()}}
@@ -131,13 +134,17 @@ def family_build_jobs(fam: FamilyConfig, cache_dir: str, seed: int, jobs: list, 
     return [b for p, b in builds.items() if p in used]  # a part no job reads is not built
 
 
-def check_tokenizers(reference: str, guidance: str) -> None:
-    """The guidance model reads the reference's token ids: vocab and special tokens must agree."""
+def check_tokenizers(reference: str, guidance: str, missing_ok: bool = False) -> bool:
+    """The guidance model reads the reference's token ids: vocab and special tokens must agree.
+    ``missing_ok`` (a plan made without the hub): a tokenizer that is neither local nor cached is
+    not checked (the run checks it when it starts); returns whether the check ran."""
     from transformers import AutoTokenizer
 
     try:
         a, b = AutoTokenizer.from_pretrained(reference), AutoTokenizer.from_pretrained(guidance)
-    except OSError as e:
+    except (OSError, ValueError) as e:
+        if missing_ok:
+            return False
         raise ConfigError(f"cannot load the tokenizers of {reference!r} / {guidance!r} ({str(e).splitlines()[0]})") from e
     problems = []
     if len(a) != len(b):
@@ -154,6 +161,7 @@ def check_tokenizers(reference: str, guidance: str) -> None:
         raise ConfigError(f"model.guidance={guidance!r} cannot guide model.reference={reference!r}: "
                           + "; ".join(problems) + ". Pick a guidance model from the same tokenizer family "
                           "(e.g. Qwen3-0.6B for Qwen3-1.7B)")
+    return True
 
 
 def family_build_note(jobs) -> Optional[str]:

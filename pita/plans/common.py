@@ -1,5 +1,5 @@
-"""What the planning modules share: dataset configs from the run config, generation requests and
-the inference-memory estimate. One planning module per workload (generation.py, experiment.py,
+"""What the planning modules share: dataset configs from the run config, generation requests. Memory
+estimates: pita/plans/memory.py. One planning module per workload (generation.py, experiment.py,
 synthetic.py) uses these; none uses another.
 """
 
@@ -19,19 +19,6 @@ def dataset_cfg(cfg, name: str):
     ds = DatasetConfig(**OmegaConf.to_container(cfg.datasets[name], resolve=True))
     validate_dataset_config(ds)
     return ds
-
-
-def estimate_memory_gb(model_path: str, dtype: str, batch: int, seq_len: int, cuda: bool) -> float:
-    """Inference estimate (weights + KV cache + logits) from the model's config; 0 if unreadable."""
-    from transformers import AutoConfig
-
-    from pita.core.memory import ModelShape, inference_bytes
-
-    try:
-        shape = ModelShape.from_hf_config(AutoConfig.from_pretrained(model_path))
-    except Exception:  # a hub id offline: the loading job reports it properly
-        return 0.0
-    return inference_bytes(shape, dtype, batch, seq_len, cuda=cuda) / 1e9
 
 
 def request_for(cfg, ds, policy_model: str, reward_model: str | None) -> dict:

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import logging
 
-from omegaconf import OmegaConf, open_dict
+from omegaconf import open_dict
 
 from pita.core.errors import ConfigError
 from pita.core.job import Job
 from pita.core.names import unknown_name
-from pita.plans.common import dataset_cfg, estimate_memory_gb, request_for
+from pita.plans.common import dataset_cfg, request_for
 
 log = logging.getLogger(__name__)
 
@@ -34,13 +34,16 @@ def eval_request_factory(cfg, paths):
     return make
 
 
-def experiment_plan(cfg, device_totals: list[int], cuda: bool) -> list[Job]:
+def experiment_plan(cfg, device_totals: list[int], cuda: bool, plan_only: bool = False) -> list[Job]:
+    """The experiment's job graph. ``plan_only`` (``pita plan``): the hub is never asked; hub
+    datasets that are not cached are counted from their known sizes and tokenizers that are not
+    cached are checked when the run starts."""
     from pita.algos import ALGORITHMS, PlanContext, algorithm
     from pita.algos.base import base_evaluation, base_validation
-    from pita.core.memory import ModelShape, training_bytes
-    from pita.datasets.loading import load_examples
+    from pita.datasets.loading import count_examples
     from pita.generation.parallel import ParallelDataGenerator
     from pita.models.families import check_tokenizers, family_build_jobs, resolve_family
+    from pita.models.shapes import model_shape
 
     problems = []
     n_devices = len(device_totals)
@@ -95,48 +98,29 @@ def experiment_plan(cfg, device_totals: list[int], cuda: bool) -> list[Job]:
                 problems += [f"{key}: {x}" for x in e.problems]
     if problems:
         raise ConfigError(problems)
-    paths = resolve_family(cfg.model, cfg.system.cache_dir, cfg.system.seed, defer=True)
-    check_tokenizers(paths["reference"], paths["guidance"])
+    paths = resolve_family(cfg.model, cfg.system.cache_dir, cfg.system.seed, defer="plan" if plan_only else True)
+    check_tokenizers(paths["reference"], paths["guidance"], missing_ok=plan_only)
     model_problems = [x for alg in algos.values() for x in alg.check_models(paths)]
     if model_problems:
         raise ConfigError(model_problems)
     gen = ParallelDataGenerator(device_totals)
-    dc = cfg.data_collection
-    resolve_auto_training(cfg, paths, device_totals, cuda)
-    mem = {"gen": dc.memory_gb if dc.memory_gb is not None else
-           estimate_memory_gb(paths["reference"], cfg.model.dtype, dc.batch_size, 256 + dc.max_new_tokens, cuda)}
-    # evaluation samples with its own batch and length; a guided one holds the value model too
-    ev_seq = 256 + ev.max_new_tokens
-    mem["eval"] = dc.memory_gb if dc.memory_gb is not None else \
-        estimate_memory_gb(paths["reference"], cfg.model.dtype, ev.batch_size, ev_seq, cuda)
-    mem["eval_guided"] = dc.memory_gb if dc.memory_gb is not None else \
-        mem["eval"] + estimate_memory_gb(paths["guidance"], cfg.model.dtype, ev.batch_size, ev_seq, cuda)
-    try:
-        from transformers import AutoConfig
-
-        shape = ModelShape.from_hf_config(AutoConfig.from_pretrained(paths["guidance"]))
-        micro = int(cfg.training.micro_batch_size) or 32
-        mem["train"] = training_bytes(shape, "float32", min(32, micro), 256, cuda=cuda,
-                                      gradient_checkpointing=bool(cfg.training.gradient_checkpointing)) / 1e9
-    except OSError:
-        mem["train"] = 0.0
-    policy_params = None
-    try:
-        shape = ModelShape.from_hf_config(AutoConfig.from_pretrained(paths["reference"]))
-        policy_params = shape.n_params
-        micro = int(cfg.training.micro_batch_size) or 16
-        mem["policy_train"] = training_bytes(shape, "float32", min(16, micro), 256 + dc.max_new_tokens, cuda=cuda,
-                                             gradient_checkpointing=bool(cfg.training.gradient_checkpointing)) / 1e9
-    except OSError:
-        mem["policy_train"] = 0.0
+    resolve_auto_training(cfg, paths, device_totals, cuda, algos, list(configs))
+    # estimates per dataset: a job holds the reward model of its own dataset (a training dataset's
+    # jobs: of it and of the datasets its models are evaluated on) and no other
+    mem_of = {name: plan_memory(cfg, paths, cuda, device_totals, algos, [name]) for name in configs}
+    batches: dict = {}
+    for m in mem_of.values():
+        for k, b in (m.get("batches") or {}).items():
+            batches[k] = min(b, batches.get(k, b))
+    policy_params = model_shape(paths["reference"], "model.reference").n_params
     eval_request = eval_request_factory(cfg, paths)
     eval_names = {ds.name: by_train.get(ds.name, [ds.name]) for ds in datasets}
     tunes = any(alg.tunes_eta for alg in algos.values())
-    n_val = {ds.name: carve_validation(ds, ev.validation_prompts) if tunes else 0 for ds in datasets}
+    n_val = {ds.name: carve_validation(ds, ev.validation_prompts, plan_only) if tunes else 0 for ds in datasets}
     tests, tasks = {}, {}
 
     def task_of(name: str, split: str) -> str:
-        task = load_examples(configs[name], split)[0].task
+        task = count_examples(configs[name], split, plan_only)[1]
         if task == "reward" and not paths["reward_models"].get(name):
             raise ConfigError(f"dataset {name} is scored by a reward model but model.reward_models.{name} is "
                               f"not set for model={cfg.model.name}")
@@ -144,12 +128,12 @@ def experiment_plan(cfg, device_totals: list[int], cuda: bool) -> list[Job]:
 
     train_tasks = {ds.name: task_of(ds.name, "train") for ds in datasets}
     for name in dict.fromkeys(n for names in eval_names.values() for n in names):  # first-seen order
-        tests[name] = len(load_examples(configs[name], ev.split))
+        tests[name] = count_examples(configs[name], ev.split, plan_only)[0]
         tasks[name] = task_of(name, ev.split)
     jobs: list[Job] = []
     for name in tests:  # the base model on every dataset something is evaluated on
         base = gen.plan(eval_request(configs[name]), base_evaluation(cfg.model.name, name), tests[name],
-                        memory_gb=mem["eval"], group="base")
+                        memory_gb=mem_of[name]["eval"], group="base")
         base[-1].kind = "eval.merge"
         base[-1].params.update(labels={"algorithm": "base", "family": cfg.model.name, "train_dataset": name,
                                        "round": 0, "eval_dataset": name, "task": tasks[name]},
@@ -159,7 +143,8 @@ def experiment_plan(cfg, device_totals: list[int], cuda: bool) -> list[Job]:
         if n_val[ds.name]:
             vreq = eval_request(ds)
             vreq["split"] = "held_out"
-            val = gen.plan(vreq, base_validation(cfg.model.name, ds.name), n_val[ds.name], memory_gb=mem["eval"],
+            val = gen.plan(vreq, base_validation(cfg.model.name, ds.name), n_val[ds.name],
+                           memory_gb=mem_of[ds.name]["eval"],
                            group="base")
             val[-1].kind = "eval.merge"
             val[-1].params.update(labels={"algorithm": "base", "family": cfg.model.name, "train_dataset": ds.name,
@@ -168,10 +153,12 @@ def experiment_plan(cfg, device_totals: list[int], cuda: bool) -> list[Job]:
             jobs += val
     for ds in datasets:
         rm = paths["reward_models"].get(ds.name)
-        ctx = PlanContext(cfg=cfg, ds=ds, paths=paths, gen=gen, n_train=len(load_examples(ds, "train")),
+        ctx = PlanContext(cfg=cfg, ds=ds, paths=paths, gen=gen, n_train=count_examples(ds, "train", plan_only)[0],
                           n_validation=n_val[ds.name],
                           evals=[(configs[n], tests[n], tasks[n]) for n in eval_names[ds.name]],
-                          task=train_tasks[ds.name], mem=mem, policy_params=policy_params, eval_request=eval_request,
+                          task=train_tasks[ds.name],
+                          mem=plan_memory(cfg, paths, cuda, device_totals, algos, [ds.name, *eval_names[ds.name]]),
+                          policy_params=policy_params, eval_request=eval_request,
                           data_request=lambda ds=ds, rm=rm: request_for(cfg, ds, paths["reference"], rm))
         for algo in cfg.experiment.algos:
             algo_jobs = algos[algo].plan(ctx)
@@ -179,26 +166,30 @@ def experiment_plan(cfg, device_totals: list[int], cuda: bool) -> list[Job]:
                 if j.kind == "eval.merge":
                     j.params["kl_fraction"] = ev.kl_fraction
             jobs += algo_jobs
+    if batches:
+        fit_sampling_batches(jobs, batches)
+        log.info("system.fit_batches: sampling batches lowered to fit the smallest device: %s",
+                 ", ".join(f"{k} {b}" for k, b in batches.items()))
     return family_build_jobs(cfg.model, cfg.system.cache_dir, cfg.system.seed, jobs, cuda,
                              len(device_totals)) + jobs
 
 
-def carve_validation(ds, wanted: int) -> int:
+def carve_validation(ds, wanted: int, plan_only: bool = False) -> int:
     """Set aside validation prompts from ``ds``'s training split (its held_out split): the
     dataset's own ``held_out`` when set, else ``wanted`` capped at a quarter of the training
     prompts. Returns how many (0: none)."""
-    from pita.datasets.loading import load_examples
+    from pita.datasets.loading import count_examples
 
     if ds.held_out:
-        return len(load_examples(ds, "held_out"))
+        return count_examples(ds, "held_out", plan_only)[0]
     if wanted <= 0:
         return 0
-    n = len(load_examples(ds, "train"))
+    n = count_examples(ds, "train", plan_only)[0]
     ds.held_out = min(wanted, n // 4)
     if ds.held_out < wanted:
         log.info("eval.validation_prompts=%d: %s has %d training prompts, so %d are set aside to choose eta on",
                  wanted, ds.name, n, ds.held_out)
-    return len(load_examples(ds, "held_out")) if ds.held_out else 0
+    return count_examples(ds, "held_out", plan_only)[0] if ds.held_out else 0
 
 
 def check_training(t) -> list[str]:
@@ -211,56 +202,118 @@ def check_training(t) -> list[str]:
     return p
 
 
-def resolve_auto_training(cfg, paths: dict, device_totals: list[int], cuda: bool) -> None:
-    """``training.micro_batch_size=auto`` / ``gradient_checkpointing=auto`` (the gpu=auto preset):
-    the largest micro-batch whose training-memory estimate (weights, gradients, AdamW states,
-    activations, logits) fits on the smallest device with executor.memory_margin to spare,
-    dividing every baseline's per-device batch; checkpointing only when no micro-batch fits
-    without it. Written into the config, so the run's config.yaml shows what was chosen."""
-    from transformers import AutoConfig
+# sampling job kinds: data generation and evaluation, by the policy that samples
+SAMPLING_KINDS = ("gen", "gen_guided", "eval", "eval_guided", "eval_trained")
 
-    from pita.core.memory import ModelShape, training_bytes
+
+def sampling_key(job) -> str | None:
+    """Which of SAMPLING_KINDS a generation shard is."""
+    if job.kind != "generation.shard":
+        return None
+    req = job.params["request"]
+    pol = req.get("policy") or {}
+    head = "eval" if req.get("recipe") == "eval" else "gen"
+    if pol.get("guidance"):
+        return f"{head}_guided"
+    return "eval_trained" if head == "eval" and pol.get("model_from_job") else head
+
+
+def fit_sampling_batches(jobs: list[Job], batches: dict) -> None:
+    """system.fit_batches: each sampling shard of a kind whose configured batch does not fit runs
+    at the largest batch that does (its request and its OOM-retry batch)."""
+    import copy
+
+    for j in jobs:
+        k = sampling_key(j)
+        if k in batches:
+            j.params["request"] = copy.deepcopy(j.params["request"])
+            j.params["request"]["sampling"]["batch_size"] = batches[k]
+            j.params["batch_size"] = batches[k]
+
+
+def plan_memory(cfg, paths: dict, cuda: bool, device_totals: list[int], algos: dict, datasets: list[str]) -> dict:
+    """Every job kind's estimate in GB (pita/plans/memory.py): gen, gen_guided, eval, eval_guided,
+    eval_trained, train (value models and proxies: the largest of the selected algorithms'), and
+    policy_train.<A> per post-training algorithm."""
+    from pita.plans.memory import JobMemory
+
+    est = JobMemory(cfg, paths, cuda, device_totals)
+    mem = {k: est.sampling(k, datasets) for k in SAMPLING_KINDS}
+    if cfg.system.get("fit_batches") and device_totals and cfg.data_collection.memory_gb is None:
+        from pita.core.memory import largest_batch
+
+        budget = min(device_totals) * (1 - cfg.executor.memory_margin)
+        for k in SAMPLING_KINDS:
+            if mem[k] * 1e9 <= budget:
+                continue
+            configured = int(cfg.eval.batch_size if k.startswith("eval") else cfg.data_collection.batch_size)
+            b = largest_batch(lambda n, k=k: est.sampling(k, datasets, n) * 1e9, budget, margin=0.0,
+                              limit=configured)
+            if b >= 1:
+                mem[k] = est.sampling(k, datasets, b)
+                mem.setdefault("batches", {})[k] = b
+    for name, a in algos.items():
+        mem[f"train.{name}"] = est.value_training(a)  # value models
+        if a.trains_proxy:  # Bradley-Terry proxies (Q#-HF, GRPO-HF)
+            mem[f"proxy.{name}"] = est.value_training(a, proxy=True)
+        if hasattr(a, "train_kind"):
+            mem[f"policy_train.{name}"] = est.policy_training(a, datasets=datasets)
+    return mem
+
+
+def resolve_auto_training(cfg, paths: dict, device_totals: list[int], cuda: bool, algos: dict | None = None,
+                          datasets: list[str] = ()) -> None:
+    """``training.micro_batch_size=auto`` / ``gradient_checkpointing=auto`` (the gpu=auto preset):
+    for each selected algorithm, the largest micro-batch dividing its per-device batch whose
+    training-memory estimate (pita/plans/memory.py: weights, gradients, AdamW states, TRL's
+    reference, activations, logits) fits the smallest device with executor.memory_margin to
+    spare; checkpointing only when no micro-batch fits without it. Written into
+    ``algos.<A>.micro_batch_size`` / ``gradient_checkpointing`` (an algorithm's own setting is
+    kept) and ``training.*`` (the smallest micro-batch; checkpointing if any uses it), so the
+    run's config.yaml shows what was chosen. A job that fits at no micro-batch is left to the
+    plan's fit check, which names its fix."""
+    from pita.algos import ALGORITHMS, algorithm
+    from pita.plans.memory import JobMemory
 
     t = cfg.training
     if t.micro_batch_size != "auto" and t.gradient_checkpointing != "auto":
         return
-    shapes = []
-    for key in ("reference", "guidance"):
-        try:
-            shapes.append(ModelShape.from_hf_config(AutoConfig.from_pretrained(paths[key])))
-        except OSError:
-            pass
-    seq = 256 + cfg.data_collection.max_new_tokens
+    if algos is None:
+        algos = {a: algorithm(a, cfg.algos[a]) for a in cfg.experiment.algos if a in cfg.algos and a in ALGORITHMS}
+    est = JobMemory(cfg, paths, cuda, device_totals)
     budget = min(device_totals) * (1 - cfg.executor.memory_margin) if device_totals else 0
-    from pita.algos import ALGORITHMS, algorithm
 
-    batches = [algorithm(a, cfg.algos[a]).per_device_batch() for a in cfg.experiment.algos
-               if a in cfg.algos and a in ALGORITHMS]
-    cap = min(batches) if batches else 32
+    def need(a, micro: int, gc: bool) -> float:
+        proxy = est.value_training(a, micro=micro, gradient_checkpointing=gc, proxy=True) * 1e9 \
+            if a.trains_proxy else 0.0  # Q#-HF and GRPO-HF train a proxy too
+        if not hasattr(a, "train_kind"):
+            return max(proxy, est.value_training(a, micro=micro, gradient_checkpointing=gc) * 1e9)
+        policy = est.policy_training(a, micro=micro, gradient_checkpointing=gc, datasets=datasets) * 1e9
+        return max(policy, proxy)
 
-    def fits(micro: int, gc: bool) -> bool:
-        return all(training_bytes(sh, "float32", micro, seq, gradient_checkpointing=gc, cuda=cuda) <= budget
-                   for sh in shapes)
-
-    def choose(gc: bool) -> int:
-        fixed = t.micro_batch_size if t.micro_batch_size != "auto" else None
-        if fixed is not None:
-            return fixed if fixed == 0 or fits(fixed, gc) else -1
-        ok = [m for m in range(cap, 0, -1) if all(b % m == 0 for b in batches) and fits(m, gc)]
-        return ok[0] if ok else -1
-
-    options = [False, True] if t.gradient_checkpointing == "auto" else [bool(t.gradient_checkpointing)]
-    for gc in options:
-        micro = choose(gc)
-        if micro >= 0:
-            break
-    else:
-        raise ConfigError(f"training.micro_batch_size=auto: not even a micro-batch of 1 sequence of {seq} tokens "
-                          f"fits the training-memory estimate on the smallest device "
-                          f"({min(device_totals) / 2**30:.1f} GiB); train with LoRA (algos.<A>.lora_r), a smaller "
-                          f"model, or shorter sequences (data_collection.max_new_tokens)")
+    chosen = {}
+    for name, a in algos.items():
+        own_micro = a.c.micro_batch_size if getattr(a.c, "micro_batch_size", None) is not None else None
+        micro_setting = own_micro if own_micro is not None else t.micro_batch_size
+        gc_setting = a.c.gradient_checkpointing if a.c.gradient_checkpointing is not None else t.gradient_checkpointing
+        per_device = max(1, a.per_device_batch())
+        micros = [micro_setting] if micro_setting != "auto" else [m for m in range(per_device, 0, -1)
+                                                                   if per_device % m == 0]
+        options = [False, True] if gc_setting == "auto" else [bool(gc_setting)]
+        pick = next(((m, gc) for gc in options for m in micros if m == 0 or need(a, m, gc) <= budget), None)
+        if pick is None:  # nothing fits: the smallest settings, and the fit check names the fix
+            pick = (micros[-1], options[-1])
+        chosen[name] = pick
+        with open_dict(cfg):
+            cfg.algos[name].micro_batch_size = pick[0]
+            cfg.algos[name].gradient_checkpointing = pick[1]
+        a.c = cfg.algos[name]
+    micro = min((m for m, _ in chosen.values()), default=1 if t.micro_batch_size == "auto" else t.micro_batch_size)
+    gc = any(g for _, g in chosen.values()) if chosen else bool(t.gradient_checkpointing == "auto" or
+                                                               t.gradient_checkpointing)
     with open_dict(cfg):
-        cfg.training.micro_batch_size = micro
-        cfg.training.gradient_checkpointing = gc
-    log.info("gpu=auto: training.micro_batch_size=%d, training.gradient_checkpointing=%s (smallest device %.1f GiB)",
-             micro, gc, min(device_totals) / 2**30 if device_totals else 0)
+        cfg.training.micro_batch_size = micro if t.micro_batch_size == "auto" else t.micro_batch_size
+        cfg.training.gradient_checkpointing = gc if t.gradient_checkpointing == "auto" else t.gradient_checkpointing
+    log.info("gpu=auto: %s (smallest device %.1f GiB)",
+             ", ".join(f"{n} micro-batch {m}{' + checkpointing' if g else ''}" for n, (m, g) in chosen.items()),
+             min(device_totals) / 2**30 if device_totals else 0)

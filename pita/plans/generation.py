@@ -11,13 +11,14 @@ from __future__ import annotations
 
 from pita.core.errors import ConfigError
 from pita.core.job import Job
-from pita.plans.common import dataset_cfg, estimate_memory_gb, request_for
+from pita.plans.common import dataset_cfg, request_for
 
 
-def generation_plan(cfg, device_totals: list[int], cuda: bool) -> list[Job]:
-    from pita.datasets.loading import load_examples
+def generation_plan(cfg, device_totals: list[int], cuda: bool, plan_only: bool = False) -> list[Job]:
+    from pita.datasets.loading import count_examples
     from pita.generation.parallel import ParallelDataGenerator, check_request
     from pita.models.families import check_tokenizers, family_build_jobs, resolve_family
+    from pita.plans.memory import JobMemory
 
     problems = []
     datasets = []
@@ -28,23 +29,22 @@ def generation_plan(cfg, device_totals: list[int], cuda: bool) -> list[Job]:
             problems.extend(e.problems)
     if problems:
         raise ConfigError(problems)
-    paths = resolve_family(cfg.model, cfg.system.cache_dir, cfg.system.seed, defer=True)
-    check_tokenizers(paths["reference"], paths["guidance"])
+    paths = resolve_family(cfg.model, cfg.system.cache_dir, cfg.system.seed, defer="plan" if plan_only else True)
+    check_tokenizers(paths["reference"], paths["guidance"], missing_ok=plan_only)
     gen = ParallelDataGenerator(device_totals)
     jobs: list[Job] = []
     dc = cfg.data_collection
     for ds in datasets:
-        examples = load_examples(ds, dc.split)
+        n_examples, task, _ = count_examples(ds, dc.split, plan_only)
         rm = paths["reward_models"].get(ds.name)
         req = request_for(cfg, ds, paths["reference"], rm)
         req_problems = check_request(req)
-        if examples and examples[0].task == "reward" and not rm and dc.recipe != "prompts":
+        if n_examples and task == "reward" and not rm and dc.recipe != "prompts":
             req_problems.append(f"dataset {ds.name} is scored by a reward model but model.reward_models.{ds.name} is "
                                 f"not set for model={cfg.model.name}; add one (a local folder or hub id)")
         if req_problems:
             raise ConfigError(req_problems)
-        mem = dc.memory_gb if dc.memory_gb is not None else estimate_memory_gb(
-            paths["reference"], cfg.model.dtype, dc.batch_size, 256 + dc.max_new_tokens, cuda)
-        jobs += gen.plan(req, f"gen.{cfg.model.name}.{ds.name}", len(examples), memory_gb=mem, group=ds.name)
+        mem = JobMemory(cfg, paths, cuda, device_totals).generation(False, [ds.name] if rm else [])
+        jobs += gen.plan(req, f"gen.{cfg.model.name}.{ds.name}", n_examples, memory_gb=mem, group=ds.name)
     return family_build_jobs(cfg.model, cfg.system.cache_dir, cfg.system.seed, jobs, cuda,
                              len(device_totals)) + jobs

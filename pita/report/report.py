@@ -74,6 +74,22 @@ def platform_lines(state: dict) -> list[str]:
                                                              for line, n in sorted(seen.items(), key=lambda x: -x[1])]
 
 
+def oom_lines(state: dict) -> list[str]:
+    """Jobs whose batch an out-of-memory retry changed (their last attempt ran at another size
+    than planned): a training job keeps its effective batch (micro-batch halved, accumulation
+    raised), a sampling job samples the same rows in smaller batches."""
+    out = []
+    for jid, j in sorted(state.get("jobs", {}).items()):
+        last = (j.get("attempts") or [None])[-1]
+        r = (last or {}).get("oom_resized")
+        if r:
+            out.append(f"  - `{jid}`: {r['param']} {r['planned']} -> {r['used']}")
+    if not out:
+        return []
+    return [f"- sizes changed by out-of-memory retries ({len(out)} job{'s' if len(out) != 1 else ''}; "
+            f"training keeps its effective batch, accumulation rises):"] + out
+
+
 def _md_table(header: list[str], rows: list[list]) -> str:
     out = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     out += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
@@ -242,6 +258,7 @@ def render(run: RunPaths, rows: list[dict] | None = None, roster: Roster | None 
     lines.append("- configuration: [`config.yaml`](../config.yaml) (the resolved config that ran; "
                  "`resume_from` reloads it)")
     lines += platform_lines(state)
+    lines += oom_lines(state)
     lines.append("- files: `results/final_results.json`, `results/results.csv`, `results/cells/`, "
                  "`run.log`, `state.json`")
     lines.append("")

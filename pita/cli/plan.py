@@ -1,0 +1,221 @@
+"""``pita plan`` / ``python run_parallel.py --plan``: the plan a run would make, without running it.
+
+    pita plan experiment=paper_math gpu=auto model=qwen3 system.inventory=8x80GB
+    pita plan experiment=paper_math gpu=auto model=llama system.inventory=8xH100 --json
+
+Composes, validates and plans exactly as ``pita run`` does, then prints per job kind the count,
+devices per job, the reservation per device and the largest job, and the makespan the production
+scheduler gives in simulated time on the inventory (durations: pita/plans/durations.py). Creates
+no run folder and never asks the Hugging Face hub: models are sized from their config.json
+(shipped with pita for every preset model, pita/models/architectures/), hub datasets that are not
+cached from their known sizes. ``system.inventory`` plans for a machine you are not on (8x80GB,
+8xH100, [80GB,80GB,40GB]); without it, the devices this machine has.
+
+Exit 0 when every job fits its devices; 2 with every problem (one line per job kind that fits no
+device, naming the fix).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections import OrderedDict
+
+from pita.core.errors import ConfigError, PitaError
+
+
+def _offline() -> None:
+    """A plan never asks the hub: transformers and datasets read local files and caches only."""
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    os.environ["HF_DATASETS_OFFLINE"] = "1"
+    try:
+        from huggingface_hub import constants
+
+        constants.HF_HUB_OFFLINE = True
+    except ImportError:
+        pass
+
+
+def compose(overrides: list[str]):
+    """The run's config, composed by Hydra from pita/conf as ``pita run`` composes it."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+
+    from pita.cli.overrides import CONF_DIR
+
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
+        return hydra_compose(config_name="config", overrides=overrides)
+
+
+def make_plan(cfg) -> dict:
+    """The plan of ``cfg`` as a dict (what --json prints); raises ConfigError with every problem."""
+    from pita.config.validate import validate_config
+    from pita.core.gpu_manager import GPUManager, parse_inventory, usable_cores
+    from pita.core.graph import JobGraph
+    from pita.core.simulation import simulate
+    from pita.plans import build_plan
+    from pita.plans.fit import fit_problems, job_algorithm, job_kind
+
+    validate_config(cfg, models=False)
+    from pita.models.shapes import config_problems
+
+    if problems := config_problems(cfg):
+        raise ConfigError(problems)
+    sy, ex = cfg.system, cfg.executor
+    inventory = sy.get("inventory")
+    if inventory is not None:
+        specs = parse_inventory(inventory)
+        gpus = GPUManager.from_inventory(specs)
+    else:
+        cpu_n = min(usable_cores(), 2) if sy.cpu_devices == "auto" else int(sy.cpu_devices)
+        devices = sy.devices if isinstance(sy.devices, str) else list(sy.devices)
+        gpus = GPUManager.detect(devices, cpu_devices=cpu_n)
+    totals = [d.total_bytes for d in gpus.devices]
+    cuda = not gpus.is_cpu
+    jobs = build_plan(cfg, totals, cuda=cuda, plan_only=True)
+    problems = fit_problems(jobs, totals, ex.memory_margin)
+    if problems:
+        raise ConfigError(problems)
+    graph = JobGraph(jobs).validate(totals, ex.memory_margin)
+    durations, assumed = None, None
+    if cfg.experiment.workload != "synthetic":
+        from pita.models.families import resolve_family
+        from pita.models.shapes import model_shape
+        from pita.plans.durations import ASSUMED, Durations
+        from pita.plans.memory import PROMPT_TOKENS
+
+        paths = resolve_family(cfg.model, sy.cache_dir, sy.seed, defer="plan")
+        durations = Durations(jobs, lambda part: model_shape(paths[part], f"model.{part}"), cfg.model.dtype,
+                              PROMPT_TOKENS)
+        for j in jobs:
+            j.duration_hint = durations.seconds(j)
+        assumed = ASSUMED if cuda else "durations assumed: a GPU's (pita/plans/durations.py), though this plan is for CPU devices"
+    else:
+        assumed = f"durations assumed: synthetic.job_seconds={cfg.synthetic.job_seconds:g} per stand-in job"
+    sim = simulate(graph.jobs, totals, ex.memory_margin,
+                   max_jobs_per_device=ex.max_jobs_per_device if ex.max_jobs_per_device is not None else
+                   (1 if not cuda else None), starvation_passes=ex.starvation_passes)
+    rows = [{"id": j.id, "kind": job_kind(j), "algorithm": job_algorithm(j), "devices": j.resources.devices,
+             "reserved_gb_per_device": round(j.resources.memory_gb, 3), "seconds": round(j.duration_hint, 1),
+             "batch_size": j.params.get("batch_size"), "deps": list(j.deps)} for j in graph.jobs]
+    return {"experiment": cfg.experiment.name, "model": cfg.model.name,
+            "inventory": [{"name": d.name, "total_gb": round(d.total_bytes / 1e9, 2)} for d in gpus.devices],
+            "device_kind": "cuda" if cuda else "cpu", "memory_margin": ex.memory_margin,
+            "training": {a: {"micro_batch_size": m, "gradient_checkpointing": g}
+                         for a, (m, g) in _training_choices(cfg).items()},
+            "makespan_s": round(sim.makespan, 1), "critical_path_s": round(sim.critical_path, 1),
+            "durations": assumed, "notes": _notes(cfg), "jobs": rows}
+
+
+def _training_choices(cfg) -> dict:
+    """(micro-batch, gradient checkpointing) of every selected algorithm's training jobs."""
+    from pita.algos.base import effective_training
+
+    return {a: effective_training(cfg, cfg.algos[a]) for a in cfg.experiment.algos if a in cfg.algos}
+
+
+def _notes(cfg) -> list[str]:
+    """What the plan assumed rather than read: dataset sizes, unchecked tokenizers."""
+    from pita.datasets.loading import count_examples
+    from pita.plans.common import dataset_cfg
+
+    out = []
+    if cfg.experiment.workload == "synthetic":
+        return out
+    names = list(cfg.experiment.datasets)
+    for d in list(names):
+        names += [x for x in (cfg.eval.get("datasets_by_train") or {}).get(d, []) if x not in names]
+    for name in names:
+        try:
+            ds = dataset_cfg(cfg, name)
+            for split in ("train", "test"):
+                try:
+                    n, _, assumed = count_examples(ds, split, True)
+                except ConfigError:
+                    continue
+                if assumed:
+                    out.append(f"datasets.{name}: {split} split not cached here; sized at its hub size ({n} examples)")
+        except ConfigError:
+            continue
+    return out
+
+
+def render(plan: dict) -> str:
+    """The plan as text: the inventory, a table per job kind, the makespan."""
+    inv = plan["inventory"]
+    kinds: dict = OrderedDict()
+    for j in plan["jobs"]:
+        k = kinds.setdefault(j["kind"], {"n": 0, "devices": set(), "gb": [], "largest": j, "batch": set()})
+        k["n"] += 1
+        if j.get("batch_size") is not None:
+            k["batch"].add(j["batch_size"])
+        k["devices"].add(j["devices"])
+        k["gb"].append(j["reserved_gb_per_device"])
+        if j["reserved_gb_per_device"] * max(1, j["devices"]) > \
+                k["largest"]["reserved_gb_per_device"] * max(1, k["largest"]["devices"]):
+            k["largest"] = j
+    names: dict = OrderedDict()
+    for d in inv:
+        names[(d["name"], d["total_gb"])] = names.get((d["name"], d["total_gb"]), 0) + 1
+    inv_text = ", ".join(f"{n} x {name} ({gb:g} GB)" for (name, gb), n in names.items())
+    train = ", ".join(f"{a} {t['micro_batch_size']}{' +ckpt' if t['gradient_checkpointing'] else ''}"
+                      for a, t in plan["training"].items())
+    lines = [f"plan: {plan['experiment']} (model={plan['model']}) on {inv_text}",
+             f"training micro-batches (+ckpt: gradient checkpointing): {train or 'none'}", ""]
+    head = f"{'job kind':<40} {'jobs':>5} {'devices':>7} {'batch':>6} {'GB/device':>11}  largest job"
+    lines += [head, "-" * len(head)]
+    for kind, k in kinds.items():
+        lo, hi = min(k["gb"]), max(k["gb"])
+        gb = f"{hi:.1f}" if abs(hi - lo) < 0.05 else f"{lo:.1f}-{hi:.1f}"
+        devs = ",".join(str(d) for d in sorted(k["devices"]))
+        batch = ",".join(str(b) for b in sorted(k["batch"])) or "-"
+        lines.append(f"{kind:<40} {k['n']:>5} {devs:>7} {batch:>6} {gb:>11}  {k['largest']['id']}")
+    total = len(plan["jobs"])
+    ms = plan["makespan_s"]
+    lines += ["", f"{total} jobs; makespan {_hms(ms)} simulated by the scheduler on this inventory "
+                  f"(critical path {_hms(plan['critical_path_s'])})", plan["durations"]]
+    lines += [f"note: {n}" for n in plan["notes"]]
+    return "\n".join(lines)
+
+
+def _hms(s: float) -> str:
+    s = int(round(s))
+    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
+
+
+def plan_main(argv: list[str] | None = None, prog: str = "pita plan") -> int:
+    """``pita plan [--json] key=value ...``: print the plan; 0, or 2 with every problem."""
+    import logging
+
+    from pita.cli.overrides import check_overrides
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    as_json = "--json" in argv
+    argv = [a for a in argv if a not in ("--json", "--plan")]
+    if any(a in ("-h", "--help") for a in argv):
+        print(__doc__.split("\n\n", 2)[1] if __doc__ else "")
+        return 0
+    if any(a in ("-m", "--multirun") for a in argv):
+        print(f"error: {prog} plans one configuration; drop --multirun and plan each point (e.g. model=qwen3, "
+              f"then model=llama)", file=sys.stderr)
+        return 2
+    _offline()
+    logging.getLogger("pita").setLevel(logging.WARNING)
+    try:
+        check_overrides(argv)
+        cfg = compose(argv)
+        plan = make_plan(cfg)
+    except PitaError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except Exception as e:  # noqa: BLE001 - Hydra's composition errors (a missing group option)
+        from hydra.errors import HydraException
+        from omegaconf.errors import OmegaConfBaseException
+
+        if isinstance(e, (HydraException, OmegaConfBaseException)):
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        raise
+    print(json.dumps(plan, indent=1) if as_json else render(plan))
+    return 0

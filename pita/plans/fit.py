@@ -1,0 +1,75 @@
+"""Whether every planned job fits a device, said once per job kind with the fix.
+
+    problems = fit_problems(jobs, device_totals, memory_margin)   # [] when everything fits
+
+``JobGraph.validate`` checks the same job by job; a plan of hundreds of evaluation shards that
+all need too much would list hundreds of lines there. Here one line per (job kind, algorithm)
+names how many jobs, the largest need, what a device holds, and the key that fixes it.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+
+def job_kind(job) -> str:
+    """A job's kind as the plan reports it: sampling shards by what they sample."""
+    if job.kind != "generation.shard":
+        return job.kind
+    req = job.params["request"]
+    pol = req.get("policy") or {}
+    what = "guided" if pol.get("guidance") else ("trained" if pol.get("model_from_job") else "reference")
+    if req.get("recipe") == "eval":
+        return f"eval.shard ({what})"
+    return f"gen.shard ({req.get('recipe')}, {what})"
+
+
+def job_algorithm(job) -> str:
+    head = job.id.split(".", 1)[0]
+    return {"data": "shared", "model": "family", "gen": "shared"}.get(head, head)
+
+
+def fit_problems(jobs, totals: list[int], margin: float) -> list[str]:
+    """One line per (job kind, algorithm) whose jobs fit no device, naming the fix."""
+    usable = sorted((t * (1 - margin) for t in totals), reverse=True)
+    groups: dict = OrderedDict()
+    for j in jobs:
+        r = j.resources
+        if r.devices <= 0:
+            continue
+        cap = usable[r.devices - 1] if r.devices <= len(usable) else 0
+        if r.memory_bytes > cap:
+            g = groups.setdefault((job_kind(j), job_algorithm(j)), [0, j, cap])
+            g[0] += 1
+    out = []
+    for (kind, algo), (n, j, cap) in groups.items():
+        need = j.resources.memory_gb
+        where = (f"{n} {kind} job(s) of {algo} (e.g. {j.id}) need {need:.1f} GB per device, more than the "
+                 f"{cap / 1e9:.1f} GB usable on {'one device' if j.resources.devices == 1 else f'each of {j.resources.devices} devices'} "
+                 f"(executor.memory_margin={margin:g})")
+        p = j.params
+        at_least = p.get("micro_batch_size") == 1 and bool(p.get("gradient_checkpointing"))
+        if kind in ("algo.dpo_train", "algo.grpo_train"):
+            lora = f"algos.{algo}.lora_r=16" + (f", with algos.{algo}.ref_policy=previous when experiment.rounds > 1"
+                                                if kind == "algo.grpo_train" else "")
+            if at_least or p.get("lora_r", 0) > 0:
+                fix = (f"this is at a micro-batch of 1 with gradient checkpointing, so full fine-tuning of this "
+                       f"policy does not fit one device: train with LoRA ({lora}), a smaller model, or shorter "
+                       f"completions")
+            else:
+                fix = (f"use gpu=auto (the largest micro-batch that fits, checkpointing if needed) or "
+                       f"algos.{algo}.micro_batch_size=1 algos.{algo}.gradient_checkpointing=true, or LoRA ({lora})")
+        elif kind in ("algo.value_train", "algo.proxy_train"):
+            fix = ("pick a smaller guidance model (model.guidance)" if at_least else
+                   f"use gpu=auto, or algos.{algo}.micro_batch_size=1 algos.{algo}.gradient_checkpointing=true; or a "
+                   f"smaller guidance model (model.guidance)")
+        elif kind.startswith("eval"):
+            fix = (f"lower eval.batch_size (now {p.get('batch_size')}) or eval.max_new_tokens, or let gpu=auto "
+                   f"(system.fit_batches=true) choose the largest batch that fits")
+        else:
+            fix = (f"lower data_collection.batch_size (now {p.get('batch_size')}) or data_collection.max_new_tokens, "
+                   f"or let gpu=auto (system.fit_batches=true) choose the largest batch that fits")
+        out.append(f"{where}: {fix}")
+    return out
+
+

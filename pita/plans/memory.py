@@ -1,0 +1,218 @@
+"""Every job kind's memory reservation, from the shapes of the models it loads, in the dtypes it
+loads them, at the batches and lengths it runs with (formulas: ``pita/core/memory.py``).
+
+    est = JobMemory(cfg, paths, cuda, device_totals)
+    est.generation(guided=False)        # GB of one data-generation shard
+    est.policy_training(algo)           # GB per device of a DPO / GRPO / GRPO-HF training job
+
+What each job holds, as the job's code loads it:
+
+    generation shard    the reference (model.dtype) sampling data_collection.batch_size rows, the
+                        reward model (fp32) of a reward task, the value model (fp32 backbone)
+                        when a round's policy is guided
+    evaluation shard    the same at eval.* sizes; a trained policy's evaluation also holds the
+                        reference (model.dtype), which scores the samples for the KL
+    value / proxy       the guidance backbone in fp32 with AdamW, activations in bf16 autocast on
+    training            CUDA (fp32 on CPU), a token-budget batch split into micro-batches
+    DPO / GRPO          the policy in fp32 with AdamW (LoRA: the frozen base plus the adapters and
+    training            their optimizer state), TRL's frozen reference (full fine-tuning with
+                        beta > 0; model.dtype on CUDA, fp32 on CPU), DPO's chosen + rejected
+                        rows in one pass, GRPO's
+                        sampling KV cache, and the vLLM share of the device when use_vllm
+
+No estimate is ever 0: a model whose config cannot be read is a ConfigError (exit 2).
+"""
+
+from __future__ import annotations
+
+from pita.core.memory import (
+    CUDA_CONTEXT_BYTES,
+    bytes_per_param,
+    generation_bytes,
+    kv_cache_bytes,
+    lora_params,
+    scoring_bytes,
+    training_bytes,
+    weights_bytes,
+)
+
+# corrections the fake-tensor measurements of the jobs' own code called for (bench/memory_truth.py)
+PROXY_MARGIN = 1.06
+EAGER_ATTENTION_COPIES = 11  # [batch x heads x length x length] fp32 tensors of an eager DeBERTa-v2 forward
+LORA_CAST_BYTES = 0.8
+
+# tokens a prompt is assumed to take: the chat template plus a GSM8K / MATH problem or an IMDB /
+# TL;DR prefix fits; longer prompts are what memory learning and the OOM retry are for
+PROMPT_TOKENS = 256
+
+
+class JobMemory:
+    def __init__(self, cfg, paths: dict, cuda: bool, device_totals: list[int]):
+        self.cfg, self.paths, self.cuda = cfg, paths, cuda
+        self.totals = list(device_totals)
+        self.act = "bfloat16" if cuda else "float32"  # autocast on CUDA
+
+    # ------------------------------------------------------------------ shapes
+    def shape(self, part: str, dataset: str | None = None):
+        from pita.models.shapes import model_shape
+
+        if part == "reward":
+            return model_shape(self.paths["reward_models"][dataset], f"model.reward_models.{dataset}")
+        return model_shape(self.paths[part], f"model.{part}")
+
+    def reward_bytes(self, datasets, beside: float = 0.0) -> float:
+        """The largest reward model any of ``datasets`` is scored by (fp32, its scoring batch):
+        its weights, and what its scoring pass needs beyond ``beside`` bytes (the sampler's
+        working memory, freed before scoring starts)."""
+        dc = self.cfg.data_collection
+        out = 0.0
+        for d in datasets:
+            if self.paths["reward_models"].get(d):
+                sh = self.shape("reward", d)
+                w = weights_bytes(sh, "float32") * 1.10
+                seq = PROMPT_TOKENS + self._new(False)
+                work = scoring_bytes(sh, "float32", dc.reward_batch_size, seq, cuda=False, weights=False,
+                                     logits=False)  # a classifier: no vocabulary
+                from pita.models.shapes import eager_attention
+
+                if eager_attention(self.paths["reward_models"][d], f"model.reward_models.{d}"):
+                    # attention scores, their softmax and (DeBERTa) the relative-position terms, fp32
+                    work += dc.reward_batch_size * sh.heads * seq * seq * 4 * EAGER_ATTENTION_COPIES
+                out = max(out, w + max(0.0, work - beside))
+        return out
+
+    def _new(self, evaluation: bool) -> int:
+        return int(self.cfg.eval.max_new_tokens if evaluation else self.cfg.data_collection.max_new_tokens)
+
+    def _value_model_bytes(self, batch: int, seq: int) -> tuple[float, float]:
+        """(weights, working memory) of the value model beside a guided sampler: its fp32 backbone;
+        its own KV cache and one step's scores over the candidates."""
+        sh = self.shape("guidance")
+        return weights_bytes(sh, "float32"), kv_cache_bytes(sh, "float32", batch, seq) + batch * sh.vocab * 4 * 3
+
+    # ------------------------------------------------------------------ inference jobs
+    def generation(self, guided: bool = False, datasets=(), batch: int | None = None) -> float:
+        """One data-generation shard (GB) at ``batch`` rows (default data_collection.batch_size)."""
+        dc = self.cfg.data_collection
+        if dc.memory_gb is not None:
+            return float(dc.memory_gb)
+        batch = int(dc.batch_size if batch is None else batch)
+        dtype = self.cfg.model.dtype
+        ref = self.shape("reference")
+        b = generation_bytes(ref, dtype, batch, PROMPT_TOKENS, dc.max_new_tokens, cuda=self.cuda)
+        working = self._working(ref, dtype, b)
+        if guided:
+            vw, vwork = self._value_model_bytes(batch, PROMPT_TOKENS + dc.max_new_tokens)
+            b += (vw + vwork) * 1.10
+            working += vwork * 1.10
+        return (b + self.reward_bytes(datasets, working)) / 1e9
+
+    def _working(self, shape, dtype: str, total: float) -> float:
+        """What a sampling estimate holds beyond the weights and the context: freed once it ends."""
+        return total - weights_bytes(shape, dtype) * 1.10 - (CUDA_CONTEXT_BYTES if self.cuda else 0)
+
+    def evaluation(self, kind: str = "base", datasets=(), batch: int | None = None) -> float:
+        """One evaluation shard (GB) at ``batch`` rows (default eval.batch_size): ``kind`` base (the
+        reference samples), guided (the reference and the value model), trained (a trained policy
+        samples, the reference scores it)."""
+        dc, ev = self.cfg.data_collection, self.cfg.eval
+        if dc.memory_gb is not None:
+            return float(dc.memory_gb)
+        batch = int(ev.batch_size if batch is None else batch)
+        dtype = self.cfg.model.dtype
+        ref = self.shape("reference")
+        seq = PROMPT_TOKENS + int(ev.max_new_tokens)
+        b = generation_bytes(ref, dtype, batch, PROMPT_TOKENS, ev.max_new_tokens, cuda=self.cuda)
+        working = self._working(ref, dtype, b)
+        if kind == "guided":
+            vw, vwork = self._value_model_bytes(batch, seq)
+            b += (vw + vwork) * 1.10
+            working += vwork * 1.10
+        elif kind == "trained":  # the reference beside the policy, scoring its samples once sampling is done
+            scoring_only = scoring_bytes(ref, dtype, batch, seq, cuda=False, weights=False)
+            b += weights_bytes(ref, dtype) * 1.10 + max(0.0, scoring_only - working)
+            working = max(working, scoring_only)
+        return (b + self.reward_bytes(datasets, working)) / 1e9
+
+    def sampling(self, key: str, datasets=(), batch: int | None = None) -> float:
+        """The estimate of sampling job kind ``key`` (gen, gen_guided, eval, eval_guided, eval_trained)."""
+        if key.startswith("gen"):
+            return self.generation(key == "gen_guided", datasets, batch)
+        return self.evaluation({"eval": "base", "eval_guided": "guided", "eval_trained": "trained"}[key], datasets,
+                               batch)
+
+    # ------------------------------------------------------------------ training jobs
+    def _micro_gc(self, algo, micro, gradient_checkpointing):
+        from pita.algos.base import effective_training
+
+        m, gc = effective_training(self.cfg, algo.c) if algo is not None else \
+            (self.cfg.training.micro_batch_size, self.cfg.training.gradient_checkpointing)
+        m = micro if micro is not None else m
+        gc = gradient_checkpointing if gradient_checkpointing is not None else gc
+        return (int(m) if isinstance(m, int) else 1), bool(gc) if isinstance(gc, bool) else True
+
+    def value_training(self, algo=None, micro: int | None = None, gradient_checkpointing: bool | None = None,
+                       proxy: bool = False) -> float:
+        """A value-model training job of ``algo`` (GB): the guidance backbone in fp32 with AdamW,
+        micro-batches of at most its ``token_budget`` tokens, the LM prior's log-probabilities at
+        every position. ``proxy``: a Bradley-Terry proxy instead (chosen and rejected rows in one
+        pass, its reward read at the last token only: no vocabulary-wide tensor per position)."""
+        micro, gc = self._micro_gc(algo, micro, gradient_checkpointing)
+        batch_size = 32 if algo is None else int((proxy and algo.proxy_batch_size) or algo.c.batch_size)
+        token_budget = int(getattr(algo.c, "token_budget", 8192)) if algo is not None else 8192
+        seq = PROMPT_TOKENS + int(self.cfg.data_collection.max_new_tokens)
+        rows = min(batch_size, micro) if micro > 0 else batch_size
+        tokens = max(1, min(token_budget, rows * seq * (2 if proxy else 1)))
+        b = training_bytes(self.shape("guidance"), "float32", 1, tokens, act_dtype=self.act, cuda=self.cuda,
+                           gradient_checkpointing=gc, logits=not proxy)
+        # a proxy pads chosen and rejected to one length and keeps the final states of both: the
+        # fake-tensor measurements (bench/memory_truth.py) put it 3-5% above the formula
+        return b * (PROXY_MARGIN if proxy else 1.0) / 1e9
+
+    def policy_training(self, algo, micro: int | None = None, gradient_checkpointing: bool | None = None,
+                        datasets=()) -> float:
+        """A DPO / GRPO / GRPO-HF training job, per device (GB); ``datasets``: those its rewards
+        may come from (GRPO on a reward task holds the reward model)."""
+        c, cfg = algo.c, self.cfg
+        micro, gc = self._micro_gc(algo, micro, gradient_checkpointing)
+        per_device = max(1, c.batch_size // max(1, c.devices))
+        rows = min(per_device, micro) if micro > 0 else max(1, per_device // max(1, c.gradient_accumulation_steps))
+        rows = max(1, rows)
+        shape = self.shape("reference")
+        new = int(getattr(c, "max_completion_length", 0) or cfg.data_collection.max_new_tokens)
+        seq = PROMPT_TOKENS + new
+        if getattr(c, "max_length", None):  # DPO truncates prompt + completion to max_length
+            seq = min(seq, int(c.max_length))
+        if c.lora_r > 0:
+            from pita.models.shapes import lora_targets
+
+            lora = lora_params(shape, c.lora_r, lora_targets(self.paths["reference"], c.lora_target_modules,
+                                                             "model.reference"))
+        else:
+            lora = None
+        extra = 0.0
+        if lora is not None and self.act != "float32":
+            # autocast casts the frozen fp32 base weights to bf16 at every use and backward keeps some
+            # of the casts (they are not cached for weights without gradients): measured on fake
+            # tensors (bench/memory_truth.py) at about LORA_CAST_BYTES per parameter
+            extra += LORA_CAST_BYTES * shape.n_params
+        if lora is None and c.beta > 0:  # TRL's frozen reference (LoRA: the base itself), in model.dtype on CUDA
+            extra += weights_bytes(shape, cfg.model.dtype if self.cuda else "float32")
+        is_dpo = algo.train_kind == "algo.dpo_train"
+        if is_dpo:
+            rows *= 2  # chosen and rejected in one pass
+        else:  # GRPO samples its completions with the policy: a KV cache at full length
+            extra += kv_cache_bytes(shape, self.act, rows, seq)  # sampled under autocast
+            if getattr(c, "use_vllm", False) and getattr(c, "vllm_mode", "") == "colocate" and self.totals:
+                extra += c.vllm_gpu_memory_utilization * min(self.totals)
+            if algo.trains_proxy:  # GRPO-HF: its proxy reward model (fp32) scores the completions
+                proxy = self.shape("guidance")
+                extra += scoring_bytes(proxy, "float32", rows, seq, cuda=False, logits=False) * PROXY_MARGIN
+            else:
+                extra += self.reward_bytes(datasets)
+        b = training_bytes(shape, "float32", rows, seq, act_dtype=self.act, cuda=self.cuda, gradient_checkpointing=gc,
+                           trainable_params=lora, extra_bytes=extra,
+                           logit_positions=None if is_dpo else new + 1,  # GRPO: the completion's logits only
+                           # TRL's selective_log_softmax: the logits and their gradient, a row at a time in fp32
+                           logit_bytes=2 * bytes_per_param(self.act) + 4)
+        return b / 1e9

@@ -1,0 +1,186 @@
+"""`pita plan`: the plan a run would make, for this machine or a described inventory, with no hub,
+no weights and no run folder; shipped architectures; fit problems one line per job kind."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from pita.cli.plan import plan_main
+from pita.core.errors import ConfigError
+
+LORA = ["algos.DPO.lora_r=16", "algos.GRPO.lora_r=16", "algos.GRPO-HF.lora_r=16",
+        "algos.GRPO.ref_policy=previous", "algos.GRPO-HF.ref_policy=previous"]
+VALUE_GUIDED = ["experiment.algos=[PITA,QSharp,QSharp-HF]"]
+FAMILIES = ["smollm2", "qwen3-sm", "llama", "llama-old", "gemma", "qwen3", "phi"]
+
+
+@pytest.fixture(autouse=True)
+def _isolated(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # outputs/ and .cache/ of a plan would land here
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+
+
+def _plan(capsys, *args) -> tuple[int, dict | str, str]:
+    rc = plan_main(["--json", *args])
+    out, err = capsys.readouterr()
+    return rc, (json.loads(out) if rc == 0 else out), err
+
+
+@pytest.mark.parametrize("experiment", ["paper_math", "paper_reward"])
+@pytest.mark.parametrize("family", FAMILIES)
+def test_the_paper_grids_plan_on_8x80gb_with_lora_or_value_guided_only(capsys, tmp_path, experiment, family):
+    for extra in (LORA, VALUE_GUIDED):
+        rc, plan, err = _plan(capsys, f"experiment={experiment}", "gpu=auto", f"model={family}",
+                              "system.inventory=8x80GB", *extra)
+        assert rc == 0, err
+        assert [d["total_gb"] for d in plan["inventory"]] == [80.0] * 8
+        assert plan["makespan_s"] > 0 and plan["makespan_s"] >= plan["critical_path_s"] - 1e-6
+        usable = 80 * (1 - plan["memory_margin"])
+        for j in plan["jobs"]:
+            assert {"id", "kind", "algorithm", "devices", "reserved_gb_per_device"} <= set(j)
+            assert j["devices"] <= 8
+            assert j["reserved_gb_per_device"] <= usable, j
+            if j["devices"] > 0:  # no estimate is 0: every model was read
+                assert j["reserved_gb_per_device"] > 0.1, j
+        algos = {j["algorithm"] for j in plan["jobs"]}
+        wanted = {"PITA", "QSharp", "QSharp-HF"} | ({"DPO", "GRPO", "GRPO-HF"} if extra is LORA else set())
+        assert wanted <= algos
+    assert not (tmp_path / "outputs").exists()  # a plan makes no run folder
+
+
+@pytest.mark.parametrize("family", ["llama-old", "qwen3"])
+def test_full_fine_tuning_of_an_8b_policy_is_refused_one_line_per_kind_naming_lora(capsys, family):
+    rc, _, err = _plan(capsys, "experiment=paper_math", "gpu=auto", f"model={family}", "system.inventory=8x80GB")
+    assert rc == 2
+    lines = [x for x in err.splitlines() if x.strip().startswith("- ")]
+    assert len(lines) == 3  # DPO, GRPO, GRPO-HF training: one line each
+    for algo in ("DPO", "GRPO", "GRPO-HF"):
+        line = next(x for x in lines if f" of {algo} " in x)
+        assert f"algos.{algo}.lora_r=16" in line and "GB per device" in line
+
+
+def test_the_text_plan_names_kinds_devices_memory_and_the_makespan(capsys):
+    rc = plan_main(["experiment=paper_math", "gpu=auto", "model=llama", "system.inventory=8xH100", *LORA])
+    out, err = capsys.readouterr()
+    assert rc == 0, err
+    assert "8 x H100 (85.52 GB)" in out
+    for kind in ("algo.dpo_train", "algo.value_train", "eval.shard (guided)", "gen.shard (value_rollouts, reference)"):
+        assert kind in out
+    assert "makespan" in out and "durations assumed" in out
+    assert "note: datasets.gsm8k: train split not cached here; sized at its hub size (7473 examples)" in out
+
+
+def test_the_embedded_default_plans_on_this_machine_and_creates_nothing(capsys, tmp_path):
+    rc, plan, err = _plan(capsys, "experiment.datasets=[arith]", "experiment.rounds=1",
+                          f"system.cache_dir={os.environ.get('PITA_TEST_CACHE', str(tmp_path / 'cache'))}")
+    assert rc == 0, err
+    assert plan["device_kind"] == "cpu" and plan["jobs"]
+    assert not (tmp_path / "outputs").exists()
+
+
+@pytest.mark.parametrize("value, needle", [
+    ("8x80XB", "'8x80XB' is neither a size nor a GPU"),
+    ("0x80GB", "describes no memory"),
+    ("8xB9000", "known GPUs: H100"),
+])
+def test_a_bad_inventory_is_exit_2_naming_the_key_the_value_and_the_fix(capsys, value, needle):
+    rc, _, err = _plan(capsys, "experiment=paper_math", "model=llama", f"system.inventory={value}")
+    assert rc == 2
+    assert "system.inventory=" in err and needle in err and "e.g. system.inventory=8x80GB" in err
+
+
+def test_a_model_whose_config_cannot_be_read_is_exit_2_with_the_fix(capsys, tmp_path):
+    rc, _, err = _plan(capsys, "experiment=paper_math", "model=llama", "model.reference=someorg/NoSuchModel-7B",
+                       "model.guidance=someorg/NoSuchModel-7B", "system.inventory=8x80GB")
+    assert rc == 2
+    assert "model.reference='someorg/NoSuchModel-7B'" in err and "hf download someorg/NoSuchModel-7B config.json" in err
+    empty = tmp_path / "empty-model"
+    empty.mkdir()
+    rc, _, err = _plan(capsys, "experiment=paper_math", "model=llama", f"model.reference={empty}",
+                       f"model.guidance={empty}", "system.inventory=8x80GB")
+    assert rc == 2 and "no config.json in that folder" in err
+
+
+def test_a_job_larger_than_every_device_is_exit_2(capsys):
+    rc, _, err = _plan(capsys, "experiment=paper_math", "model=qwen3", "system.inventory=2x16GB",
+                       "experiment.algos=[PITA]")
+    assert rc == 2
+    assert "GB usable on one device" in err and "eval.batch_size" in err
+
+
+def test_a_run_refuses_an_inventory_and_creates_nothing(tmp_path):
+    from pita.cli.run import run_main
+
+    assert run_main(["experiment.name=x", "system.inventory=8x80GB", f"system.output_dir={tmp_path / 'out'}"]) == 2
+    assert not (tmp_path / "out").exists()
+
+
+def test_run_parallel_dash_dash_plan_is_pita_plan(capsys):
+    from pita.cli.run import run_main
+
+    rc = run_main(["--plan", "--json", "experiment=paper_math", "model=qwen3-sm", "gpu=auto",
+                   "system.inventory=[80GB,80GB,40GB]", *VALUE_GUIDED])
+    out, err = capsys.readouterr()
+    assert rc == 0, err
+    plan = json.loads(out)
+    assert [d["total_gb"] for d in plan["inventory"]] == [80.0, 80.0, 40.0]
+
+
+# ---------------------------------------------------------------- architectures without weights
+def test_every_preset_model_has_a_shipped_architecture():
+    from pathlib import Path
+
+    from omegaconf import OmegaConf
+
+    from pita.models.shapes import shipped_ids
+    from pita.models.smollm2 import HUB_ID
+
+    ids = set(shipped_ids())
+    for f in sorted((Path(__file__).resolve().parents[1] / "pita" / "conf" / "model").glob("*.yaml")):
+        fam = OmegaConf.load(f)
+        for ref in [fam.reference, fam.guidance, *fam.reward_models.values()]:
+            if ref.startswith("builtin:smollm2"):
+                assert HUB_ID in ids
+            elif not ref.startswith("builtin:"):
+                assert ref in ids, f"{f.name}: {ref} has no config.json under pita/models/architectures/"
+
+
+@pytest.mark.parametrize("ref, hidden, layers, billions", [
+    ("google/gemma-3-4b-it", 2560, 34, 4.30),  # a multimodal config: sizes in its text config
+    ("google/gemma-3-1b-it", 1152, 26, 1.00),
+    ("meta-llama/Llama-3.1-8B-Instruct", 4096, 32, 8.03),
+    ("Qwen/Qwen3-8B", 4096, 36, 8.19),
+    ("microsoft/Phi-4-mini-reasoning", 3072, 32, 3.84),
+    ("microsoft/Phi-4-reasoning-plus", 5120, 40, 14.66),
+])
+def test_shapes_are_read_through_the_text_config_with_exact_parameter_counts(ref, hidden, layers, billions):
+    from pita.models.shapes import model_shape
+
+    s = model_shape(ref, "model.reference")
+    assert (s.hidden, s.n_layers) == (hidden, layers)
+    assert s.n_params / 1e9 == pytest.approx(billions, abs=0.01)  # the published sizes
+
+
+def test_a_local_folders_own_config_wins(tmp_path, tiny):
+    from pita.models.shapes import model_shape
+
+    s = model_shape(tiny["reference"], "model.reference")
+    assert s.n_params < 10**7 and s.hidden < 512
+
+
+def test_fused_projections_stand_for_the_separate_lora_targets():
+    from pita.models.shapes import lora_targets
+
+    assert lora_targets("microsoft/Phi-4-mini-reasoning", ["q_proj", "v_proj"]) == ["qkv_proj"]
+    assert lora_targets("Qwen/Qwen3-8B", ["q_proj", "v_proj"]) == ["q_proj", "v_proj"]
+
+
+def test_an_unknown_hub_id_is_a_config_error_not_a_zero_estimate():
+    from pita.models.shapes import model_shape
+
+    with pytest.raises(ConfigError, match="its memory cannot be planned"):
+        model_shape("someorg/Unknown-3B", "model.guidance")
