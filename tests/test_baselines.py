@@ -274,7 +274,8 @@ def test_grpo_hf_scores_a_cut_off_completion_without_eos(tiny, monkeypatch):
     from pita.algos.grpo import Rewards
 
     seen = []
-    monkeypatch.setattr(proxy, "score_sequences", lambda vm, seqs, dev: seen.extend(seqs) or [0.0] * len(seqs))
+    monkeypatch.setattr(proxy, "score_sequences",
+                        lambda vm, seqs, dev, batch=64: seen.extend(seqs) or [0.0] * len(seqs))
     r = Rewards.__new__(Rewards)
     r.p, r.device, r.proxy = {"reference": tiny["reference"]}, "cpu", object()
 

@@ -295,4 +295,4 @@ def test_the_help_page_says_what_micro_batch_auto_does():
     from pita.cli import help_text
 
     text = " ".join(help_text().split())
-    assert "training.micro_batch_size=0" in text and "It starts the run: pita plan (to come)" in text
+    assert "training.micro_batch_size=0" in text and "pita plan shows the choice without running" in text
