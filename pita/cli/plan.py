@@ -194,7 +194,7 @@ def plan_main(argv: list[str] | None = None, prog: str = "pita plan") -> int:
     as_json = "--json" in argv
     argv = [a for a in argv if a not in ("--json", "--plan")]
     if any(a in ("-h", "--help") for a in argv):
-        print(__doc__.split("\n\n", 2)[1] if __doc__ else "")
+        print((__doc__ or "").strip())
         return 0
     if any(a in ("-m", "--multirun") for a in argv):
         print(f"error: {prog} plans one configuration; drop --multirun and plan each point (e.g. model=qwen3, "
