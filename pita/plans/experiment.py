@@ -207,15 +207,18 @@ SAMPLING_KINDS = ("gen", "gen_guided", "eval", "eval_guided", "eval_trained")
 
 
 def sampling_key(job) -> str | None:
-    """Which of SAMPLING_KINDS a generation shard is."""
+    """Which of SAMPLING_KINDS a generation shard is (a trained policy collecting data holds one
+    model of the reference's shape, as the reference does: "gen")."""
+    from pita.plans.fit import sampling_policy
+
     if job.kind != "generation.shard":
         return None
     req = job.params["request"]
-    pol = req.get("policy") or {}
     head = "eval" if req.get("recipe") == "eval" else "gen"
-    if pol.get("guidance"):
+    what = sampling_policy(req)
+    if what == "guided":
         return f"{head}_guided"
-    return "eval_trained" if head == "eval" and pol.get("model_from_job") else head
+    return "eval_trained" if head == "eval" and what == "trained" else head
 
 
 def fit_sampling_batches(jobs: list[Job], batches: dict) -> None:

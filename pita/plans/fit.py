@@ -12,13 +12,19 @@ from __future__ import annotations
 from collections import OrderedDict
 
 
+def sampling_policy(req: dict) -> str:
+    """What samples in a generation request: "guided" (the reference with a value model),
+    "trained" (a trained policy) or "reference"."""
+    pol = req.get("policy") or {}
+    return "guided" if pol.get("guidance") else ("trained" if pol.get("model_from_job") else "reference")
+
+
 def job_kind(job) -> str:
     """A job's kind as the plan reports it: sampling shards by what they sample."""
     if job.kind != "generation.shard":
         return job.kind
     req = job.params["request"]
-    pol = req.get("policy") or {}
-    what = "guided" if pol.get("guidance") else ("trained" if pol.get("model_from_job") else "reference")
+    what = sampling_policy(req)
     if req.get("recipe") == "eval":
         return f"eval.shard ({what})"
     return f"gen.shard ({req.get('recipe')}, {what})"
