@@ -1,4 +1,4 @@
-"""Data-parallel training jobs: one job, k devices, k processes (DDP through accelerate).
+"""Multi-device training jobs: one job, k devices, k processes (DDP or FSDP through accelerate).
 
     result = run_distributed(ctx, "algo.dpo_train", k)     # in the job's worker
 
@@ -6,9 +6,16 @@ The executor gives a k-device job k devices at once (CUDA_VISIBLE_DEVICES lists 
 then starts ``torch.distributed.run --nproc_per_node k -m pita.algos.distributed spec.json``;
 each process runs the same job function, and the TRL / transformers Trainer inside it finds the
 distributed environment (RANK, WORLD_SIZE, LOCAL_RANK) and wraps the model in DDP through
-accelerate (NCCL on GPUs, gloo on CPU). Rank 0 writes the checkpoint and the result; the
-worker streams every rank's output into the job log and returns rank 0's result. The effective
-batch stays as configured: the job divides it by k (pita/algos/post_training.py).
+accelerate (NCCL on GPUs, gloo on CPU), or shards it (``algos.<A>.sharding=fsdp``). Rank 0
+writes the checkpoint and the result; the worker streams every rank's output into the job log
+and returns rank 0's result. The effective batch stays as configured: the job divides it by k
+(pita/algos/post_training.py).
+
+Rank r uses ``cuda:LOCAL_RANK`` (pita.models.lm.default_device) for everything it builds. The
+ranks meet through torchrun's standalone rendezvous, whose store binds port 0 and keeps the
+socket: no port is chosen and released for someone else to take. A rank that runs out of device
+memory leaves a marker, and the job fails as an out-of-memory (retried at half the micro-batch),
+not as a plain error.
 """
 
 from __future__ import annotations
@@ -16,15 +23,15 @@ from __future__ import annotations
 import json
 import logging
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
 from types import SimpleNamespace
 
-from pita.core.errors import JobError
+from pita.core.errors import DeviceOutOfMemory, JobError
 
 SPEC, RESULT = "distributed.json", "distributed-result.json"
+OOM_MARKER = "distributed-oom.rank{}.json"  # written by a rank that ran out of device memory
 
 
 def world_size() -> int:
@@ -35,10 +42,16 @@ def is_rank0() -> bool:
     return int(os.environ.get("RANK", "0")) == 0
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def local_rank() -> int:
+    return int(os.environ.get("LOCAL_RANK", "0") or 0)
+
+
+def launch_command(k: int, spec_file: Path) -> list[str]:
+    """torchrun for k ranks on this node. ``--standalone``: the rendezvous store listens on a port
+    the kernel gives it and holds it for the job's life, so jobs starting together never race for
+    a port (a port found free and released could be taken before the ranks bind it)."""
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={k}",
+            "-m", "pita.algos.distributed", str(spec_file)]
 
 
 def run_distributed(ctx, kind: str, k: int) -> dict:
@@ -55,9 +68,11 @@ def run_distributed(ctx, kind: str, k: int) -> dict:
     spec_file.write_text(json.dumps(spec))
     result_file = ctx.paths.dir / RESULT
     result_file.unlink(missing_ok=True)
-    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={k}", "--nnodes=1",
-           f"--master_port={_free_port()}", "-m", "pita.algos.distributed", str(spec_file)]
-    ctx.log.info("data-parallel over %d processes: %s", k, " ".join(cmd[2:]))
+    for old in ctx.paths.dir.glob(OOM_MARKER.format("*")):
+        old.unlink()
+    cmd = launch_command(k, spec_file)
+    how = "sharded (FSDP)" if ctx.params.get("sharding") == "fsdp" else "data-parallel"
+    ctx.log.info("%s over %d processes: %s", how, k, " ".join(cmd[2:]))
     env = dict(os.environ)
     if os.environ.get("OMP_NUM_THREADS"):  # CPU: the job's threads are shared out between its ranks
         env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(max(1, int(os.environ["OMP_NUM_THREADS"]) // k))
@@ -65,6 +80,11 @@ def run_distributed(ctx, kind: str, k: int) -> dict:
     for line in proc.stdout:  # every rank's output, into the job log
         ctx.log.info("%s", line.rstrip())
     rc = proc.wait()
+    ooms = sorted(ctx.paths.dir.glob(OOM_MARKER.format("*")))
+    if ooms:  # one rank out of memory is the job out of memory (torchrun ended the others)
+        first = json.loads(ooms[0].read_text())
+        raise DeviceOutOfMemory(f"CUDA out of memory on rank {first['rank']} of {k} ({first['device']}): "
+                                f"{first['error']}")
     if rc != 0 or not result_file.exists():
         raise JobError(f"the {k}-process training exited with code {rc}; the ranks' output is in the job log above")
     return json.loads(result_file.read_text())
@@ -80,14 +100,25 @@ def main(spec_file: str) -> int:
     from pita.core.paths import JobPaths
 
     spec = json.loads(Path(spec_file).read_text())
-    logging.basicConfig(level=logging.INFO, format=f"[rank {os.environ.get('RANK', '0')}] %(message)s")
+    rank = int(os.environ.get("RANK", "0"))
+    logging.basicConfig(level=logging.INFO, format=f"[rank {rank}] %(message)s")
+    from pita.core.devinfo import describe_process, set_local_device
+    from pita.core.worker import is_oom
     from pita.tracking import TrackerSettings
 
     ctx = SimpleNamespace(params=spec["params"], dep_result=lambda j: spec["deps"][j],
                           paths=JobPaths(Path(spec["dir"])), log=logging.getLogger("pita.job"),
                           tracker=TrackerSettings(**spec.get("tracker", {})))
+    device = set_local_device()
+    ctx.log.info("%s", describe_process(spec["params"].get("attn_impl")))
     mod, name = spec["target"].split(":")
-    result = getattr(importlib.import_module(mod), name)(ctx)
+    try:
+        result = getattr(importlib.import_module(mod), name)(ctx)
+    except BaseException as e:
+        if is_oom(e):
+            marker = Path(spec["dir"]) / OOM_MARKER.format(rank)
+            marker.write_text(json.dumps({"rank": rank, "device": device, "error": f"{type(e).__name__}: {e}"[:2000]}))
+        raise
     if is_rank0():
         (Path(spec["dir"]) / RESULT).write_text(json.dumps(result))
     import torch.distributed as dist

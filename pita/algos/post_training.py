@@ -275,6 +275,7 @@ def load_policy(ctx, p: dict, cuda: bool):
                                                  attn_implementation=resolve_attn_impl(p["attn_impl"]))
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
+    ctx.log.info("policy %s: fp32 weights, attention %s", path, model.config._attn_implementation)
     return path, model, tok
 
 

@@ -47,3 +47,8 @@ class ResumeError(ConfigError):
 
 class JobError(PitaError):
     """Raised inside a job to fail it with a message (the traceback still goes to its log)."""
+
+
+class DeviceOutOfMemory(PitaError, RuntimeError):
+    """A device ran out of memory in a process below the job (a rank of a k-device job): the
+    executor treats it as the job's own CUDA out-of-memory (a retry at half the batch)."""

@@ -33,7 +33,11 @@ EXIT_OK, EXIT_ERROR, EXIT_OOM, EXIT_NOSPACE = 0, 1, 3, 4
 
 
 def is_oom(exc: BaseException) -> bool:
-    """CUDA out-of-memory, whatever torch version raised it."""
+    """CUDA out-of-memory, whatever torch version raised it, in the worker or in one of its ranks."""
+    from pita.core.errors import DeviceOutOfMemory
+
+    if isinstance(exc, DeviceOutOfMemory):
+        return True
     torch = sys.modules.get("torch")
     if torch is not None and isinstance(exc, getattr(torch.cuda, "OutOfMemoryError", ())):
         return True
@@ -87,6 +91,10 @@ def execute(launch: dict, logger: logging.Logger) -> dict:
         # kilobyte of JSON in run.log for every job)
         logger.info("attempt %d of %s (%s) on %s", attempt, job.id, job.kind,
                     ", ".join(d.get("label", "?") for d in ctx.devices) or "host")
+        from pita.core.devinfo import describe_process
+
+        logger.info("%s", describe_process(OmegaConf.select(cfg, "system.attn_impl") if job.resources.devices else None,
+                                           ctx.devices))
         result = fn(ctx)
         if result is None:
             result = {}

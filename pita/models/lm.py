@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import os
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
@@ -49,9 +50,13 @@ class Sample:
 
 
 def default_device() -> str:
-    """The job's device: its one visible GPU when there is one (the executor sets
-    CUDA_VISIBLE_DEVICES), else the CPU."""
-    return "cuda" if torch.cuda.is_available() else "cpu"
+    """The process's device: ``cuda:LOCAL_RANK`` when a GPU is visible (a one-device job sees
+    only its own GPU, as cuda:0; rank r of a k-device job sees the job's k GPUs and uses the
+    r-th), else the CPU. Every model a job builds outside the trainer (reward models, proxies)
+    goes here, where accelerate puts that rank's inputs."""
+    if not torch.cuda.is_available():
+        return "cpu"
+    return f"cuda:{int(os.environ.get('LOCAL_RANK', '0') or 0)}"
 
 
 # completion positions whose log-probabilities over the vocabulary are computed at once by
@@ -216,6 +221,7 @@ class LM:
             raise ConfigError(f"cannot load the model {path!r} ({str(e).splitlines()[0]}); give a local path, or "
                               f"make sure the hub is reachable (HF_HUB_OFFLINE is {'set' if _offline() else 'unset'})") from e
         model.to(device).eval()
+        log.info("loaded %s on %s in %s, attention %s", path, device, dtype, model.config._attn_implementation)
         if compile:
             model.forward = torch.compile(model.forward, dynamic=True)
         return cls(model, tok, device)
