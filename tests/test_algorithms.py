@@ -141,7 +141,8 @@ def _changed(name, key, value):
     special = {"lr": 1e-3, "max_length": 64, "max_steps": 7, "loss": "mse", "mode": "expectation",
                "ref_policy": "previous", "vllm_mode": "server", "v_min": -5.0, "v_max": 5.0,
                "max_completion_length": 8, "gradient_accumulation_steps": 2, "devices": 2, "lora_r": 4, "num_workers": 2,
-               "gradient_checkpointing": True, "lora_target_modules": ["q_proj"], "micro_batch_size": 2}
+               "gradient_checkpointing": True, "lora_target_modules": ["q_proj"], "micro_batch_size": 2,
+               "sharding": "fsdp"}
     if key in special:
         return special[key]
     if isinstance(value, bool):
@@ -184,6 +185,10 @@ def test_every_key_of_every_algorithm_changes_its_jobs(tiny_cache):
             if name == "QSharp-HF" and key == "mode":  # its default loss (mle) guides only in mode mle
                 start = base_cfg.copy()
                 start.algos[name].loss = "bce"
+                before_key = prints(start)
+            if key == "sharding":  # FSDP splits the model over a job's devices: two of them
+                start = base_cfg.copy()
+                start.algos[name].devices = 2
                 before_key = prints(start)
             if key in ("lora_r", "lora_target_modules"):
                 start = base_cfg.copy()

@@ -52,9 +52,34 @@ def test_the_paper_grids_plan_on_8x80gb_with_lora_or_value_guided_only(capsys, t
     assert not (tmp_path / "outputs").exists()  # a plan makes no run folder
 
 
-@pytest.mark.parametrize("family", ["llama-old", "qwen3"])
-def test_full_fine_tuning_of_an_8b_policy_is_refused_one_line_per_kind_naming_lora(capsys, family):
-    rc, _, err = _plan(capsys, "experiment=paper_math", "gpu=auto", f"model={family}", "system.inventory=8x80GB")
+@pytest.mark.parametrize("family", ["qwen3", "phi"])
+def test_full_fine_tuning_of_a_policy_one_gpu_cannot_hold_is_planned_sharded(capsys, family):
+    """gpu=auto: the fewest devices whose FSDP shards fit, written into the plan (and config.yaml)."""
+    rc, plan, err = _plan(capsys, "experiment=paper_math", "gpu=auto", f"model={family}", "system.inventory=8x80GB")
+    assert rc == 0, err
+    usable = 80 * (1 - plan["memory_margin"])
+    for algo in ("DPO", "GRPO", "GRPO-HF"):
+        t = plan["training"][algo]
+        assert t["sharding"] == "fsdp" and 2 <= t["devices"] <= 8, t
+        train = [j for j in plan["jobs"] if j["algorithm"] == algo and j["kind"] in ("algo.dpo_train", "algo.grpo_train")]
+        assert train and all(j["devices"] == t["devices"] and j["reserved_gb_per_device"] <= usable for j in train)
+
+
+def test_sharding_divides_weights_gradients_and_adam_state_and_adds_the_gathered_layers():
+    from pita.core.memory import ModelShape, fsdp_gather_bytes, training_bytes
+
+    shape = ModelShape(8_000_000_000, 36, 4096, 8, 128, 151_936, 32, 12288)
+    one, four = training_bytes(shape, "float32", 2, 768), training_bytes(shape, "float32", 2, 768, shards=4)
+    state = 16 * shape.n_params  # fp32 weights + gradients + AdamW's two moments
+    assert abs((one - four) - 1.10 * (state * 3 / 4 - fsdp_gather_bytes(shape))) < 16
+    # what stays whole: the embeddings and output head, two layers in flight and one layer's gradient
+    assert fsdp_gather_bytes(shape) == 4 * (shape.root_params + 3 * shape.layer_params)
+    assert 0 < shape.root_params < shape.n_params / 4
+
+
+def test_full_fine_tuning_that_no_sharding_can_fit_is_refused_one_line_per_kind(capsys):
+    rc, _, err = _plan(capsys, "experiment=paper_math", "gpu=auto", "model=qwen3", "system.inventory=1x80GB",
+                       "experiment.algos=[DPO,GRPO,GRPO-HF]")
     assert rc == 2
     lines = [x for x in err.splitlines() if x.strip().startswith("- ")]
     assert len(lines) == 3  # DPO, GRPO, GRPO-HF training: one line each

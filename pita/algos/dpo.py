@@ -14,7 +14,7 @@ from typing import Optional
 from pita.algos.base import register_algorithm
 from pita.algos.distributed import run_distributed, world_size
 from pita.algos.post_training import (PostTrainingAlgorithm, PostTrainingConfig, assistant, load_policy, on_cuda,
-                                      peft_config, train_and_save, training_args, user)
+                                      peft_config, sharded_trainer, train_and_save, training_args, user)
 from pita.core.errors import JobError
 from pita.core.job import Job, add_kind_module, job_kind
 
@@ -131,7 +131,7 @@ def dpo_train(ctx):
     ctx.log.info("DPO from %s on %d pairs (of %d; ties dropped; %d completion(s) cut off by the length limit, "
                  "trained without an end of turn), reference policy %s, beta %s", path, len(pairs), len(records), cut,
                  "original" if ref_model is not None or not p["policy_from"] else "previous", p["beta"])
-    trainer = cut_aware_dpo_trainer()(model=model, ref_model=ref_model, args=args, train_dataset=ds, processing_class=tok,
+    trainer = sharded_trainer(cut_aware_dpo_trainer())(model=model, ref_model=ref_model, args=args, train_dataset=ds, processing_class=tok,
                          peft_config=peft_config(p, ctx.log))
     res, steps = train_and_save(ctx, trainer, tok, p, "loss")
     return {**res, "pairs": len(pairs), "loss_first": steps[0]["loss"] if steps else None,

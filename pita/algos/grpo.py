@@ -12,7 +12,7 @@ from typing import Optional
 from pita.algos.base import register_algorithm
 from pita.algos.distributed import run_distributed, world_size
 from pita.algos.post_training import (PostTrainingAlgorithm, PostTrainingConfig, load_policy, on_cuda, peft_config,
-                                      train_and_save, training_args, user)
+                                      sharded_trainer, train_and_save, training_args, user)
 from pita.core.errors import JobError
 from pita.core.job import Job, add_kind_module, job_kind
 from pita.core.names import unknown_name
@@ -202,7 +202,7 @@ def grpo_trainer(ctx, p: dict):
                  p["batch_size"], p["batch_size"] // p["num_generations"],
                  p["num_generations"], p["beta"], kl_ref,
                  "proxy " + proxy if proxy else ("reward model" if reward.rm else "verifier"))
-    trainer = GRPOTrainer(model=model, reward_funcs=[reward], args=args, train_dataset=ds, processing_class=tok,
+    trainer = sharded_trainer(GRPOTrainer)(model=model, reward_funcs=[reward], args=args, train_dataset=ds, processing_class=tok,
                           peft_config=peft_config(p, ctx.log))
     model.config._name_or_path = path
     return trainer, tok

@@ -24,12 +24,14 @@ from typing import List, Optional
 
 from pita.algos.base import AlgoConfig, Algorithm, PlanContext, check_common, effective_training, training_settings
 from pita.algos.distributed import is_rank0
+from pita.core.errors import JobError
 from pita.core.job import TRAINING_RETRY, Job, Resources
 from pita.core.names import unknown_name
 
 log = logging.getLogger(__name__)
 
 REF_POLICIES = ("original", "previous")
+SHARDINGS = ("none", "fsdp")
 TOY_PARAMS = 50_000_000  # below this a model is a toy (the tiny family), with toy learning rates
 # (algorithm kind, scale) -> default learning rate: TRL's documented practice for full fine-tuning
 # and LoRA of real models; the toy rates were measured on the embedded default
@@ -51,7 +53,11 @@ class PostTrainingConfig(AlgoConfig):
     # every row's KL is measured against) | previous (the round's starting policy)
     ref_policy: str = "original"
     gradient_accumulation_steps: int = 1  # ignored when training.micro_batch_size is set (then derived)
-    devices: int = 1  # devices per training job (data-parallel through accelerate when > 1)
+    devices: int = 1  # devices per training job (> 1: data-parallel through accelerate, or sharded with sharding=fsdp)
+    # none: every device holds the whole model (data-parallel); fsdp: the weights, gradients and
+    # AdamW state are split over the job's devices (FSDP2 through accelerate; devices >= 2, full
+    # fine-tuning). gpu=auto switches to fsdp over the fewest devices that fit when one does not
+    sharding: str = "none"
     lora_r: int = 0  # LoRA rank through peft; 0 = full fine-tuning
     lora_alpha: int = 16  # LoRA scaling
     lora_target_modules: List[str] = field(default_factory=lambda: ["q_proj", "v_proj"])  # module names LoRA adapts
@@ -88,6 +94,8 @@ class PostTrainingAlgorithm(Algorithm):
                 p.append(f"{k}.batch_size={c.batch_size} must be divisible by {k}.devices x "
                          f"{k}.gradient_accumulation_steps = {c.devices} x {c.gradient_accumulation_steps} = {step} "
                          f"(it is the effective batch; each device gets batch_size / {step} per micro-step)")
+        auto = str(cfg.training.micro_batch_size) == "auto"  # gpu=auto chooses the devices (checked again after)
+        p += self.sharding_problems(n_devices, devices_chosen=not auto)
         if c.lora_r < 0:
             p.append(f"{k}.lora_r={c.lora_r} must be >= 0 (0 = full fine-tuning)")
         if c.lora_r > 0 and not c.lora_target_modules:
@@ -95,6 +103,27 @@ class PostTrainingAlgorithm(Algorithm):
         if c.lora_r > 0 and importlib.util.find_spec("peft") is None:
             p.append(f"{k}.lora_r={c.lora_r} needs peft, which is not installed: pip install -e '.[lora]' "
                      f"(or set {k}.lora_r=0 for full fine-tuning)")
+        return p
+
+    def sharding_problems(self, n_devices: int, devices_chosen: bool = True) -> list[str]:
+        """``sharding`` against the job's devices, LoRA and what this torch can do."""
+        c, k = self.c, self.key
+        if c.sharding not in SHARDINGS:
+            return [unknown_name(f"{k}.sharding", c.sharding, SHARDINGS)]
+        if c.sharding != "fsdp":
+            return []
+        p = []
+        if devices_chosen and c.devices < 2:
+            more = f"e.g. {k}.devices={min(n_devices, 2) if n_devices >= 2 else 2}"
+            p.append(f"{k}.sharding=fsdp with {k}.devices={c.devices}: there is nothing to split the model over; "
+                     f"set {more} (or gpu=auto to choose), or {k}.sharding=none")
+        if c.lora_r > 0:
+            p.append(f"{k}.sharding=fsdp with {k}.lora_r={c.lora_r}: LoRA jobs are not sharded here (the adapters are "
+                     f"merged into a whole model when the job ends); set {k}.lora_r=0 for sharded full fine-tuning, "
+                     f"or {k}.sharding=none (a LoRA job keeps only the frozen weights and the adapters per device)")
+        why = fsdp_unavailable()
+        if why:
+            p.append(f"{k}.sharding=fsdp: {why}; set {k}.sharding=none")
         return p
 
     def check_models(self, paths: dict) -> list[str]:
@@ -155,7 +184,7 @@ class PostTrainingAlgorithm(Algorithm):
         return {
             "algo": self.name, "task": p.task, "dataset": OmegaConf.to_container(OmegaConf.structured(p.ds)),
             "reference": p.paths["reference"], "lr": self.learning_rate(p), "beta": c.beta, "batch_size": c.batch_size,
-            "gradient_accumulation_steps": self.accumulation_steps(cfg), "devices": c.devices,
+            "gradient_accumulation_steps": self.accumulation_steps(cfg), "devices": c.devices, "sharding": c.sharding,
             "lora_r": c.lora_r, "lora_alpha": c.lora_alpha, "lora_target_modules": self.lora_targets(p),
             **training_settings(cfg, c, whole=c.batch_size // (c.devices * self.accumulation_steps(cfg))),
             "num_workers": c.num_workers,
@@ -232,6 +261,77 @@ def device_steps(p: dict) -> tuple[int, int]:
     return micro, per_device_batch // micro
 
 
+def fsdp_unavailable() -> str | None:
+    """Why this torch / accelerate cannot shard a model with FSDP2, or None when they can."""
+    try:
+        import torch.distributed as dist
+    except ImportError:
+        return "this torch has no torch.distributed"
+    if not dist.is_available():
+        return "this torch was built without torch.distributed (no process groups, so no sharding)"
+    try:
+        from torch.distributed.fsdp import fully_shard  # noqa: F401
+    except ImportError:
+        return "this torch has no FSDP2 (torch.distributed.fsdp.fully_shard, torch >= 2.6): upgrade torch"
+    try:
+        from accelerate.utils import FullyShardedDataParallelPlugin
+    except ImportError:
+        return "accelerate is not installed"
+    import dataclasses
+
+    if "fsdp_version" not in {f.name for f in dataclasses.fields(FullyShardedDataParallelPlugin)}:
+        return "this accelerate has no FSDP2 (fsdp_version): pip install -U 'accelerate>=1.6'"
+    return None
+
+
+def fsdp_settings(p: dict) -> dict:
+    """TrainingArguments' FSDP2 keys for a ``sharding=fsdp`` job: every decoder layer its own unit
+    (all-gathered for its forward and backward, resharded after), the full state dict gathered
+    to rank 0 for the saved policy. FSDP's own activation checkpointing replaces the Trainer's
+    (which would all-gather each layer a second time)."""
+    import transformers
+
+    config = {"version": 2, "reshard_after_forward": True, "auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
+              "state_dict_type": "FULL_STATE_DICT", "cpu_ram_efficient_loading": False,
+              "activation_checkpointing": bool(p["gradient_checkpointing"])}
+    # transformers 5 takes fsdp=True with the options in fsdp_config; 4.x the option string
+    legacy = int(transformers.__version__.split(".")[0]) < 5
+    return {"fsdp": "full_shard auto_wrap" if legacy else True, "fsdp_config": config}
+
+
+def sharded_trainer(cls):
+    """``cls`` (a TRL trainer) that also shards on CPU. accelerate turns FSDP on for GPU process
+    groups only; with gloo it silently trains data-parallel. Where the job asked for FSDP and
+    accelerate chose plain multi-CPU, this enables accelerate's own FSDP2 path on the gloo group
+    (FSDP2's fully_shard runs there), so the job's code path is the one a GPU node runs."""
+
+    class Sharded(cls):
+        def create_accelerator_and_postprocess(self):
+            super().create_accelerator_and_postprocess()
+            from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin
+
+            acc = self.accelerator
+            if self.args.fsdp_plugin_args is None or acc.distributed_type != DistributedType.MULTI_CPU:
+                return
+            plugin = FullyShardedDataParallelPlugin(**self.args.fsdp_plugin_args)
+
+            def as_fsdp():  # accelerate's shared state is rebuilt from the environment during training:
+                acc.state.fsdp_plugin = plugin  # asserted again before each model is prepared
+                acc.state.distributed_type = DistributedType.FSDP
+
+            for name in ("prepare", "prepare_model"):
+                def prepare(*args, _inner=getattr(acc, name), **kw):
+                    as_fsdp()
+                    return _inner(*args, **kw)
+
+                setattr(acc, name, prepare)
+            as_fsdp()
+            self.is_fsdp_enabled = True
+
+    Sharded.__name__ = Sharded.__qualname__ = f"Sharded{cls.__name__}"
+    return Sharded
+
+
 def training_args(cls, p: dict, out: str, cuda: bool, tracker=None, **extra):
     """TRL's ``cls`` (DPOConfig, GRPOConfig) from a training job's params; ``tracker``
     (``pita.tracking.tracker_settings(ctx)``) sets TRL's ``report_to``."""
@@ -243,6 +343,10 @@ def training_args(cls, p: dict, out: str, cuda: bool, tracker=None, **extra):
     # fp32 master weights (load_policy)
     bf16 = cuda and p["dtype"] in ("bfloat16", "float32") and torch.cuda.is_bf16_supported()
     per_device, accumulation = device_steps(p)
+    checkpointing = bool(p["gradient_checkpointing"])
+    if p.get("sharding") == "fsdp":
+        extra.update(fsdp_settings(p))
+        checkpointing = False  # FSDP's own (fsdp_config.activation_checkpointing)
     if cuda and p["dtype"] in ("bfloat16", "float16") and "model_init_kwargs" not in extra:
         # TRL builds its frozen reference in the policy's dtype (fp32 master weights here) unless told:
         # the reference only runs forward passes under autocast, so model.dtype halves it
@@ -251,7 +355,7 @@ def training_args(cls, p: dict, out: str, cuda: bool, tracker=None, **extra):
                tf32=bool(p["tf32"]) if cuda else None, torch_compile=bool(p["compile"]),
                per_device_train_batch_size=per_device,
                gradient_accumulation_steps=accumulation, learning_rate=p["lr"], beta=p["beta"],
-               **{_checkpointing_key(cls): bool(p["gradient_checkpointing"])}, seed=p["seed"], data_seed=p["seed"],
+               **{_checkpointing_key(cls): checkpointing}, seed=p["seed"], data_seed=p["seed"],
                logging_steps=1, **prepare_trl(tracker), save_strategy="no", disable_tqdm=True,
                dataloader_num_workers=int(p.get("num_workers", 0)),
                ddp_find_unused_parameters=False if p["devices"] > 1 else None, **extra)
@@ -292,14 +396,62 @@ def peft_config(p: dict, log):
 
 def _save_policy(ctx, trainer, tok, lora: bool) -> str:
     out = ctx.paths.artifacts / "policy"
-    if not trainer.is_world_process_zero():  # data-parallel: rank 0 writes the checkpoint
+    state = None
+    if is_sharded(trainer.model):  # every rank takes part in gathering the shards to rank 0's CPU
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        state = get_model_state_dict(trainer.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    if not trainer.is_world_process_zero():  # rank 0 writes the checkpoint
         return str(out)
     model = trainer.accelerator.unwrap_model(trainer.model)
     if lora:
         model = model.merge_and_unload()  # the evaluation loads a plain model
-    model.save_pretrained(out)
+    if state is not None:
+        _plain_copy(model, state).save_pretrained(out)
+    else:
+        model.save_pretrained(out)
     tok.save_pretrained(out)
     return str(out)
+
+
+def _plain_copy(model, state: dict):
+    """The sharded ``model`` as a plain model holding the gathered ``state`` (rank 0's full state
+    dict, on the CPU): saving the FSDP module itself would reach for other ranks' shards from
+    rank 0 alone. Built on the meta device and given the gathered tensors, so nothing is copied."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        plain = AutoModelForCausalLM.from_config(model.config, dtype=torch.float32)
+    plain.load_state_dict(state, strict=False, assign=True)
+    plain.tie_weights()
+    for name, buf in list(plain.named_buffers()):  # not in a state dict (rotary frequencies): FSDP leaves them whole
+        if buf.is_meta:
+            owner, _, leaf = name.rpartition(".")
+            plain.get_submodule(owner).register_buffer(leaf, model.get_buffer(name).detach().cpu(), persistent=False)
+    missing = [n for n, w in list(plain.named_parameters()) + list(plain.named_buffers()) if w.is_meta]
+    if missing:
+        raise JobError(f"the gathered policy lacks {len(missing)} tensor(s), e.g. {missing[:3]}; nothing was saved")
+    plain.generation_config = model.generation_config
+    return plain
+
+
+def is_sharded(model) -> bool:
+    """Whether the model's parameters are FSDP2 shards (DTensors)."""
+    return any(hasattr(w, "to_local") for w in model.parameters())
+
+
+def rank_parameters(model) -> list[int]:
+    """The parameters each rank holds (a sharded parameter counts its local shard): one entry per
+    rank, gathered from every rank (a collective: every rank calls it)."""
+    import torch.distributed as dist
+
+    local = sum(int(w.to_local().numel()) if hasattr(w, "to_local") else int(w.numel()) for w in model.parameters())
+    if not (dist.is_available() and dist.is_initialized()):
+        return [local]
+    out = [None] * dist.get_world_size()
+    dist.all_gather_object(out, local)
+    return [int(x) for x in out]
 
 
 def train_and_save(ctx, trainer, tok, p: dict, key: str) -> tuple[dict, list[dict]]:
@@ -313,8 +465,12 @@ def train_and_save(ctx, trainer, tok, p: dict, key: str) -> tuple[dict, list[dic
     hist = trainer.state.log_history
     if is_rank0():
         ctx.paths.write_metrics(hist)
+    held = rank_parameters(trainer.model)
+    if len(held) > 1:
+        ctx.log.info("parameters held per rank: %s (%s)", ", ".join(f"{n:,}" for n in held),
+                     "sharded" if is_sharded(trainer.model) else "each rank a whole copy")
     ckpt = _save_policy(ctx, trainer, tok, p["lora_r"] > 0)
-    return ({"checkpoint": ckpt, "train_loss": out.training_loss, "steps": out.global_step},
+    return ({"checkpoint": ckpt, "train_loss": out.training_loss, "steps": out.global_step, "rank_params": held},
             [h for h in hist if key in h])
 
 

@@ -102,7 +102,9 @@ def make_plan(cfg) -> dict:
     return {"experiment": cfg.experiment.name, "model": cfg.model.name,
             "inventory": [{"name": d.name, "total_gb": round(d.total_bytes / 1e9, 2)} for d in gpus.devices],
             "device_kind": "cuda" if cuda else "cpu", "memory_margin": ex.memory_margin,
-            "training": {a: {"micro_batch_size": m, "gradient_checkpointing": g}
+            "training": {a: {"micro_batch_size": m, "gradient_checkpointing": g,
+                             "devices": int(cfg.algos[a].get("devices", 1) or 1),
+                             "sharding": str(cfg.algos[a].get("sharding", "none"))}
                          for a, (m, g) in _training_choices(cfg).items()},
             "makespan_s": round(sim.makespan, 1), "critical_path_s": round(sim.critical_path, 1),
             "durations": assumed, "notes": _notes(cfg), "jobs": rows}
@@ -160,9 +162,11 @@ def render(plan: dict) -> str:
         names[(d["name"], d["total_gb"])] = names.get((d["name"], d["total_gb"]), 0) + 1
     inv_text = ", ".join(f"{n} x {name} ({gb:g} GB)" for (name, gb), n in names.items())
     train = ", ".join(f"{a} {t['micro_batch_size']}{' +ckpt' if t['gradient_checkpointing'] else ''}"
+                      f"{' fsdp x' + str(t['devices']) if t.get('sharding') == 'fsdp' else ''}"
                       for a, t in plan["training"].items())
     lines = [f"plan: {plan['experiment']} (model={plan['model']}) on {inv_text}",
-             f"training micro-batches (+ckpt: gradient checkpointing): {train or 'none'}", ""]
+             f"training micro-batches (+ckpt: gradient checkpointing; fsdp xK: sharded over K devices): "
+             f"{train or 'none'}", ""]
     head = f"{'job kind':<40} {'jobs':>5} {'devices':>7} {'batch':>6} {'GB/device':>11}  largest job"
     lines += [head, "-" * len(head)]
     for kind, k in kinds.items():

@@ -59,6 +59,17 @@ class ModelShape:
     def mlp(self) -> int:
         return self.intermediate or 4 * self.hidden
 
+    @property
+    def layer_params(self) -> int:
+        """Parameters of one decoder layer (attention and MLP projections)."""
+        h, d = self.hidden, self.head_dim
+        return h * self.heads * d * 2 + h * self.n_kv_heads * d * 2 + 3 * h * self.mlp
+
+    @property
+    def root_params(self) -> int:
+        """Parameters outside the decoder layers (embeddings, output head, final norm)."""
+        return max(0, self.n_params - self.n_layers * self.layer_params)
+
     @classmethod
     def from_hf_config(cls, cfg, n_params: int | None = None) -> "ModelShape":
         """Build from a transformers (text) config (``n_params`` estimated from the shape when not given)."""
@@ -73,6 +84,13 @@ class ModelShape:
             per_layer = hidden * (heads * head_dim) * 2 + hidden * (kv * head_dim) * 2 + 3 * hidden * inter
             n_params = layers * per_layer + vocab * hidden * (1 if getattr(cfg, "tie_word_embeddings", False) else 2)
         return cls(int(n_params), layers, hidden, kv, head_dim, vocab, heads, inter)
+
+
+def fsdp_gather_bytes(shape: ModelShape) -> float:
+    """What FSDP2 holds unsharded at once besides the shards, in fp32: the root unit (embeddings,
+    output head) for the whole step, the layer running, the next one prefetched, and one layer's
+    full gradient before its reduce-scatter."""
+    return (shape.root_params + 3 * shape.layer_params) * 4
 
 
 def weights_bytes(shape: ModelShape, dtype: str) -> float:
@@ -188,6 +206,7 @@ def training_bytes(
     logits: bool = True,
     logit_positions: int | None = None,
     logit_bytes: float | None = None,
+    shards: int = 1,
 ) -> int:
     """Weights + gradients + optimizer states (+ fp32 master) + activations + logits (+ context).
 
@@ -196,7 +215,9 @@ def training_bytes(
     ``dtype``). ``trainable_params``: gradients and optimizer states for this many parameters
     only (LoRA adapters, which are then added to the weights); default every parameter.
     ``extra_bytes``: other resident memory (a frozen reference model). ``logits=False``: the loss
-    never takes the whole vocabulary at every position.
+    never takes the whole vocabulary at every position. ``shards``: FSDP over this many devices
+    (weights, gradients, optimizer states and master weights split; :func:`fsdp_gather_bytes`
+    added; activations and logits per device as before).
     """
     b = bytes_per_param(dtype)
     ab = bytes_per_param(act_dtype or dtype)
@@ -221,7 +242,10 @@ def training_bytes(
     # logits; ``logit_bytes``: per logit, for a loss that never holds fp32 copies (TRL's selective_log_softmax)
     per_logit = (2 * ab + 4 * 3) if logit_bytes is None else logit_bytes
     lg = batch * min(seq_len, logit_positions or seq_len) * shape.vocab * per_logit if logits else 0
-    total = (weights + grads + optim + master + act + lg + extra_bytes) * 1.10
+    state = weights + grads + optim + master
+    if shards > 1:
+        state = state / shards + fsdp_gather_bytes(shape)
+    total = (state + act + lg + extra_bytes) * 1.10
     return int(total + (CUDA_CONTEXT_BYTES if cuda else 0))
 
 

@@ -120,8 +120,8 @@ class Durations:
             seq = self.prompt + int(p.get("max_completion_length") or p.get("max_length") or 512)
             if job.kind == "algo.dpo_train":
                 rows = sum(self.rows_of_merge(d) for d in job.deps)  # completions: both sides of each pair
-                tokens = rows * seq * int(p.get("epochs", 1))
-                return max(1.0, _flops_s((per_param + 2) * ref.n_params * tokens))
+                tokens = rows * seq * int(p.get("epochs", 1))  # split over the job's devices (DDP or FSDP)
+                return max(1.0, _flops_s((per_param + 2) * ref.n_params * tokens) / max(1, p["devices"]))
             from pita.datasets.config import DatasetConfig
             from pita.datasets.loading import count_examples
 

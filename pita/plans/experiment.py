@@ -105,6 +105,11 @@ def experiment_plan(cfg, device_totals: list[int], cuda: bool, plan_only: bool =
         raise ConfigError(model_problems)
     gen = ParallelDataGenerator(device_totals)
     resolve_auto_training(cfg, paths, device_totals, cuda, algos, list(configs))
+    if str(cfg.training.micro_batch_size) != "auto":  # what gpu=auto chose, or left as configured
+        late = [x for alg in algos.values() if hasattr(alg, "sharding_problems")
+                for x in alg.sharding_problems(n_devices)]
+        if late:
+            raise ConfigError(late)
     # estimates per dataset: a job holds the reward model of its own dataset (a training dataset's
     # jobs: of it and of the datasets its models are evaluated on) and no other
     mem_of = {name: plan_memory(cfg, paths, cuda, device_totals, algos, [name]) for name in configs}
@@ -264,6 +269,30 @@ def plan_memory(cfg, paths: dict, cuda: bool, device_totals: list[int], algos: d
     return mem
 
 
+def algo_devices(c) -> tuple[int, str]:
+    """(devices, sharding) of an algorithm's training jobs."""
+    return int(getattr(c, "devices", 1) or 1), str(getattr(c, "sharding", "none") or "none")
+
+
+def shard_counts(a, n_devices: int) -> list[int]:
+    """The device counts gpu=auto tries for an algorithm's training: as configured first, then,
+    for full fine-tuning of a policy (DPO, GRPO, GRPO-HF), FSDP over 2, 4, 8, ... devices of
+    this inventory that divide its batch."""
+    from pita.algos.post_training import fsdp_unavailable
+
+    devices, sharding = algo_devices(a.c)
+    first = [devices] if not (sharding == "fsdp" and devices < 2) else []
+    if not hasattr(a, "train_kind") or a.c.lora_r > 0 or n_devices < 2 or fsdp_unavailable():
+        return first or [devices]
+    start = max(2, devices if sharding == "fsdp" else 2)
+    more, k = [], start
+    while k <= n_devices:
+        if a.c.batch_size % k == 0 and k not in first:
+            more.append(k)
+        k *= 2
+    return first + more
+
+
 def resolve_auto_training(cfg, paths: dict, device_totals: list[int], cuda: bool, algos: dict | None = None,
                           datasets: list[str] = ()) -> None:
     """``training.micro_batch_size=auto`` / ``gradient_checkpointing=auto`` (the gpu=auto preset):
@@ -294,18 +323,37 @@ def resolve_auto_training(cfg, paths: dict, device_totals: list[int], cuda: bool
         policy = est.policy_training(a, micro=micro, gradient_checkpointing=gc, datasets=datasets) * 1e9
         return max(policy, proxy)
 
-    chosen = {}
+    chosen, sharded = {}, {}
     for name, a in algos.items():
         own_micro = a.c.micro_batch_size if getattr(a.c, "micro_batch_size", None) is not None else None
         micro_setting = own_micro if own_micro is not None else t.micro_batch_size
         gc_setting = a.c.gradient_checkpointing if a.c.gradient_checkpointing is not None else t.gradient_checkpointing
-        per_device = max(1, a.per_device_batch())
-        micros = [micro_setting] if micro_setting != "auto" else [m for m in range(per_device, 0, -1)
-                                                                   if per_device % m == 0]
         options = [False, True] if gc_setting == "auto" else [bool(gc_setting)]
-        pick = next(((m, gc) for gc in options for m in micros if m == 0 or need(a, m, gc) <= budget), None)
-        if pick is None:  # nothing fits: the smallest settings, and the fit check names the fix
-            pick = (micros[-1], options[-1])
+
+        def search():
+            per_device = max(1, a.per_device_batch())
+            micros = [micro_setting] if micro_setting != "auto" else [m for m in range(per_device, 0, -1)
+                                                                       if per_device % m == 0]
+            found = next(((m, gc) for gc in options for m in micros if m == 0 or need(a, m, gc) <= budget), None)
+            return found, (micros[-1], options[-1])
+
+        configured = algo_devices(a.c)
+        for k in shard_counts(a, len(device_totals)):  # 1 (as configured), then FSDP over 2, 4, 8, ... devices
+            if k > 1:
+                with open_dict(cfg):
+                    cfg.algos[name].devices, cfg.algos[name].sharding = k, "fsdp"
+                a.c = cfg.algos[name]
+            pick, smallest = search()
+            if pick is not None:
+                if k > 1:
+                    sharded[name] = k
+                break
+        else:  # nothing fits: as configured at the smallest settings, and the fit check names the fix
+            if algo_devices(a.c) != configured:
+                with open_dict(cfg):
+                    cfg.algos[name].devices, cfg.algos[name].sharding = configured
+                a.c = cfg.algos[name]
+            pick = search()[1]
         chosen[name] = pick
         with open_dict(cfg):
             cfg.algos[name].micro_batch_size = pick[0]
@@ -318,5 +366,7 @@ def resolve_auto_training(cfg, paths: dict, device_totals: list[int], cuda: bool
         cfg.training.micro_batch_size = micro if t.micro_batch_size == "auto" else t.micro_batch_size
         cfg.training.gradient_checkpointing = gc if t.gradient_checkpointing == "auto" else t.gradient_checkpointing
     log.info("gpu=auto: %s (smallest device %.1f GiB)",
-             ", ".join(f"{n} micro-batch {m}{' + checkpointing' if g else ''}" for n, (m, g) in chosen.items()),
+             ", ".join(f"{n} micro-batch {m}{' + checkpointing' if g else ''}"
+                       f"{f' sharded (FSDP) over {sharded[n]} devices' if n in sharded else ''}"
+                       for n, (m, g) in chosen.items()),
              min(device_totals) / 2**30 if device_totals else 0)

@@ -58,13 +58,19 @@ def fit_problems(jobs, totals: list[int], margin: float) -> list[str]:
         if kind in ("algo.dpo_train", "algo.grpo_train"):
             lora = f"algos.{algo}.lora_r=16" + (f", with algos.{algo}.ref_policy=previous when experiment.rounds > 1"
                                                 if kind == "algo.grpo_train" else "")
+            shard = (f"shard it over more devices (algos.{algo}.sharding=fsdp algos.{algo}.devices="
+                     f"{min(len(totals), 2 * max(1, p.get('devices', 1)))}; gpu=auto picks the fewest that fit)"
+                     if len(totals) > max(1, p.get("devices", 1)) and not p.get("lora_r", 0) else "")
             if at_least or p.get("lora_r", 0) > 0:
+                where_ = "one device" if p.get("sharding") != "fsdp" else f"{p.get('devices')} devices"
                 fix = (f"this is at a micro-batch of 1 with gradient checkpointing, so full fine-tuning of this "
-                       f"policy does not fit one device: train with LoRA ({lora}), a smaller model, or shorter "
-                       f"completions")
+                       f"policy does not fit {where_}: " + (f"{shard}, " if shard else "") +
+                       f"train with LoRA ({lora}), a smaller model, or shorter completions")
             else:
-                fix = (f"use gpu=auto (the largest micro-batch that fits, checkpointing if needed) or "
-                       f"algos.{algo}.micro_batch_size=1 algos.{algo}.gradient_checkpointing=true, or LoRA ({lora})")
+                fix = (f"use gpu=auto (the largest micro-batch that fits, checkpointing if needed, sharding if "
+                       f"one device is not enough) or algos.{algo}.micro_batch_size=1 "
+                       f"algos.{algo}.gradient_checkpointing=true, " + (f"{shard}, " if shard else "") +
+                       f"or LoRA ({lora})")
         elif kind in ("algo.value_train", "algo.proxy_train"):
             fix = ("pick a smaller guidance model (model.guidance)" if at_least else
                    f"use gpu=auto, or algos.{algo}.micro_batch_size=1 algos.{algo}.gradient_checkpointing=true; or a "

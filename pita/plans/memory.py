@@ -196,8 +196,10 @@ class JobMemory:
             # of the casts (they are not cached for weights without gradients): measured on fake
             # tensors (bench/memory_truth.py) at about LORA_CAST_BYTES per parameter
             extra += LORA_CAST_BYTES * shape.n_params
+        shards = c.devices if getattr(c, "sharding", "none") == "fsdp" and c.devices > 1 else 1
         if lora is None and c.beta > 0:  # TRL's frozen reference (LoRA: the base itself), in model.dtype on CUDA
-            extra += weights_bytes(shape, cfg.model.dtype if self.cuda else "float32")
+            # (FSDP shards it like the policy)
+            extra += weights_bytes(shape, cfg.model.dtype if self.cuda else "float32") / shards
         is_dpo = algo.train_kind == "algo.dpo_train"
         if is_dpo:
             rows *= 2  # chosen and rejected in one pass
@@ -211,7 +213,7 @@ class JobMemory:
             else:
                 extra += self.reward_bytes(datasets)
         b = training_bytes(shape, "float32", rows, seq, act_dtype=self.act, cuda=self.cuda, gradient_checkpointing=gc,
-                           trainable_params=lora, extra_bytes=extra,
+                           trainable_params=lora, extra_bytes=extra, shards=shards,
                            logit_positions=None if is_dpo else new + 1,  # GRPO: the completion's logits only
                            # TRL's selective_log_softmax: the logits and their gradient, a row at a time in fp32
                            logit_bytes=2 * bytes_per_param(self.act) + 4)
