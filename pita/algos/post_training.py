@@ -189,7 +189,7 @@ class PostTrainingAlgorithm(Algorithm):
             **training_settings(cfg, c, whole=c.batch_size // (c.devices * self.accumulation_steps(cfg))),
             "num_workers": c.num_workers,
             "dtype": cfg.model.dtype, "attn_impl": cfg.system.attn_impl, "tf32": cfg.system.tf32,
-            "compile": cfg.system.compile, "ref_policy": c.ref_policy,
+            "compile": cfg.system.compile, "ref_policy": c.ref_policy, "save_steps": cfg.training.save_steps,
         }
 
     def collect_pairs(self, p: PlanContext, r: int, prev: str | None) -> tuple[list[Job], str]:
@@ -326,10 +326,120 @@ def sharded_trainer(cls):
 
                 setattr(acc, name, prepare)
             as_fsdp()
+            self._as_fsdp = as_fsdp
             self.is_fsdp_enabled = True
+
+        def _save_checkpoint(self, *args, **kw):  # a checkpoint of shards is written by every rank
+            if getattr(self, "_as_fsdp", None):
+                self._as_fsdp()
+            return super()._save_checkpoint(*args, **kw)
+
+        def _load_from_checkpoint(self, *args, **kw):
+            if getattr(self, "_as_fsdp", None):
+                self._as_fsdp()
+            return super()._load_from_checkpoint(*args, **kw)
 
     Sharded.__name__ = Sharded.__qualname__ = f"Sharded{cls.__name__}"
     return Sharded
+
+
+CHECKPOINT_SHARE = 0.05  # training.save_steps=auto: checkpoints take at most this share of a job's time
+CHECKPOINT_WRITE_BPS = 0.5e9  # bytes a second assumed for the first checkpoint, before one was timed
+
+
+def checkpoint_args(p: dict) -> dict:
+    """TrainingArguments' checkpoint keys: every ``save_steps`` steps, or (auto) when
+    :class:`CheckpointPacer` says so; the last checkpoint kept. Weights and optimizer state go to
+    ``<job>/artifacts/trainer/checkpoint-<step>``, where a re-run attempt finds them."""
+    s = p.get("save_steps", "auto")
+    if s == 0:
+        return {"save_strategy": "no"}
+    if s == "auto":  # the pacer sets should_save itself
+        return {"save_strategy": "no", "save_total_limit": 1}
+    return {"save_strategy": "steps", "save_steps": int(s), "save_total_limit": 1}
+
+
+def checkpoint_pacer(p: dict, n_params: int):
+    """training.save_steps=auto: a TrainerCallback that saves when the training time since the last
+    checkpoint is at least 1/CHECKPOINT_SHARE times what a checkpoint costs (the last one's
+    measured time; before the first, the fp32 weights and AdamW state at CHECKPOINT_WRITE_BPS). The
+    ranks of a k-device job decide together: rank 0's interval, in steps, is broadcast at the steps
+    where all of them stand (the first, and each checkpoint)."""
+    import time
+
+    from transformers import TrainerCallback
+
+    if p.get("save_steps", "auto") != "auto":
+        return None
+
+    class CheckpointPacer(TrainerCallback):
+        def __init__(self):
+            self.cost = 12.0 * n_params / CHECKPOINT_WRITE_BPS
+            self.interval = None  # steps between checkpoints, once agreed
+            self.last_step, self.t_step, self.t_save = 0, None, None
+            self.step_s = None
+
+        def on_step_begin(self, args, state, control, **kw):
+            self.t_step = time.monotonic()
+
+        def on_step_end(self, args, state, control, **kw):
+            took = time.monotonic() - self.t_step if self.t_step is not None else 0.0
+            self.step_s = took if self.step_s is None else 0.8 * self.step_s + 0.2 * took
+            if self.interval is None:
+                self.interval = self._agree(state)
+            if state.global_step - self.last_step >= self.interval and state.global_step < state.max_steps:
+                control.should_save = True
+                self.t_save = time.monotonic()
+            return control
+
+        def on_save(self, args, state, control, **kw):
+            if self.t_save is not None:
+                self.cost = time.monotonic() - self.t_save
+            self.last_step, self.t_save = state.global_step, None
+            self.interval = self._agree(state)
+            return control
+
+        def _agree(self, state) -> int:
+            mine = max(1, int(self.cost / (CHECKPOINT_SHARE * max(self.step_s or 1e-3, 1e-3)) + 0.999))
+            import torch.distributed as dist
+
+            if dist.is_available() and dist.is_initialized():
+                box = [mine]
+                dist.broadcast_object_list(box, src=0)
+                mine = int(box[0])
+            return mine
+
+    return CheckpointPacer()
+
+
+def resume_point(ctx, p: dict, out) -> str | None:
+    """The checkpoint a re-run attempt continues from (the last one in ``out``), or None. A
+    checkpoint written under other settings (not counting the micro-batch, which an OOM retry
+    halves while the effective batch stays) is removed rather than resumed."""
+    import json
+    import shutil
+    from pathlib import Path
+
+    from transformers.trainer_utils import get_last_checkpoint
+
+    import torch.distributed as dist
+
+    out = Path(out)
+    keep = json.loads(json.dumps({k: v for k, v in p.items() if k not in ("micro_batch_size",
+                                                                           "gradient_accumulation_steps")},
+                                 sort_keys=True))
+    stamp = out / "pita-params.json"
+    if is_rank0():  # rank 0 clears stale checkpoints before any rank looks
+        last = get_last_checkpoint(str(out)) if out.is_dir() else None
+        if last and (not stamp.exists() or json.loads(stamp.read_text()) != keep):
+            ctx.log.info("removing checkpoints written under other settings: %s", last)
+            for old in out.glob("checkpoint-*"):
+                shutil.rmtree(old, ignore_errors=True)
+        out.mkdir(parents=True, exist_ok=True)
+        stamp.write_text(json.dumps(keep, sort_keys=True))
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+    return get_last_checkpoint(str(out)) if out.is_dir() else None
 
 
 def training_args(cls, p: dict, out: str, cuda: bool, tracker=None, **extra):
@@ -356,7 +466,7 @@ def training_args(cls, p: dict, out: str, cuda: bool, tracker=None, **extra):
                per_device_train_batch_size=per_device,
                gradient_accumulation_steps=accumulation, learning_rate=p["lr"], beta=p["beta"],
                **{_checkpointing_key(cls): checkpointing}, seed=p["seed"], data_seed=p["seed"],
-               logging_steps=1, **prepare_trl(tracker), save_strategy="no", disable_tqdm=True,
+               logging_steps=1, **prepare_trl(tracker), **checkpoint_args(p), disable_tqdm=True,
                dataloader_num_workers=int(p.get("num_workers", 0)),
                ddp_find_unused_parameters=False if p["devices"] > 1 else None, **extra)
 
@@ -455,13 +565,25 @@ def rank_parameters(model) -> list[int]:
 
 
 def train_and_save(ctx, trainer, tok, p: dict, key: str) -> tuple[dict, list[dict]]:
-    """Train, write the log history and the policy; the common result and the logged rows with ``key``."""
+    """Train (from the job's last checkpoint when an earlier attempt left one), write the log
+    history and the policy; the common result and the logged rows with ``key``."""
     import warnings
 
+    pacer = checkpoint_pacer(p, sum(w.numel() for w in trainer.model.parameters()))  # before any sharding
+    if pacer is not None:
+        trainer.add_callback(pacer)
+    last = resume_point(ctx, p, trainer.args.output_dir) if p.get("save_steps", "auto") != 0 else None
+    resumed = None
+    if last:
+        import json
+        from pathlib import Path
+
+        resumed = int(json.loads((Path(last) / "trainer_state.json").read_text())["global_step"])
+        ctx.log.info("resuming from %s (step %d; an earlier attempt of this job wrote it)", last, resumed)
     with warnings.catch_warnings():
         # TRL's own use of a transformers 5.x deprecated property, once per job: nothing the user can change
         warnings.filterwarnings("ignore", message=r"`is_gradient_checkpointing` is deprecated", category=FutureWarning)
-        out = trainer.train()
+        out = trainer.train(resume_from_checkpoint=last)
     hist = trainer.state.log_history
     if is_rank0():
         ctx.paths.write_metrics(hist)
@@ -470,8 +592,15 @@ def train_and_save(ctx, trainer, tok, p: dict, key: str) -> tuple[dict, list[dic
         ctx.log.info("parameters held per rank: %s (%s)", ", ".join(f"{n:,}" for n in held),
                      "sharded" if is_sharded(trainer.model) else "each rank a whole copy")
     ckpt = _save_policy(ctx, trainer, tok, p["lora_r"] > 0)
-    return ({"checkpoint": ckpt, "train_loss": out.training_loss, "steps": out.global_step, "rank_params": held},
-            [h for h in hist if key in h])
+    if is_rank0():  # the job is done: its resume points (weights and optimizer state) would only fill the disk
+        import shutil
+        from pathlib import Path
+
+        for old in Path(trainer.args.output_dir).glob("checkpoint-*"):
+            shutil.rmtree(old, ignore_errors=True)
+    return ({"checkpoint": ckpt, "train_loss": out.training_loss, "steps": out.global_step, "rank_params": held,
+             "resumed_from_step": resumed}, [h for h in hist if key in h])
+
 
 
 def user(text: str) -> list[dict]:

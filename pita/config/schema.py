@@ -61,6 +61,10 @@ class TrainingConfig:
     micro_batch_size: Any = 0
     # recompute activations in backward: less memory, ~30% slower; auto: only if no micro-batch fits
     gradient_checkpointing: Any = False
+    # DPO / GRPO / GRPO-HF: optimizer steps between checkpoints in the job's folder (the last one
+    # kept; a re-run attempt continues from it); auto: as often as keeps writing them under 5% of
+    # the job's time (measured while it trains); 0: none
+    save_steps: Any = "auto"
 
 
 @dataclass

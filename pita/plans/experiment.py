@@ -204,6 +204,10 @@ def check_training(t) -> list[str]:
         p.append(f"training.micro_batch_size={m!r} must be an integer >= 0 (0 = the whole batch at once) or auto")
     if not (gc == "auto" or isinstance(gc, bool)):
         p.append(f"training.gradient_checkpointing={gc!r} must be true, false or auto")
+    s = t.get("save_steps", "auto")
+    if not (s == "auto" or (isinstance(s, int) and not isinstance(s, bool) and s >= 0)):
+        p.append(f"training.save_steps={s!r} must be an integer >= 0 (optimizer steps between checkpoints; "
+                 f"0 = none) or auto (checkpoints kept under 5% of the job's time)")
     return p
 
 

@@ -1,0 +1,111 @@
+"""TRL training jobs checkpoint into their folder (training.save_steps) and a re-run attempt
+continues from the last checkpoint: a DPO job killed mid-training (SIGKILL) resumes at the
+checkpoint's step and ends with the steps of an uninterrupted run."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pita.core.errors import ConfigError
+
+pytestmark = pytest.mark.integration
+ROOT = Path(__file__).resolve().parents[1]
+
+# runs round 0's DPO job function in a fresh process; with a kill step, the process SIGKILLs
+# itself right after the checkpoint of that step is written (before the next step starts)
+RUNNER = """
+import json, logging, os, signal, sys
+from pathlib import Path
+from types import SimpleNamespace
+logging.basicConfig(level=logging.INFO, stream=sys.stdout, format="%(message)s")
+import transformers
+from pita.algos import dpo
+from pita.core.paths import JobPaths
+params, data, job, kill_at = json.loads(sys.argv[1]), sys.argv[2], Path(sys.argv[3]), int(sys.argv[4])
+if kill_at:
+    save = transformers.Trainer._save_checkpoint
+    def save_then_die(self, *a, **k):
+        save(self, *a, **k)
+        if self.state.global_step >= kill_at:
+            print("killed after the checkpoint of step", self.state.global_step, flush=True)
+            os.kill(os.getpid(), signal.SIGKILL)
+    transformers.Trainer._save_checkpoint = save_then_die
+ctx = SimpleNamespace(params=params, dep_result=lambda j: {"path": data}, paths=JobPaths(job),
+                      log=logging.getLogger("job"))
+job.mkdir(parents=True, exist_ok=True)
+print("RESULT " + json.dumps(dpo.dpo_train(ctx)), flush=True)
+"""
+
+
+def _run(params, data, job, kill_at=0):
+    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
+    return subprocess.run([sys.executable, "-c", RUNNER, json.dumps(params), str(data), str(job), str(kill_at)],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+
+
+def _result(r) -> dict:
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    return json.loads(next(x for x in r.stdout.splitlines() if x.startswith("RESULT "))[7:])
+
+
+def _losses(job: Path) -> dict[int, float]:
+    rows = [json.loads(x) for x in (job / "metrics.jsonl").read_text().splitlines()]
+    return {r["step"]: r["loss"] for r in rows if "loss" in r and "step" in r}
+
+
+@pytest.mark.timeout(600)
+def test_a_killed_dpo_job_resumes_from_its_checkpoint_and_ends_with_the_same_steps(tiny_cache, tmp_path):
+    from pita.plans import build_plan
+    from test_baselines import compose
+    from test_sharding import _pairs
+
+    data = _pairs(tmp_path)
+    jobs = build_plan(compose(tiny_cache, "experiment.algos=[DPO]", "algos.DPO.batch_size=4", "algos.DPO.epochs=1",
+                              "algos.DPO.lr=2e-4", "training.save_steps=2"), [int(8e9)])
+    params = next(j for j in jobs if j.id == "DPO.tiny.arith.r0.train").params
+    assert params["save_steps"] == 2
+
+    whole = _result(_run(params, data, tmp_path / "whole"))
+    assert whole["steps"] == 8 and whole["resumed_from_step"] is None
+
+    job = tmp_path / "killed"
+    r = _run(params, data, job, kill_at=4)
+    assert r.returncode == -9 and "killed after the checkpoint of step 4" in r.stdout, r.stdout[-2000:]
+    assert [p.name for p in (job / "artifacts" / "trainer").glob("checkpoint-*")] == ["checkpoint-4"]  # the last kept
+
+    r = _run(params, data, job)  # the re-run attempt
+    again = _result(r)
+    assert "resuming from" in r.stdout and "checkpoint-4 (step 4" in r.stdout
+    assert again["resumed_from_step"] == 4 and again["steps"] == whole["steps"]
+    # the same data order and optimizer state: the resumed steps follow the uninterrupted run
+    a, b = _losses(tmp_path / "whole"), _losses(job)
+    assert set(b) >= {5, 6, 7, 8}
+    assert max(abs(a[s] - b[s]) for s in (5, 6, 7, 8)) < 1e-3, (a, b)
+    assert not list((job / "artifacts" / "trainer").glob("checkpoint-*"))  # a finished job keeps its policy only
+
+
+@pytest.mark.parametrize("value", ["-1", "often", "1.5"])
+def test_a_bad_save_steps_is_refused(tiny_cache, value):
+    from pita.plans import build_plan
+    from test_baselines import compose
+
+    with pytest.raises(ConfigError, match=r"training.save_steps=.* must be an integer >= 0"):
+        build_plan(compose(tiny_cache, "experiment.algos=[DPO]", f"training.save_steps={value}"), [int(8e9)])
+
+
+def test_auto_checkpoints_cost_at_most_five_percent_of_the_training_time():
+    """The pacer's interval: a checkpoint's cost over 5% of a step's time, agreed once per checkpoint."""
+    from types import SimpleNamespace
+
+    from pita.algos.post_training import CHECKPOINT_SHARE, checkpoint_pacer
+
+    pacer = checkpoint_pacer({"save_steps": "auto"}, n_params=10_000_000)
+    pacer.step_s, pacer.cost = 0.5, 2.0  # 2 s to write, 0.5 s a step
+    assert pacer._agree(SimpleNamespace()) == int(2.0 / (CHECKPOINT_SHARE * 0.5))  # 80 steps: 40 s per 2 s saved
+    assert checkpoint_pacer({"save_steps": 10}, 1) is None and checkpoint_pacer({"save_steps": 0}, 1) is None
