@@ -4,6 +4,7 @@ detection with a fake NVML (no GPU or driver needed)."""
 from __future__ import annotations
 
 import logging
+import os
 import re
 import sys
 import types
@@ -310,3 +311,106 @@ def test_detect_nvml_error_falls_back_to_cpu(monkeypatch, where):
     assert fake.calls == ["init"]
     assert mgr.source == "cpu"
     assert len(mgr.devices) == 2 and mgr.is_cpu
+
+
+# ---------------------------------------------------------------- containers and MIG
+def test_in_a_container_our_jobs_are_not_counted_twice(monkeypatch):
+    """NVML reports host pids, which never match our workers: two 25 GB jobs using 22 GB each on
+    an 80 GB card leave 80 - 50 = 30 GB (less the margin), not 80 - 44 - 50 < 0."""
+    from pita.core.scheduler import DeviceLoad
+
+    fake = fake_pynvml(totals_gb=(80,), used_gb=(44,))
+    fake.nvmlDeviceGetComputeRunningProcesses = lambda h: [SimpleNamespace(pid=900001, usedGpuMemory=int(22 * GB)),
+                                                           SimpleNamespace(pid=900002, usedGpuMemory=int(22 * GB))]
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    mgr = GPUManager.detect("auto", env={})
+    ours = {"a": {os.getpid()}, "b": {os.getpid() + 1}}  # the workers as this pid namespace sees them
+    load = DeviceLoad(mgr.devices[0].total_bytes, margin_bytes=int(4 * GB), measured_used=mgr.devices[0].used_bytes,
+                      reserved={"a": int(25 * GB), "b": int(25 * GB)},
+                      usage={j: mgr.process_usage(0, pids) for j, pids in ours.items()})
+    assert load.usage == {"a": 0, "b": 0}
+    assert load.others() == 0
+    assert load.available() == int(80 * GB) - int(4 * GB) - int(50 * GB)  # 26 GB
+    # where NVML does attribute memory to our workers, the measured figures are used as before
+    load.usage = {"a": int(22 * GB), "b": int(22 * GB)}
+    load.measured_used = int(50 * GB)  # 6 GB of someone else's
+    assert load.others() == int(6 * GB)
+
+
+def fake_mig(monkeypatch):
+    """GPU 0 (80 GB) in MIG mode with two slices (3g.40gb and 2g.20gb); GPU 1 (80 GB) without."""
+    fake = fake_pynvml(totals_gb=(80, 80), used_gb=(0, 1))
+    slices = {0: [("MIG-aaaa-1111", 40), ("MIG-bbbb-2222", 20)]}
+    fake.nvmlDeviceGetMigMode = lambda h: (1, 1) if h[1] in slices else (0, 0)
+    fake.nvmlDeviceGetMaxMigDeviceCount = lambda h: 7
+
+    def slice_handle(h, k):
+        if k >= len(slices.get(h[1], [])):
+            raise FakeNVMLError("Not Found")
+        return ("mig", h[1], k)
+
+    fake.nvmlDeviceGetMigDeviceHandleByIndex = slice_handle
+    uuid, mem = fake.nvmlDeviceGetUUID, fake.nvmlDeviceGetMemoryInfo
+    fake.nvmlDeviceGetUUID = lambda h: slices[h[1]][h[2]][0] if h[0] == "mig" else uuid(h)
+    fake.nvmlDeviceGetMemoryInfo = lambda h: (SimpleNamespace(total=int(slices[h[1]][h[2]][1] * GB), used=0, free=0)
+                                              if h[0] == "mig" else mem(h))
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    return fake
+
+
+def test_mig_slices_are_devices_of_their_own_size(monkeypatch):
+    fake_mig(monkeypatch)
+    mgr = GPUManager.detect("auto", env={})
+    assert [(d.label, d.uuid, d.total_bytes // GB) for d in mgr.devices] == [
+        ("gpu0-mig0", "MIG-aaaa-1111", 40), ("gpu0-mig1", "MIG-bbbb-2222", 20), ("gpu1", "GPU-111-uuid", 80)]
+    assert mgr.env_for([1])["CUDA_VISIBLE_DEVICES"] == "MIG-bbbb-2222"  # CUDA names a slice by its UUID
+    assert mgr.env_for([2])["CUDA_VISIBLE_DEVICES"] == "1"
+    only = GPUManager.detect("auto", env={"CUDA_VISIBLE_DEVICES": "MIG-bbbb"})
+    assert [(d.uuid, d.total_bytes // GB) for d in only.devices] == [("MIG-bbbb-2222", 20)]
+
+
+@pytest.mark.parametrize("value", ["7", "MIG-ffff-0000", "GPU-999"])
+def test_a_driver_with_no_device_mapped_is_exit_2_not_a_silent_cpu_run(monkeypatch, value):
+    fake_mig(monkeypatch)
+    with pytest.raises(ConfigError) as e:
+        GPUManager.detect("auto", env={"CUDA_VISIBLE_DEVICES": value})
+    msg = str(e.value)
+    assert f"CUDA_VISIBLE_DEVICES={value!r} names no device" in msg and "MIG-aaaa-1111" in msg
+    assert "nvidia-smi -L" in msg and "system.devices=cpu" in msg
+    # hiding every GPU on purpose is still the CPU
+    assert GPUManager.detect("auto", env={"CUDA_VISIBLE_DEVICES": ""}).is_cpu
+
+
+def test_device_lines_carry_gpu_utilization_and_torch_memory(monkeypatch):
+    """What seed 004 tells users to grep run.log for: "GPU utilization", "allocated", "reserved"."""
+    fake = fake_pynvml(totals_gb=(80,), used_gb=(30,))
+    fake.nvmlDeviceGetUtilizationRates = lambda h: SimpleNamespace(gpu=37, memory=12)
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    mgr = GPUManager.detect("auto", env={})
+    [line] = mgr.summary({0: 1}, None, {0: (int(21 * GB), int(24 * GB))})
+    assert line == ("GPU 0 (Fake GPU 0): 30.00 GB used, GPU utilization 37%, torch allocated 21.00 GB / "
+                    "reserved 24.00 GB, 80.00 GB total, 1 job")
+
+
+def test_a_worker_reports_what_its_torch_holds(tmp_path, monkeypatch):
+    import json
+    import time
+
+    import torch
+
+    from pita.core import worker
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda i: (i + 1) * GB)
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda i: (i + 2) * GB)
+    monkeypatch.setattr(worker, "_MEMORY_REPORT", {})
+    path = tmp_path / "torch-memory.json"
+    worker._report_torch_memory(path, every_s=0.05)
+    for _ in range(100):
+        if path.exists():
+            break
+        time.sleep(0.05)
+    m = json.loads(path.read_text())
+    assert (m["allocated"], m["reserved"]) == (3 * GB, 5 * GB)

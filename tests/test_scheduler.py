@@ -227,11 +227,12 @@ def test_observe_does_not_double_count_a_running_jobs_usage():
     assert s.devices[0].available() == 5 * GB
 
 
-def test_observe_with_no_per_job_usage_counts_measured_as_others():
+def test_observe_with_no_per_job_usage_takes_our_jobs_at_their_reservations():
     s = sched([job("a", 20)], [100])
     s.schedule()
-    s.observe(0, 30 * GB)  # per-job usage unknown: 30 others + 20 reserved
-    assert s.devices[0].available() == (100 - 5 - 30 - 20) * GB
+    s.observe(0, 30 * GB)  # per-job usage unknown (a container): 30 used, of which our job is taken as its 20
+    assert s.devices[0].others() == 10 * GB
+    assert s.devices[0].available() == (100 - 5 - 10 - 20) * GB
 
 
 # ---------------------------------------------------------------- starvation guard

@@ -22,6 +22,7 @@ The executor owns the run folder while it runs (:mod:`pita.core.owner`).
 from __future__ import annotations
 
 import copy
+import json
 import logging
 import os
 import signal
@@ -606,7 +607,25 @@ class Executor:
             self.sched.observe(d.ordinal, d.used_bytes, usage)
 
     def _device_lines(self) -> list[str]:
-        return self.gpus.summary({o: self.sched.jobs_on(o) for o in range(len(self.gpus.devices))}, self._rss)
+        return self.gpus.summary({o: self.sched.jobs_on(o) for o in range(len(self.gpus.devices))}, self._rss,
+                                 self._torch_memory())
+
+    def _torch_memory(self) -> dict[int, tuple[int, int]]:
+        """(allocated, reserved) bytes per GPU of the running jobs' torch, from what their workers
+        report (pita/core/worker.py writes it while torch holds CUDA memory)."""
+        out: dict[int, tuple[int, int]] = {}
+        if self.gpus.is_cpu:
+            return out
+        for jid in self.backend.running():
+            try:
+                m = json.loads(self.run_paths.job(jid).torch_memory.read_text())
+            except (OSError, ValueError):
+                continue
+            ordinals = self.sched.placement.get(jid) or []
+            for o in ordinals:
+                a, r = out.get(o, (0, 0))
+                out[o] = (a + int(m["allocated"]) // len(ordinals), r + int(m["reserved"]) // len(ordinals))
+        return out
 
     def _group_counts(self) -> dict[str, Counter]:
         """Jobs by group and state (a pass over every job: called only when progress is shown)."""
@@ -617,10 +636,14 @@ class Executor:
 
     def _explain_wait(self) -> None:
         job = self.graph[self.sched.ready()[0]]
-        best = max((self.sched.devices[o].available() for o in range(len(self.gpus.devices))), default=0)
-        log.warning("%s waits for memory: needs %.2f GB on %d device(s), the most available is %.2f GB "
-                    "(other processes hold device memory?)", job.id, self.memory.estimate(job.id) / 1e9,
-                    job.resources.devices, best / 1e9)
+        loads = self.sched.devices[:len(self.gpus.devices)]
+        best = max((d.available() for d in loads), default=0)
+        others = max((d.others() for d in loads), default=0)
+        ours = sum(sum(d.reserved.values()) for d in loads)
+        why = (f"other processes hold up to {others / 1e9:.2f} GB of a device" if others > 0.05 * 1e9 else
+               f"this run's jobs reserve {ours / 1e9:.2f} GB in all")
+        log.warning("%s waits for memory: needs %.2f GB on %d device(s), the most available is %.2f GB (%s)",
+                    job.id, self.memory.estimate(job.id) / 1e9, job.resources.devices, best / 1e9, why)
 
     # ------------------------------------------------------------------ memory learning
     def _memory_record(self, f: Finished, job, devs) -> dict | None:

@@ -50,6 +50,8 @@ class Device:
     used_bytes: int = 0
     kind: str = "cuda"  # "cuda" or "cpu"
     processes: list[tuple[int, int]] = field(default_factory=list)  # (pid, bytes) where NVML reports it
+    utilization: int | None = None  # GPU utilization (%) over NVML's last sample period, where it tells
+    mig: int | None = None  # a MIG slice: its position on the parent GPU (``index``)
 
     @property
     def free_bytes(self) -> int:
@@ -57,7 +59,14 @@ class Device:
 
     @property
     def label(self) -> str:
-        return f"gpu{self.index}" if self.kind == "cuda" else f"cpu{self.index}"
+        if self.kind != "cuda":
+            return f"cpu{self.index}"
+        return f"gpu{self.index}" + (f"-mig{self.mig}" if self.mig is not None else "")
+
+    @property
+    def visible_id(self) -> str:
+        """What CUDA_VISIBLE_DEVICES names this device by: its physical index, or a MIG slice's UUID."""
+        return self.uuid if self.mig is not None else str(self.index)
 
     def describe(self) -> dict:
         return {"ordinal": self.ordinal, "index": self.index, "uuid": self.uuid, "name": self.name,
@@ -132,6 +141,62 @@ def parse_visible_devices(value: str | None, physical: Sequence[tuple[int, str]]
     return out
 
 
+def _mig_slices(nv, h) -> list[tuple[int, object]]:
+    """(position, handle) of the MIG slices of a GPU with MIG on; [] when MIG is off or unknown."""
+    try:
+        current, _pending = nv.nvmlDeviceGetMigMode(h)
+    except (AttributeError, nv.NVMLError):  # not a MIG-capable GPU, or an old pynvml
+        return []
+    if not current:
+        return []
+    out = []
+    for k in range(nv.nvmlDeviceGetMaxMigDeviceCount(h)):
+        try:
+            out.append((k, nv.nvmlDeviceGetMigDeviceHandleByIndex(h, k)))
+        except nv.NVMLError:  # an empty slot
+            continue
+    return out
+
+
+def _visible_slices(value: str | None, physical: list) -> list:
+    """The MIG slices (and whole GPUs) CUDA_VISIBLE_DEVICES names: all of them when it is unset;
+    MIG UUIDs (or their prefixes), GPU UUIDs and indices of GPUs without MIG otherwise. CUDA
+    numbers no slice by an index, so an index of a GPU in MIG mode names nothing."""
+    if value is None:
+        return list(physical)
+    out = []
+    for raw in [v.strip() for v in value.split(",") if v.strip()]:
+        hit = [p for p in physical if p[1] == raw or (raw.startswith(("MIG-", "GPU-")) and p[1].startswith(raw))
+               or (raw.isdigit() and p[4] is None and p[0] == int(raw))]
+        if not hit:
+            log.warning("CUDA_VISIBLE_DEVICES=%r: entry %r names no device; devices after it are hidden", value, raw)
+            break
+        out += [p for p in hit if p not in out]
+    return out
+
+
+def _unmapped_driver(env, mgr) -> str | None:
+    """When a GPU driver is present but no device could be mapped from CUDA_VISIBLE_DEVICES: the
+    exit-2 message (a run would otherwise go on silently on the CPU)."""
+    value = env.get("CUDA_VISIBLE_DEVICES")
+    if value is None or value.strip() in ("", "-1"):  # unset (then nothing was found) or the CPU on purpose
+        return None
+    physical = getattr(mgr, "_physical", None) if mgr is not None else None
+    if physical is None:  # no NVML: a driver's device files with no device CUDA can see
+        files = sorted(f for p in GPU_DRIVER_FILES for f in glob.glob(p))
+        if not files:
+            return None
+        return (f"CUDA_VISIBLE_DEVICES={value!r}: a GPU driver is present ({', '.join(files[:3])}) but no device is "
+                f"visible through it; pita would otherwise run on the CPU. Set CUDA_VISIBLE_DEVICES to indices or "
+                f"UUIDs from `nvidia-smi -L`, unset it, or run on the CPU on purpose with system.devices=cpu")
+    if not physical:
+        return None
+    known = ", ".join(f"{i}: {u}" for i, u in physical)
+    return (f"CUDA_VISIBLE_DEVICES={value!r} names no device this machine's driver reports ({known}); pita would "
+            f"otherwise run on the CPU. Set CUDA_VISIBLE_DEVICES to indices or UUIDs from `nvidia-smi -L` (MIG slices "
+            f"by their MIG- UUID), unset it to use every GPU, or run on the CPU on purpose with system.devices=cpu")
+
+
 class GPUManager:
     """The devices this run may use, their memory, and the estimates that size jobs for them."""
 
@@ -174,6 +239,9 @@ class GPUManager:
             return cls.cpu_inventory(cpu_devices)
         mgr = cls._detect_nvml(env) or cls._detect_torch()
         if mgr is None or not mgr.devices:
+            unmapped = _unmapped_driver(env, mgr)
+            if unmapped:
+                raise ConfigError(unmapped)
             if selection != "auto":
                 raise ConfigError(f"system.devices={list(selection)} asks for GPUs but none is visible; use system.devices=cpu or auto")
             return cls.cpu_inventory(cpu_devices)
@@ -187,18 +255,32 @@ class GPUManager:
         if nv is None:
             return None
         try:
+            # (index, uuid, name, handle, mig slice) of every device CUDA can be given: a GPU, or
+            # with MIG on, each of its slices (a slice is a device of its own size, named by UUID)
             physical = []
             for i in range(nv.nvmlDeviceGetCount()):
                 h = nv.nvmlDeviceGetHandleByIndex(i)
-                physical.append((i, _text(nv.nvmlDeviceGetUUID(h)), _text(nv.nvmlDeviceGetName(h)), h))
-            visible = parse_visible_devices(env.get("CUDA_VISIBLE_DEVICES"), [(i, u) for i, u, _, _ in physical])
-            chosen = physical if visible is None else [next(p for p in physical if p[0] == v) for v in visible]
+                name = _text(nv.nvmlDeviceGetName(h))
+                slices = _mig_slices(nv, h)
+                if slices:
+                    physical += [(i, _text(nv.nvmlDeviceGetUUID(m)), f"{name} MIG {k}", m, k) for k, m in slices]
+                else:
+                    physical.append((i, _text(nv.nvmlDeviceGetUUID(h)), name, h, None))
+            if not physical:
+                return None
+            value = env.get("CUDA_VISIBLE_DEVICES")
+            if any(p[4] is not None for p in physical):  # MIG: CUDA_VISIBLE_DEVICES names slices by UUID
+                chosen = _visible_slices(value, physical)
+            else:
+                visible = parse_visible_devices(value, [(p[0], p[1]) for p in physical])
+                chosen = physical if visible is None else [next(p for p in physical if p[0] == v) for v in visible]
             devs = []
-            for ordinal, (i, uuid, name, h) in enumerate(chosen):
+            for ordinal, (i, uuid, name, h, mig) in enumerate(chosen):
                 mem = nv.nvmlDeviceGetMemoryInfo(h)
-                devs.append(Device(ordinal, i, uuid, name, int(mem.total), int(mem.used)))
+                devs.append(Device(ordinal, i, uuid, name, int(mem.total), int(mem.used), mig=mig))
             mgr = cls(devs, source="nvml")
-            mgr._nvml_handles = {d.ordinal: h for d, (_, _, _, h) in zip(devs, chosen)}
+            mgr._physical = [(p[0], p[1]) for p in physical]
+            mgr._nvml_handles = {d.ordinal: p[3] for d, p in zip(devs, chosen)}
             mgr.refresh()
             return mgr
         except nv.NVMLError as e:
@@ -239,7 +321,8 @@ class GPUManager:
         new_handles = {}
         for new, o in enumerate(ordinals):
             d = self.devices[o]
-            devs.append(Device(new, d.index, d.uuid, d.name, d.total_bytes, d.used_bytes, d.kind, list(d.processes)))
+            devs.append(Device(new, d.index, d.uuid, d.name, d.total_bytes, d.used_bytes, d.kind, list(d.processes),
+                               d.mig))
             if o in handles:
                 new_handles[new] = handles[o]
         mgr = GPUManager(devs, self.source)
@@ -267,24 +350,35 @@ class GPUManager:
                 d.processes = [(int(p.pid), int(p.usedGpuMemory or 0)) for p in procs]
             except nv.NVMLError as e:  # per-process usage is not available everywhere (containers, MIG)
                 log.debug("NVML query failed on %s: %s", d.label, e)
+            try:
+                d.utilization = int(nv.nvmlDeviceGetUtilizationRates(h).gpu)
+            except (AttributeError, nv.NVMLError):  # MIG slices report none
+                d.utilization = None
 
     def process_usage(self, ordinal: int, pids: set[int]) -> int:
         """Bytes used on a device by the given processes (0 where NVML does not tell)."""
         return sum(b for pid, b in self.devices[ordinal].processes if pid in pids)
 
     def summary(self, jobs_per_device: dict[int, int] | None = None,
-                rss_per_device: dict[int, int] | None = None) -> list[str]:
+                rss_per_device: dict[int, int] | None = None,
+                torch_per_device: dict[int, tuple[int, int]] | None = None) -> list[str]:
         """One line per device. A GPU's used memory is the device's own figure; a CPU device has
         none (its "used" would be 0 or the whole host's), so it shows the resident memory of the
         processes of its jobs where that was measured (``rss_per_device``: ordinal -> bytes, see
         :func:`jobs_rss`), and no figure otherwise."""
         jobs_per_device = jobs_per_device or {}
         rss_per_device = rss_per_device or {}
+        torch_per_device = torch_per_device or {}
         lines = []
         for d in self.devices:
             n = jobs_per_device.get(d.ordinal, 0)
             if d.kind == "cuda":
                 kind, used = "GPU", f"{d.used_bytes / memory.GB:.2f} GB used, "
+                if d.utilization is not None:
+                    used += f"GPU utilization {d.utilization}%, "
+                if d.ordinal in torch_per_device:  # what the jobs' torch holds (reported by their workers)
+                    a, r = torch_per_device[d.ordinal]
+                    used += f"torch allocated {a / memory.GB:.2f} GB / reserved {r / memory.GB:.2f} GB, "
             else:
                 rss = rss_per_device.get(d.ordinal)
                 kind, used = "CPU", (f"{rss / memory.GB:.2f} GB RSS of its jobs, " if rss is not None and n else "")
@@ -308,7 +402,7 @@ class GPUManager:
         devs = [self.devices[o] for o in ordinals]
         env = {"CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
         if devs and all(d.kind == "cuda" for d in devs):
-            env["CUDA_VISIBLE_DEVICES"] = ",".join(str(d.index) for d in devs)
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(d.visible_id for d in devs)
         else:
             env["CUDA_VISIBLE_DEVICES"] = ""  # CPU jobs never touch a GPU
         if threads:

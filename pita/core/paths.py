@@ -80,6 +80,11 @@ class JobPaths:
         """Per-step training metrics, one JSON object a line (loss, reward, KL, ...)."""
         return self.dir / "metrics.jsonl"
 
+    @property
+    def torch_memory(self) -> Path:
+        """What the running attempt's torch holds on its GPUs now (allocated, reserved bytes)."""
+        return self.dir / "torch-memory.json"
+
     def write_metrics(self, rows: list[dict]) -> None:
         self.artifacts.mkdir(parents=True, exist_ok=True)
         atomic_write(self.metrics, "".join(json.dumps(row) + "\n" for row in rows))

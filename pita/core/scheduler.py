@@ -10,6 +10,8 @@ Rules:
   one learned from comparable jobs' measured peaks: ``estimate``, see pita/core/memlearn.py):
       available = total - margin - memory used by others - sum over our running jobs of
                   max(reservation, measured usage)
+  where "others" is used - our measured usage, or used - our reservations when NVML attributes
+  nothing to our workers (containers: NVML reports host pids)
   Several jobs share a device while memory allows; ``max_jobs_per_device`` caps the count.
 - A job asking for k devices gets k devices at once (gang) or none. Among the devices that fit,
   the ones running the fewest jobs come first (co-located jobs share the GPU's compute, so an
@@ -42,11 +44,19 @@ class DeviceLoad:
     reserved: dict[str, int] = field(default_factory=dict)  # running job -> estimate
     usage: dict[str, int] = field(default_factory=dict)  # running job -> measured bytes
 
-    def available(self) -> int:
+    def others(self) -> int:
+        """Device memory held by processes that are not our running jobs. Where NVML attributes
+        none of the device's memory to our workers (in a container NVML reports host pids, which
+        never match), our jobs are taken to hold their reservations: used - sum of reservations,
+        not used - 0, which would count our own jobs twice."""
         ours_measured = sum(self.usage.values())
-        others = max(0, self.measured_used - ours_measured)
+        if self.reserved and ours_measured == 0:
+            return max(0, self.measured_used - sum(self.reserved.values()))
+        return max(0, self.measured_used - ours_measured)
+
+    def available(self) -> int:
         ours = sum(max(r, self.usage.get(j, 0)) for j, r in self.reserved.items())
-        return self.total_bytes - self.margin_bytes - others - ours
+        return self.total_bytes - self.margin_bytes - self.others() - ours
 
 
 class Scheduler:

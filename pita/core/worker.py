@@ -95,6 +95,7 @@ def execute(launch: dict, logger: logging.Logger) -> dict:
 
         logger.info("%s", describe_process(OmegaConf.select(cfg, "system.attn_impl") if job.resources.devices else None,
                                            ctx.devices))
+        _report_torch_memory(paths.torch_memory)
         result = fn(ctx)
         if result is None:
             result = {}
@@ -117,6 +118,39 @@ def execute(launch: dict, logger: logging.Logger) -> dict:
     outcome.update(attempt=attempt, duration_s=time.time() - t0,
                    **_peak_memory(getattr(ctx, "declared_peak_bytes", None)), platform=_platform())
     return outcome
+
+
+_MEMORY_REPORT: dict = {}  # the file the reporter thread writes (one thread per process)
+
+
+def _report_torch_memory(path: Path, every_s: float = 5.0) -> None:
+    """While the job runs, write what its torch holds on its GPUs (allocated and reserved bytes,
+    summed over its devices) every few seconds, for run.log's device lines; nothing on CPU."""
+    import threading
+
+    started = "path" in _MEMORY_REPORT
+    _MEMORY_REPORT["path"] = path
+    if started:
+        return
+
+    def loop():
+        from pita.core.paths import atomic_write_json
+
+        while True:
+            time.sleep(every_s)
+            torch = sys.modules.get("torch")
+            path = _MEMORY_REPORT.get("path")
+            try:
+                if path is None or torch is None or not torch.cuda.is_available() or not torch.cuda.is_initialized():
+                    continue
+                n = torch.cuda.device_count()
+                atomic_write_json(path, {"allocated": sum(torch.cuda.memory_allocated(i) for i in range(n)),
+                                         "reserved": sum(torch.cuda.memory_reserved(i) for i in range(n)),
+                                         "time": time.time()})
+            except Exception:  # noqa: BLE001 - a progress figure, never a reason to fail the job
+                continue
+
+    threading.Thread(target=loop, name="pita-torch-memory", daemon=True).start()
 
 
 def _platform() -> dict:
