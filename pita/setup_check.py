@@ -42,6 +42,33 @@ def check_assignments(reported: list[str | None], expected: list[str], cuda: boo
     return problems
 
 
+def check_worker_devices(envs: list[dict], assigned: list[str | None]) -> tuple[list[str], list[str]]:
+    """(problems, notes) from what each GPU worker reported about the device it used: the UUID
+    CUDA gives it must be the one it was assigned, torch's current device cuda:0 of its one
+    visible device, LOCAL_RANK unset or 0, and NVML must see its allocation while it is alive
+    (where NVML can attribute memory to this pid namespace at all)."""
+    problems, notes = [], []
+    for i, (env, uuid) in enumerate(zip(envs, assigned)):
+        if env.get("uuid") != uuid:
+            problems.append(f"worker {i} was assigned {uuid} but CUDA gave it {env.get('uuid')} (CUDA and NVML number "
+                            f"devices differently: CUDA_DEVICE_ORDER=PCI_BUS_ID is set for workers; check "
+                            f"CUDA_VISIBLE_DEVICES)")
+        if env.get("current_device") != 0:
+            problems.append(f"worker {i}: torch.cuda.current_device() is {env.get('current_device')}, expected 0")
+        if env.get("LOCAL_RANK") not in (None, "0"):
+            problems.append(f"worker {i}: LOCAL_RANK={env.get('LOCAL_RANK')} in a one-device job")
+    seen = [e.get("nvml_sees_bytes") for e in envs]
+    if all(b is None for b in seen):
+        notes.append("NVML attributes no memory to the workers' pids (a container's pid namespace?): per-job "
+                     "usage is unknown, and the scheduler counts other processes as used - this run's reservations")
+    else:
+        for i, (env, b) in enumerate(zip(envs, seen)):
+            if b is None or b < 0.9 * int(env.get("allocated_bytes") or 0):
+                problems.append(f"worker {i} allocated {int(env.get('allocated_bytes') or 0) / 2**20:.0f} MiB but NVML "
+                                f"attributes {'nothing' if b is None else f'{b / 2**20:.0f} MiB'} to its pid")
+    return problems, notes
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description="Check GPU detection and per-device worker isolation.")
     ap.add_argument("--devices", default="auto", help="auto, cpu, or comma-separated indices")
@@ -54,7 +81,6 @@ def main(argv: list[str] | None = None) -> int:
     sel = args.devices if args.devices in ("auto", "cpu") else [int(x) for x in args.devices.split(",")]
     gpus = GPUManager.detect(sel, cpu_devices=min(usable_cores(), 2))
     cuda = not gpus.is_cpu
-    before = [d.used_bytes for d in gpus.devices]
     console.print(f"[bold]devices[/bold] ({gpus.source}, CUDA_VISIBLE_DEVICES="
                   f"{os.environ.get('CUDA_VISIBLE_DEVICES', '<unset>')}):")
     for line in gpus.summary():
@@ -80,30 +106,40 @@ def main(argv: list[str] | None = None) -> int:
     problems = [f"job {f['job']} failed: {f['error']} (log {f['log']})" for f in summary.failures]
     results = {j.id: run.job(j.id).read_result() for j in jobs}
     envs = [results[f"env.{i}"] for i in range(n)]
-    gpus.refresh()
-    after = [d.used_bytes for d in gpus.devices]
 
     t = Table(title="one worker per device")
-    for col in ("device", "uuid", "worker pid", "CUDA_VISIBLE_DEVICES", "torch sees", "mem before GB", "mem after GB"):
+    cols = ("device", "assigned uuid", "worker pid", "CUDA_VISIBLE_DEVICES", "torch sees")
+    if cuda:
+        cols += ("worker's CUDA uuid", "LOCAL_RANK", "current device", "allocated MiB", "NVML sees MiB")
+    for col in cols:
         t.add_column(col)
-    placed = {}
+    placed, assigned = {}, []
     import json
 
     state = json.loads(run.state.read_text())
     for i in range(n):
         devs = state["jobs"][f"env.{i}"].get("devices", [])
         placed[i] = devs[0]["ordinal"] if devs else None
+        assigned.append(devs[0].get("uuid") if devs else None)
     for i, env in enumerate(envs):
         o = placed.get(i)
         d = gpus.devices[o] if o is not None else None
-        t.add_row(d.label if d else "?", d.uuid if d else "?", str(env.get("pid", "?")),
-                  str(env.get("CUDA_VISIBLE_DEVICES")), str(env.get("device_count", "?")),
-                  f"{before[o] / 1e9:.2f}" if d else "?", f"{after[o] / 1e9:.2f}" if d else "?")
+        row = [d.label if d else "?", assigned[i] or "?", str(env.get("pid", "?")),
+               str(env.get("CUDA_VISIBLE_DEVICES")), str(env.get("device_count", "?"))]
+        if cuda:
+            b = env.get("nvml_sees_bytes")
+            row += [str(env.get("uuid")), str(env.get("LOCAL_RANK") or "unset"), str(env.get("current_device")),
+                    f"{int(env.get('allocated_bytes') or 0) / 2**20:.0f}", "not attributed" if b is None else f"{b / 2**20:.0f}"]
+        t.add_row(*row)
     console.print(t)
+    notes = []
     if len(envs) == n and all(envs):
-        expected = [str(d.index) for d in gpus.devices]
+        expected = [d.visible_id for d in gpus.devices]
         problems += check_assignments([e.get("CUDA_VISIBLE_DEVICES") for e in envs], expected, cuda,
                                       [int(e.get("device_count", -1)) for e in envs])
+        if cuda:
+            more, notes = check_worker_devices(envs, assigned)
+            problems += more
         used = sorted(o for o in placed.values() if o is not None)
         if used != list(range(n)):
             problems.append(f"workers ran on device ordinals {used}, expected one on each of 0..{n - 1}")
@@ -114,18 +150,24 @@ def main(argv: list[str] | None = None) -> int:
                   f"sum {got} (expected {want})")
     if got != want:
         problems.append(f"parallel work distribution summed to {got}, expected {want}")
-    if problems:
-        console.print("[bold red]FAILED[/bold red]")
-        for p in problems:
-            console.print(f"  - {p}")
-    else:
-        console.print("[bold green]OK[/bold green]: every worker saw only its own device")
+    for note in notes:
+        console.print(f"note: {note}")
     if args.keep or problems:
         console.print(f"check folder: {run.root}")
     else:
         import shutil
 
         shutil.rmtree(root, ignore_errors=True)
+    if problems:
+        console.print("[bold red]FAILED[/bold red]")
+        for p in problems:
+            console.print(f"  - {p}")
+    elif cuda:
+        console.print(f"[bold green]OK[/bold green]: each of {n} GPU worker(s) saw only its own device, by UUID, as "
+                      f"cuda:0, with an allocation NVML {'saw' if not notes else 'could not attribute'}")
+    else:
+        console.print(f"[bold green]OK[/bold green] (CPU mode: {n} logical device(s), workers saw no CUDA device). "
+                      f"No GPU check ran: no GPU is visible here")
     return 0 if not problems else 1
 
 

@@ -49,7 +49,15 @@ def test_each_worker_sees_only_its_gpu(tmp_path):
     summary, state, run, gpus = _gpu_run(jobs, tmp_path, max_jobs_per_device=1)
     seen = [run.job(f"e{i}").read_result() for i in range(n)]
     assert all(s["device_count"] == 1 for s in seen)
-    assert sorted(s["CUDA_VISIBLE_DEVICES"] for s in seen) == sorted(str(d.index) for d in gpus.devices)
+    assert sorted(s["CUDA_VISIBLE_DEVICES"] for s in seen) == sorted(d.visible_id for d in gpus.devices)
+    for i, s in enumerate(seen):
+        assigned = state["jobs"][f"e{i}"]["devices"][0]["uuid"]
+        assert s["uuid"] == assigned  # the device CUDA gave the worker is the one NVML said it would be
+        assert s["current_device"] == 0 and s["device"] == "cuda:0" and s["LOCAL_RANK"] in (None, "0")
+        if s["nvml_sees_bytes"] is not None:  # None: NVML reports host pids (a container)
+            assert s["nvml_sees_bytes"] >= 0.9 * s["allocated_bytes"]
+    log = run.job("e0").log.read_text()
+    assert "devices: CUDA_VISIBLE_DEVICES=" in log and "LOCAL_RANK=" in log
 
 
 def test_real_cuda_oom_is_retried_with_half_the_batch(tmp_path):
@@ -73,3 +81,71 @@ def test_small_jobs_share_a_gpu(tmp_path):
     ends = sorted(state["jobs"][f"s{i}"]["attempts"][0]["end"] for i in range(4))
     assert summary.exit_code == 0
     assert starts[-1] < ends[0]  # all four were running at once
+
+
+# ---------------------------------------------------------------- the real GPU path
+@pytest.mark.parametrize("attn", ["sdpa", "flash_attention_2"])
+def test_a_llama_architecture_model_runs_on_cuda_in_bf16(tiny, attn):
+    """The tiny family is a LlamaForCausalLM: loaded on CUDA in bf16 with the attention kernel asked for."""
+    if attn == "flash_attention_2":
+        pytest.importorskip("flash_attn")
+    from pita.models.lm import LM
+
+    lm = LM.load(tiny["reference"], device="cuda", dtype="bfloat16", attn_impl=attn)
+    assert lm.model.dtype == torch.bfloat16 and lm.model.config._attn_implementation == attn
+    ids = torch.tensor([lm.tok("What is 2 + 3?")["input_ids"]], device="cuda")
+    with torch.no_grad():
+        logits = lm.model(ids).logits
+    assert logits.is_cuda and torch.isfinite(logits.float()).all()
+
+
+def _cli_run(tmp_path, tiny_cache, *overrides):
+    import json
+
+    from helpers import cli
+
+    r = cli(["experiment.name=gpu", "experiment.workload=experiment", "experiment.datasets=[arith]",
+             "experiment.rounds=1", f"system.cache_dir={tiny_cache}", "model.dtype=bfloat16", "system.attn_impl=sdpa",
+             "datasets.arith.toy_train_size=32", "datasets.arith.toy_test_size=8", "eval.n=2",
+             "data_collection.max_new_tokens=24", "algos.GRPO.max_steps=4", "algos.GRPO-HF.max_steps=4", *overrides],
+            tmp_path, timeout=1500)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    [run] = list((tmp_path / "gpu").iterdir())
+    return run, json.loads((run / "state.json").read_text())
+
+
+def test_every_job_kind_peaks_within_its_reservation_on_cuda(tmp_path, tiny_cache):
+    """The embedded default's six algorithms on CUDA in bf16: each attempt's torch peak (the most on
+    any of its devices) is at most what the scheduler reserved for it."""
+    run, state = _cli_run(tmp_path, tiny_cache)
+    checked = 0
+    for jid, e in state["jobs"].items():
+        for a in e.get("attempts", []):
+            peak, mem = a.get("peak_gpu_bytes"), a.get("memory") or {}
+            if peak and mem.get("reserved_bytes"):
+                assert peak <= mem["reserved_bytes"], (jid, peak, mem)
+                checked += 1
+    assert checked >= 10
+    text = (run / "run.log").read_text()
+    assert "GPU utilization" in text or "GB used" in text
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")
+@pytest.mark.parametrize("sharding", ["none", "fsdp"])
+def test_two_rank_nccl_dpo_and_grpo_hf(tmp_path, tiny_cache, sharding):
+    import json
+
+    run, state = _cli_run(tmp_path, tiny_cache, "experiment.algos=[DPO,GRPO-HF]", "algos.DPO.devices=2",
+                          "algos.GRPO-HF.devices=2", f"algos.DPO.sharding={sharding}",
+                          f"algos.GRPO-HF.sharding={sharding}")
+    for algo in ("DPO", "GRPO-HF"):
+        job = run / "jobs" / f"{algo}.tiny.arith.r0.train"
+        res = json.loads((job / "result.json").read_text())
+        held = res["rank_params"]
+        assert len(held) == 2
+        if sharding == "fsdp":
+            assert abs(held[0] - held[1]) <= 0.2 * held[0]  # each rank holds about half
+        else:
+            assert held[0] == held[1]
+        log = (job / "job.log").read_text()
+        assert "[rank 1] devices: CUDA_VISIBLE_DEVICES=" in log and "LOCAL_RANK=1" in log and "device=cuda:1" in log

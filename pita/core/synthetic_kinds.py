@@ -148,12 +148,35 @@ def report_env(ctx):
            "device_count": torch.cuda.device_count(), "devices": ctx.devices,
            "start": worker.START,  # exec (a fresh interpreter) | forked (from the fork server)
            "threads": torch.get_num_threads(), "cwd": os.getcwd(), "PITA_TEST_VAR": os.environ.get("PITA_TEST_VAR")}
+    out["LOCAL_RANK"] = os.environ.get("LOCAL_RANK")
     if torch.cuda.is_available():
+        from pita.core.devinfo import cuda_uuid, set_local_device
+
         out["names"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
-        x = torch.ones(1024, 1024, device="cuda")
+        out["device"] = set_local_device()
+        x = torch.ones(64, 1024, 1024, device=out["device"])  # 256 MiB
+        torch.cuda.synchronize()
         out["allocated_bytes"] = int(torch.cuda.memory_allocated())
+        out["current_device"] = torch.cuda.current_device()
+        out["uuid"] = cuda_uuid()
+        out["nvml_sees_bytes"] = _nvml_usage_of_this_process(out["uuid"])
         del x
     return out
+
+
+def _nvml_usage_of_this_process(uuid: str | None) -> int | None:
+    """Bytes NVML attributes to this process on the device ``uuid``; None where NVML does not say
+    (no NVML, or a container whose pids NVML reports as the host's)."""
+    try:
+        import pynvml as nv
+
+        nv.nvmlInit()
+        h = nv.nvmlDeviceGetHandleByUUID(uuid.encode() if uuid else b"")
+        procs = nv.nvmlDeviceGetComputeRunningProcesses(h)
+    except Exception:  # noqa: BLE001 - a check's figure: None says "not known"
+        return None
+    mine = [int(p.usedGpuMemory or 0) for p in procs if int(p.pid) == os.getpid()]
+    return mine[0] if mine else None
 
 
 @job_kind("synthetic.imports")
