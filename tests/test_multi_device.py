@@ -4,6 +4,7 @@ import json
 
 import pytest
 
+import pita.algos.rank_check  # noqa: F401  (registers synthetic.ranks, a k-device diagnostic kind)
 from helpers import run_graph
 from pita.core.job import Job, Resources, RetryPolicy
 

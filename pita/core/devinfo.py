@@ -24,11 +24,16 @@ def set_local_device() -> str:
     return the device every model of the process goes to."""
     import torch
 
-    from pita.models.lm import default_device
-
     if torch.cuda.is_available():
         torch.cuda.set_device(local_rank())
-    return default_device()
+    return process_device()
+
+
+def process_device() -> str:
+    """``cuda:LOCAL_RANK`` where a GPU is visible, else ``cpu``."""
+    import torch
+
+    return f"cuda:{local_rank()}" if torch.cuda.is_available() else "cpu"
 
 
 def cuda_uuid(index: int | None = None) -> str | None:
@@ -45,16 +50,8 @@ def cuda_uuid(index: int | None = None) -> str | None:
 
 
 def resolved_attention(requested: str | None) -> str | None:
-    if not requested:
-        return None
-    if "pita.models.lm" not in sys.modules:  # not worth importing torch for: the model load logs what it used
-        return f"{requested} (system.attn_impl)"
-    try:
-        from pita.models.lm import resolve_attn_impl
-
-        return resolve_attn_impl(requested)
-    except Exception:  # noqa: BLE001 - a description; the model load reports a bad value
-        return requested
+    """The attention setting as the job was given it (the model load logs the kernel it got)."""
+    return f"{requested} (system.attn_impl)" if requested else None
 
 
 def describe_process(attn_impl: str | None = None, assigned: list[dict] | None = None) -> str:

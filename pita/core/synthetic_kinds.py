@@ -211,22 +211,3 @@ def alloc(ctx):
     return {"allocated_bytes": int(torch.cuda.max_memory_allocated()), "batch_size": ctx.params["batch_size"],
             "CUDA_VISIBLE_DEVICES": os.environ.get("CUDA_VISIBLE_DEVICES")}
 
-
-@job_kind("synthetic.ranks")
-def ranks(ctx):
-    """A k-device job (``devices`` > 1) whose ranks report the device they use; with
-    ``oom_rank`` set, that rank runs out of memory while ``micro_batch_size`` > ``fits``."""
-    from pita.algos.distributed import run_distributed, world_size
-    from pita.models.lm import default_device
-
-    p = ctx.params
-    if int(p.get("devices", 1)) > 1 and world_size() == 1:
-        return run_distributed(ctx, "synthetic.ranks", int(p["devices"]))
-    rank = int(os.environ.get("RANK", "0"))
-    if p.get("oom_rank") == rank and int(p.get("micro_batch_size", 1)) > int(p.get("fits", 0)):
-        import torch
-
-        raise torch.cuda.OutOfMemoryError(f"CUDA out of memory. Tried to allocate 2.00 GiB on rank {rank} "
-                                          f"(micro_batch_size={p.get('micro_batch_size')})")
-    return {"rank": rank, "world": world_size(), "device": default_device(),
-            "micro_batch_size": p.get("micro_batch_size")}

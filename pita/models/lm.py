@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import os
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
@@ -54,9 +53,9 @@ def default_device() -> str:
     only its own GPU, as cuda:0; rank r of a k-device job sees the job's k GPUs and uses the
     r-th), else the CPU. Every model a job builds outside the trainer (reward models, proxies)
     goes here, where accelerate puts that rank's inputs."""
-    if not torch.cuda.is_available():
-        return "cpu"
-    return f"cuda:{int(os.environ.get('LOCAL_RANK', '0') or 0)}"
+    from pita.core.devinfo import process_device
+
+    return process_device()
 
 
 # completion positions whose log-probabilities over the vocabulary are computed at once by

@@ -1,0 +1,31 @@
+"""A diagnostic k-device job kind: the multi-device path (torchrun, rank-local devices, an OOM
+on one rank) without a model. Kept out of pita.algos.distributed, which ranks run as __main__."""
+
+from __future__ import annotations
+
+import os
+
+from pita.algos.distributed import run_distributed, world_size
+from pita.core.job import add_kind_module, job_kind
+
+add_kind_module("pita.algos.rank_check")
+
+
+@job_kind("synthetic.ranks")
+def ranks(ctx):
+    """A k-device job (``devices`` > 1) whose ranks report the device they use; with
+    ``oom_rank`` set, that rank runs out of memory while ``micro_batch_size`` > ``fits``."""
+    from pita.models.lm import default_device
+
+    p = ctx.params
+    if int(p.get("devices", 1)) > 1 and world_size() == 1:
+        return run_distributed(ctx, "synthetic.ranks", int(p["devices"]))
+    rank = int(os.environ.get("RANK", "0"))
+    if p.get("oom_rank") == rank and int(p.get("micro_batch_size", 1)) > int(p.get("fits", 0)):
+        import torch
+
+        raise torch.cuda.OutOfMemoryError(f"CUDA out of memory. Tried to allocate 2.00 GiB on rank {rank} "
+                                          f"(micro_batch_size={p.get('micro_batch_size')})")
+    return {"rank": rank, "world": world_size(), "device": default_device(),
+            "micro_batch_size": p.get("micro_batch_size")}
+
