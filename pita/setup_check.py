@@ -13,6 +13,7 @@ from collections import Counter
 
 from pita.core.backends import make_backend
 from pita.core.backends.local import describe_worker_start, resolve_worker_start
+from pita.core.errors import ConfigError
 from pita.core.executor import Executor, ExecutorSettings
 from pita.core.gpu_manager import GPUManager, usable_cores
 from pita.core.graph import JobGraph
@@ -79,7 +80,11 @@ def main(argv: list[str] | None = None) -> int:
 
     console = Console()
     sel = args.devices if args.devices in ("auto", "cpu") else [int(x) for x in args.devices.split(",")]
-    gpus = GPUManager.detect(sel, cpu_devices=min(usable_cores(), 2))
+    try:
+        gpus = GPUManager.detect(sel, cpu_devices=min(usable_cores(), 2))
+    except ConfigError as e:  # e.g. a CUDA_VISIBLE_DEVICES the driver's devices do not match
+        console.print(f"[bold red]error[/bold red]: {e}")
+        return 2
     cuda = not gpus.is_cpu
     console.print(f"[bold]devices[/bold] ({gpus.source}, CUDA_VISIBLE_DEVICES="
                   f"{os.environ.get('CUDA_VISIBLE_DEVICES', '<unset>')}):")
