@@ -79,8 +79,12 @@ def test_a_killed_dpo_job_resumes_from_its_checkpoint_and_ends_with_the_same_ste
     assert r.returncode == -9 and "killed after the checkpoint of step 4" in r.stdout, r.stdout[-2000:]
     assert [p.name for p in (job / "artifacts" / "trainer").glob("checkpoint-*")] == ["checkpoint-4"]  # the last kept
 
+    half = job / "artifacts" / "trainer" / "checkpoint-6"  # as an attempt killed while saving step 6 leaves it
+    half.mkdir()
+    (half / "model.safetensors").write_bytes(b"\0" * 64)
     r = _run(params, data, job)  # the re-run attempt
     again = _result(r)
+    assert "checkpoint-6: an earlier attempt was stopped while writing it" in r.stdout
     assert "resuming from" in r.stdout and "checkpoint-4 (step 4" in r.stdout
     assert again["resumed_from_step"] == 4 and again["steps"] == whole["steps"]
     # the same data order and optimizer state: the resumed steps follow the uninterrupted run
@@ -109,3 +113,60 @@ def test_auto_checkpoints_cost_at_most_five_percent_of_the_training_time():
     pacer.step_s, pacer.cost = 0.5, 2.0  # 2 s to write, 0.5 s a step
     assert pacer._agree(SimpleNamespace()) == int(2.0 / (CHECKPOINT_SHARE * 0.5))  # 80 steps: 40 s per 2 s saved
     assert checkpoint_pacer({"save_steps": 10}, 1) is None and checkpoint_pacer({"save_steps": 0}, 1) is None
+
+
+@pytest.mark.timeout(600)
+def test_a_sharded_job_killed_mid_training_resumes_on_both_ranks(tiny_cache, tmp_path, monkeypatch):
+    """FSDP over two gloo ranks, the ranks SIGKILLed once checkpoint-4 is written: the re-run
+    attempt resumes every rank from the last whole checkpoint and ends at the uninterrupted steps."""
+    import logging
+    import threading
+    import time
+    from types import SimpleNamespace
+
+    import psutil
+
+    from pita.algos import dpo
+    from pita.core.errors import JobError
+    from pita.core.paths import JobPaths
+    from pita.plans import build_plan
+    from test_baselines import compose
+    from test_sharding import _pairs
+
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")
+    data = _pairs(tmp_path, 64)
+    jobs = build_plan(compose(tiny_cache, "experiment.algos=[DPO]", "algos.DPO.batch_size=8", "algos.DPO.epochs=1",
+                              "algos.DPO.lr=2e-4", "training.micro_batch_size=4", "algos.DPO.devices=2",
+                              "algos.DPO.sharding=fsdp", "training.save_steps=2"), [int(8e9)] * 2)
+    params = next(j for j in jobs if j.id == "DPO.tiny.arith.r0.train").params
+    job = tmp_path / "job"
+    job.mkdir()
+    trainer_dir = job / "artifacts" / "trainer"
+    ctx = SimpleNamespace(params=params, dep_result=lambda j: {"path": str(data)}, paths=JobPaths(job),
+                          log=logging.getLogger("test.fsdp-resume"))
+    killed = []
+
+    def kill_after_checkpoint_4():
+        deadline = time.time() + 240
+        while time.time() < deadline and not (trainer_dir / "checkpoint-4" / "trainer_state.json").exists():
+            time.sleep(0.01)
+        for p in psutil.Process().children(recursive=True):  # torchrun and both ranks
+            try:
+                p.kill()
+                killed.append(p.pid)
+            except psutil.Error:
+                pass
+
+    watcher = threading.Thread(target=kill_after_checkpoint_4, daemon=True)
+    watcher.start()
+    with pytest.raises(JobError, match="exited with code"):
+        dpo.dpo_train(ctx)
+    watcher.join(5)
+    assert killed
+    whole = [c for c in trainer_dir.glob("checkpoint-*") if (c / "trainer_state.json").exists()]
+    last = max(int(c.name.split("-")[1]) for c in whole)
+    assert 4 <= last < 8
+    res = dpo.dpo_train(ctx)
+    assert res["resumed_from_step"] == last and res["steps"] == 8
+    held = res["rank_params"]
+    assert len(held) == 2 and abs(held[0] - held[1]) <= 0.2 * held[0]

@@ -429,7 +429,11 @@ def resume_point(ctx, p: dict, out) -> str | None:
                                                                            "gradient_accumulation_steps")},
                                  sort_keys=True))
     stamp = out / "pita-params.json"
-    if is_rank0():  # rank 0 clears stale checkpoints before any rank looks
+    if is_rank0():  # rank 0 clears stale and half-written checkpoints before any rank looks
+        for half in [c for c in out.glob("checkpoint-*") if not (c / "trainer_state.json").exists()]:
+            # the Trainer writes trainer_state.json last: without it, an attempt died while saving
+            ctx.log.info("removing %s: an earlier attempt was stopped while writing it", half)
+            shutil.rmtree(half, ignore_errors=True)
         last = get_last_checkpoint(str(out)) if out.is_dir() else None
         if last and (not stamp.exists() or json.loads(stamp.read_text()) != keep):
             ctx.log.info("removing checkpoints written under other settings: %s", last)
