@@ -414,3 +414,17 @@ def test_a_worker_reports_what_its_torch_holds(tmp_path, monkeypatch):
         time.sleep(0.05)
     m = json.loads(path.read_text())
     assert (m["allocated"], m["reserved"]) == (3 * GB, 5 * GB)
+
+
+def test_a_k_device_job_on_mig_slices_is_refused(monkeypatch):
+    from pita.cli.run import mig_problems
+    from pita.core.job import Job, Resources
+
+    fake_mig(monkeypatch)
+    mgr = GPUManager.detect("auto", env={})
+    jobs = [Job("DPO.m.d.r0.train", "algo.dpo_train", resources=Resources(2, 10.0)),
+            Job("PITA.m.d.r0.train", "algo.value_train", resources=Resources(1, 10.0))]
+    [line] = mig_problems(jobs, mgr)
+    assert "algos.DPO.devices=1" in line and "MIG slices" in line
+    whole = GPUManager.from_inventory(2, 80e9)
+    assert mig_problems(jobs, whole) == []

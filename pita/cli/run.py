@@ -55,6 +55,21 @@ def _run_experiment(cfg: DictConfig, overrides: list[str] | None, run_dir: Path 
         return 1
 
 
+def mig_problems(jobs, gpus) -> list[str]:
+    """A k-device job cannot run on MIG slices: CUDA gives one process one slice at most."""
+    if not any(getattr(d, "mig", None) is not None for d in gpus.devices):
+        return []
+    from pita.plans.fit import job_algorithm, job_kind
+
+    seen = {}
+    for j in jobs:
+        if j.resources.devices > 1:
+            seen.setdefault((job_kind(j), job_algorithm(j)), j)
+    return [f"{kind} jobs of {algo} (e.g. {j.id}) need {j.resources.devices} devices at once, but the devices here "
+            f"are MIG slices and CUDA gives a process one slice at most: set algos.{algo}.devices=1 "
+            f"(and algos.{algo}.sharding=none), or run on whole GPUs (MIG off)" for (kind, algo), j in seen.items()]
+
+
 def _run(cfg: DictConfig, overrides: list[str], run_dir: Path | None = None) -> int:
     from pita.config.validate import validate_config
     from pita.core.backends import make_backend
@@ -105,6 +120,8 @@ def _run(cfg: DictConfig, overrides: list[str], run_dir: Path | None = None) -> 
 
         if fit := fit_problems(planned, totals, ex.memory_margin):
             raise ConfigError(fit)
+        if mig := mig_problems(planned, gpus):
+            raise ConfigError(mig)
         graph = JobGraph(planned).validate(totals, ex.memory_margin)
 
         if resume:
