@@ -139,7 +139,8 @@ def _changed(name, key, value):
     if key == "continuations":
         return value + 2 if name == "PITA" else value + 1
     special = {"lr": 1e-3, "max_length": 64, "max_steps": 7, "loss": "mse", "mode": "expectation",
-               "ref_policy": "previous", "vllm_mode": "server", "v_min": -5.0, "v_max": 5.0,
+               "ref_policy": "previous", "vllm_mode": "server", "v_min": -5.0, "v_max": 5.0, "loss_type": "dapo",
+               "scale_rewards": "none",
                "max_completion_length": 8, "gradient_accumulation_steps": 2, "devices": 2, "lora_r": 4, "num_workers": 2,
                "gradient_checkpointing": True, "lora_target_modules": ["q_proj"], "micro_batch_size": 2,
                "sharding": "fsdp"}

@@ -20,6 +20,11 @@ from pita.core.names import unknown_name
 add_kind_module("pita.algos.grpo")
 
 VLLM_MODES = ("colocate", "server")
+# TRL's names for how GRPO's token losses are averaged: grpo is the paper's (DeepSeekMath: each
+# completion's token losses averaged over its length, then over completions); dapo / bnpo average
+# over all tokens of the batch; dr_grpo divides by a constant (max_completion_length)
+LOSS_TYPES = ("grpo", "dapo", "dr_grpo", "bnpo")
+SCALE_REWARDS = ("group", "batch", "none")  # advantages divided by the group's / batch's reward std, or not
 
 
 @dataclass
@@ -39,6 +44,12 @@ class GRPOConfig(PostTrainingConfig):
     use_vllm: bool = False  # generation through vLLM (GPU only, needs vllm installed)
     vllm_mode: str = "colocate"  # TRL vLLM mode: colocate | server
     vllm_gpu_memory_utilization: float = 0.3  # colocate: the GPU share vLLM may take
+    # the loss as the GRPO paper defines it (grpo: per-completion mean of its token losses, then the
+    # mean over completions) | dapo (token mean over the batch) | dr_grpo (sum / max_completion_length)
+    # | bnpo; set explicitly because TRL's default moved between releases (bnpo up to 0.23, dapo after)
+    loss_type: str = "grpo"
+    # group (the paper: advantages over the group's reward std) | batch | none (Dr. GRPO: no std scaling)
+    scale_rewards: str = "group"
 
 
 @register_algorithm
@@ -71,6 +82,10 @@ class GRPO(PostTrainingAlgorithm):
             p.append(f"{k}.temperature={c.temperature} must be > 0 (GRPO samples its completions)")
         if c.vllm_mode not in VLLM_MODES:
             p.append(unknown_name(f"{k}.vllm_mode", c.vllm_mode, VLLM_MODES))
+        if c.loss_type not in LOSS_TYPES:
+            p.append(unknown_name(f"{k}.loss_type", c.loss_type, LOSS_TYPES))
+        if c.scale_rewards not in SCALE_REWARDS:
+            p.append(unknown_name(f"{k}.scale_rewards", c.scale_rewards, SCALE_REWARDS))
         if (c.lora_r > 0 and c.beta > 0 and c.ref_policy == "original" and cfg.experiment.rounds > 1):
             p.append(f"{k}.lora_r={c.lora_r} with {k}.ref_policy=original over {cfg.experiment.rounds} rounds: "
                      f"with LoRA, TRL's KL reference is the adapter's base, which from round 1 on is the previous "
@@ -87,7 +102,8 @@ class GRPO(PostTrainingAlgorithm):
                 "correctness_bonus": dc.correctness_bonus, "max_steps": c.max_steps, "epochs": c.epochs,
                 "num_generations": c.num_generations, "temperature": c.temperature,
                 "max_completion_length": c.max_completion_length or dc.max_new_tokens, "use_vllm": c.use_vllm,
-                "vllm_mode": c.vllm_mode, "vllm_gpu_memory_utilization": c.vllm_gpu_memory_utilization}
+                "vllm_mode": c.vllm_mode, "vllm_gpu_memory_utilization": c.vllm_gpu_memory_utilization,
+                "loss_type": c.loss_type, "scale_rewards": c.scale_rewards}
 
     def plan_round(self, p, r: int, prev: str | None, merges: list[str], base: dict) -> list[Job]:
         return [self.train_job(p, r, [prev] if prev else [], {**base, "policy_from": prev, "seed": p.seed(r)})]
@@ -184,11 +200,13 @@ def grpo_trainer(ctx, p: dict):
 
     steps = grpo_steps(p, len(examples))
     # TRL's GRPO defaults moved between releases (loss bnpo up to 0.23, dapo from 0.24; reward
-    # scaling a bool before "group"): the ones every result so far was measured with, named here
+    # scaling a bool before "group"): always named, from algos.<A>.loss_type / scale_rewards (the
+    # paper's GRPO unless switched); jobs planned before these keys existed ran dapo
     args = training_args(TRLGRPOConfig, p, str(ctx.paths.artifacts / "trainer"), cuda, tracker_settings(ctx),
                          max_steps=steps,
                          num_generations=p["num_generations"], max_completion_length=p["max_completion_length"],
-                         temperature=p["temperature"], loss_type="dapo", scale_rewards="group",
+                         temperature=p["temperature"], loss_type=p.get("loss_type", "dapo"),
+                         scale_rewards=p.get("scale_rewards", "group"),
                          importance_sampling_level="token", mask_truncated_completions=False, num_iterations=1,
                          **extra)
     # TRL builds its KL reference from the path the policy was loaded from, which after round 0 is
@@ -196,11 +214,11 @@ def grpo_trainer(ctx, p: dict):
     # DPO's reference, are measured against) unless the user asked for the previous policy
     kl_ref = p["reference"] if p.get("ref_policy", "original") == "original" else path
     model.config._name_or_path = kl_ref
-    ctx.log.info("GRPO from %s: %d steps (%s), %d completions per step (%d prompts x %d), beta %s, "
-                 "KL reference %s, reward %s", path, steps,
+    ctx.log.info("GRPO from %s: %d steps (%s), %d completions per step (%d prompts x %d), beta %s, loss %s, "
+                 "reward scaling %s, KL reference %s, reward %s", path, steps,
                  "max_steps" if p.get("max_steps") else f"{p['epochs']:g} passes over {len(examples)} prompts",
                  p["batch_size"], p["batch_size"] // p["num_generations"],
-                 p["num_generations"], p["beta"], kl_ref,
+                 p["num_generations"], p["beta"], args.loss_type, args.scale_rewards, kl_ref,
                  "proxy " + proxy if proxy else ("reward model" if reward.rm else "verifier"))
     trainer = sharded_trainer(GRPOTrainer)(model=model, reward_funcs=[reward], args=args, train_dataset=ds, processing_class=tok,
                           peft_config=peft_config(p, ctx.log))

@@ -15,11 +15,8 @@ from pita.guidance.proxy import ProxyKeys, check_proxy_keys, proxy_job
 
 @dataclass
 class GRPOHFConfig(ProxyKeys, GRPOConfig):
-    # kept at the earlier, smaller budget (60 steps of 4 prompts at 1000 prompts): GRPO-HF optimises
-    # a learned proxy, and the larger budget (measured for the verifier reward) was not measured on it
-    batch_size: int = 16  # completions per optimizer step (batch_size / num_generations prompts)
-    epochs: float = 0.24  # passes over the training prompts per round (steps = ceil(epochs x prompts / prompts per step))
-    num_generations: int = 4  # completions per prompt (>= 2; divides batch_size)
+    """GRPO's keys with GRPO's defaults: the same sample budget (batch_size, epochs,
+    num_generations), so GRPO and GRPO-HF differ in their reward only (a learned proxy here)."""
 
 
 @register_algorithm

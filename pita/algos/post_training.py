@@ -33,8 +33,11 @@ log = logging.getLogger(__name__)
 REF_POLICIES = ("original", "previous")
 SHARDINGS = ("none", "fsdp")
 TOY_PARAMS = 50_000_000  # below this a model is a toy (the tiny family), with toy learning rates
-# (algorithm kind, scale) -> default learning rate: TRL's documented practice for full fine-tuning
-# and LoRA of real models; the toy rates were measured on the embedded default
+# (algorithm kind, scale) -> default learning rate. Sources: DPO full 5e-7 and LoRA 5e-6 are the
+# alignment-handbook's Zephyr-7B-beta DPO recipes (recipes/zephyr-7b-beta/dpo/config_full.yaml,
+# config_qlora.yaml; TRL's own DPOConfig default is 1e-6); GRPO full 1e-6 is TRL's GRPOConfig
+# default; GRPO LoRA 1e-5 is this project's choice (10x the full rate, as for DPO); the toy rates
+# were measured on the embedded default
 LEARNING_RATES = {("dpo", "full"): 5e-7, ("dpo", "lora"): 5e-6, ("dpo", "toy"): 1e-5,
                   ("grpo", "full"): 1e-6, ("grpo", "lora"): 1e-5, ("grpo", "toy"): 5e-5}
 
@@ -43,8 +46,8 @@ LEARNING_RATES = {("dpo", "full"): 5e-7, ("dpo", "lora"): 5e-6, ("dpo", "toy"): 
 class PostTrainingConfig(AlgoConfig):
     """Keys of every TRL-trained algorithm (DPO, GRPO, GRPO-HF)."""
 
-    # learning rate; null: by scale, from TRL's documented practice (see LEARNING_RATES): full
-    # fine-tuning of a real model DPO 5e-7 / GRPO 1e-6, LoRA 5e-6 / 1e-5; a toy model (under 50M
+    # learning rate; null: by scale (sources in LEARNING_RATES): full fine-tuning of a real model
+    # DPO 5e-7 (Zephyr-7B-beta's recipe) / GRPO 1e-6 (TRL's default), LoRA 5e-6 / 1e-5; a toy model (under 50M
     # parameters, the tiny family) DPO 1e-5 / GRPO 5e-5, as measured on the embedded default
     # (docs/architecture.md, "Why the baselines lose to the reference on arith")
     lr: Optional[float] = None
@@ -203,7 +206,8 @@ class PostTrainingAlgorithm(Algorithm):
         labels = preference_labels(p.cfg)  # the same budget and labelling as the value-guided pairs
         req["n"] = 2 * labels["pairs_per_prompt"]
         req["preferences"] = {"beta": labels["beta"], "sampling": labels["bt_sampling"],
-                              "label_seed": labels["label_seed"], "pairs_per_prompt": labels["pairs_per_prompt"]}
+                              "label_seed": labels["label_seed"], "pairs_per_prompt": labels["pairs_per_prompt"],
+                              "round": r}  # each round's pairs get draws of their own
         if prev:
             req["policy"]["model_from_job"] = prev
         return p.collect(req, f"{p.prefix(self.name)}.r{r}.gen", [prev] if prev else [], r)

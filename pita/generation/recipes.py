@@ -92,7 +92,7 @@ def run_preference_pairs(lm, examples, req, scorer) -> list[dict]:
         g["finishes"].append(r["finish"])
     p = req["preferences"]
     return make_pairs(groups.values(), p.get("label_seed", req["seed"]), p["beta"], p["sampling"],
-                      per_group=p.get("pairs_per_prompt"))
+                      per_group=p.get("pairs_per_prompt"), round=p.get("round"))
 
 
 def run_prompts(lm, examples, req, scorer) -> list[dict]:

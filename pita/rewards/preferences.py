@@ -92,7 +92,8 @@ def sample_preference(
 
 
 def make_pairs(
-    groups: Iterable[dict], seed: int, beta: float = 1.0, sampling: bool = True, per_group: int | None = None
+    groups: Iterable[dict], seed: int, beta: float = 1.0, sampling: bool = True, per_group: int | None = None,
+    round: int | None = None,
 ) -> list[dict]:
     """Preference records for many prompts; groups with fewer than 2 completions are skipped.
 
@@ -106,9 +107,12 @@ def make_pairs(
     ``per_group=None``: one pair per group, its highest- and lowest-reward completions.
     ``per_group=P``: P disjoint pairs of the group's completions in order (1-2, 3-4, ...), each
     labelled once by its own draw (key ``<id>/<k>``): the same budget rule as value roll-outs.
+    ``round``: the round the completions were sampled in, part of every draw's key (``r<round>/``),
+    so a prompt's pairs of later rounds get draws of their own rather than round 0's again.
     """
     check_beta(beta)
     out = []
+    salt = "" if round is None else f"r{int(round)}/"
     for g in groups:
         comps, rewards = list(g["completions"]), list(g["rewards"])
         if len(comps) != len(rewards):
@@ -116,12 +120,12 @@ def make_pairs(
                 f"make_pairs: group {g['id']!r} has {len(comps)} completions but {len(rewards)} rewards"
             )
         if per_group is None:
-            drawn = [(None, sample_preference(rewards, seed, str(g["id"]), beta, sampling))]
+            drawn = [(None, sample_preference(rewards, seed, f"{salt}{g['id']}", beta, sampling))]
         else:
             drawn = []
             for k in range(min(per_group, len(comps) // 2)):
                 a, b = 2 * k, 2 * k + 1
-                res = sample_preference([rewards[a], rewards[b]], seed, f"{g['id']}/{k}", beta, sampling)
+                res = sample_preference([rewards[a], rewards[b]], seed, f"{salt}{g['id']}/{k}", beta, sampling)
                 drawn.append((k, None if res is None else ((a, b)[res[0]], (a, b)[res[1]], res[2])))
         for k, res in drawn:
             if res is None:

@@ -1,0 +1,81 @@
+"""The baselines as their methods define them, and compared on equal terms: GRPO's loss and
+reward scaling named (the paper's by default), GRPO-HF with GRPO's sample budget, preference
+draws of their own in every round."""
+
+from __future__ import annotations
+
+import logging
+from types import SimpleNamespace
+
+import pytest
+
+from pita.core.errors import ConfigError
+from test_baselines import compose
+
+pytestmark = pytest.mark.integration
+
+
+def _train_params(tiny_cache, job_id, *overrides):
+    from pita.plans import build_plan
+
+    jobs = build_plan(compose(tiny_cache, *overrides), [int(8e9)])
+    return {j.id: j for j in jobs}, next(j for j in jobs if j.id == job_id).params
+
+
+@pytest.mark.parametrize("overrides, loss, scaling", [
+    ((), "grpo", "group"),  # the GRPO paper: per-completion token mean, advantages over the group's std
+    (("algos.GRPO.loss_type=dr_grpo", "algos.GRPO.scale_rewards=none"), "dr_grpo", "none"),
+    (("algos.GRPO.loss_type=dapo",), "dapo", "group"),
+])
+def test_grpo_names_its_loss_and_reward_scaling_to_trl(tiny_cache, tmp_path, overrides, loss, scaling):
+    from pita.algos.grpo import grpo_trainer
+    from pita.core.paths import JobPaths
+
+    _, p = _train_params(tiny_cache, "GRPO.tiny.arith.r0.train", "experiment.algos=[GRPO]", "experiment.rounds=1",
+                         "algos.GRPO.max_steps=1", *overrides)
+    ctx = SimpleNamespace(params=p, dep_result=lambda j: None, paths=JobPaths(tmp_path / "job"),
+                          log=logging.getLogger("test"))
+    trainer, _ = grpo_trainer(ctx, p)
+    assert trainer.args.loss_type == loss
+    assert str(trainer.args.scale_rewards) == scaling
+
+
+@pytest.mark.parametrize("override, needle", [
+    ("algos.GRPO.loss_type=ppo", "algos.GRPO.loss_type"),
+    ("algos.GRPO-HF.scale_rewards=std", "algos.GRPO-HF.scale_rewards"),
+])
+def test_a_bad_grpo_loss_or_scaling_is_refused(tiny_cache, override, needle):
+    from pita.plans import build_plan
+
+    with pytest.raises(ConfigError) as e:
+        build_plan(compose(tiny_cache, override), [int(8e9)])
+    assert needle in str(e.value)
+
+
+def test_grpo_hf_samples_as_many_completions_as_grpo_by_default(tiny_cache):
+    from pita.algos.grpo import grpo_steps
+
+    by, grpo = _train_params(tiny_cache, "GRPO.tiny.arith.r0.train", "experiment.rounds=1")
+    hf = by["GRPO-HF.tiny.arith.r0.train"].params
+    for key in ("batch_size", "num_generations", "epochs", "max_steps", "max_completion_length", "temperature",
+                "loss_type", "scale_rewards", "beta"):
+        assert hf[key] == grpo[key], key
+    assert grpo_steps(hf, 40) * hf["batch_size"] == grpo_steps(grpo, 40) * grpo["batch_size"]
+
+
+def test_each_rounds_preference_pairs_get_draws_of_their_own(tiny_cache):
+    """Round r's pairs are drawn with a key that carries r: two rounds with the same prompts and
+    rewards do not repeat round 0's coin flips (they did: the key was the prompt id alone)."""
+    from pita.rewards.preferences import make_pairs
+
+    groups = [{"id": f"q{i}", "prompt": "p", "completions": ["a", "b"], "rewards": [0.50, 0.51]} for i in range(400)]
+    r0 = [x["chosen"] for x in make_pairs(groups, 0, beta=1.0, sampling=True, round=0)]
+    r1 = [x["chosen"] for x in make_pairs(groups, 0, beta=1.0, sampling=True, round=1)]
+    again = [x["chosen"] for x in make_pairs(groups, 0, beta=1.0, sampling=True, round=1)]
+    assert r1 == again  # a round's draws are still reproducible
+    differ = sum(a != b for a, b in zip(r0, r1)) / len(r0)
+    assert 0.35 < differ < 0.65  # near-tied rewards: independent draws disagree about half the time
+    by, _ = _train_params(tiny_cache, "DPO.tiny.arith.r1.train", "experiment.algos=[DPO]", "experiment.rounds=2")
+    rounds = sorted(j.params["request"]["preferences"]["round"] for j in by.values()
+                    if j.kind == "generation.shard" and j.params["request"].get("recipe") == "preference_pairs")
+    assert set(rounds) == {0, 1}
