@@ -212,6 +212,32 @@ def test_top_k_scores_candidates_but_every_token_stays_sampleable_and_log_probs_
     assert outside > 0  # the reference's other tokens were sampled
 
 
+def test_kl_under_a_sampling_nucleus_is_finite_and_equals_the_brute_force_log_ratio(lm):
+    """eval.top_p < 1 decides which tokens are drawn, not how a sample is scored: logp and logp_ref
+    are the guided policy's and the reference's log-probs with no nucleus (a sample outside the
+    reference's own nucleus (top_p 0.6 here) used to score -inf there, and its row's KL +inf)."""
+    from pita.guidance.decode import GuidedDecoder
+    from pita.models.lm import nucleus
+
+    vm = TableVM()
+    n = 600
+    got = lm.generate_ids([PROMPT] * n, H, seeds=list(range(n)), temperature=1.0, top_p=0.6,
+                          guide=GuidedDecoder(vm, "bernoulli", ETA, top_k=4))
+    outside = 0
+    for toks, finish, logp, logp_ref in got:
+        want, want_ref = 0.0, 0.0
+        steps = toks + ([EOS] if finish == "eos" else [])
+        for t, a in enumerate(steps):
+            ref, guided, _ = guided_step(lm, vm, toks[:t], ETA, 4)
+            want += float(guided[a])
+            want_ref += float(ref[a])
+            outside += not bool(nucleus(ref.unsqueeze(0), 0.6)[0, a])
+        assert math.isfinite(logp) and math.isfinite(logp_ref)
+        assert logp == pytest.approx(want, rel=1e-5, abs=1e-5)
+        assert logp_ref == pytest.approx(want_ref, rel=1e-5, abs=1e-5)
+    assert outside > 0  # samples the reference's own nucleus would have excluded were drawn
+
+
 def test_value_model_step_matches_the_formula_with_its_incremental_cache(tiny):
     """The real GuidedDecoder: after a few cached steps, the guided next-token distribution equals
     normalise(π_ref^{1/T} · w) with w = 1 − p + p e^η on the top-k scored tokens and 1 on every

@@ -325,7 +325,7 @@ def test_every_preference_method_gets_the_same_pair_budget_labelled_once_with_on
     for algo in ("DPO", "GRPO-HF"):
         req = jobs[f"{algo}.tiny.arith.r1.gen.s0"].params["request"]
         assert req["n"] == 6 and req["preferences"] == {"beta": 2.5, "sampling": False, "label_seed": 0,
-                                                          "pairs_per_prompt": 3}
+                                                          "pairs_per_prompt": 3, "round": 1}  # draws keyed by round
 
 
 def test_a_roll_out_design_below_the_pair_budget_is_refused(tiny_cache):

@@ -185,7 +185,7 @@ def run_eval(lm, examples, req, scorer) -> list[dict]:
             for smp, lr in zip(flat, ref.sequence_logprobs(
                     [enc[e.id] for e in flat_ex], [smp.token_ids for smp in flat], batch_size=g["batch_size"],
                     eos_ids=[smp.meta.get("eos_id") for smp in flat], temperature=g["temperature"],
-                    top_p=g["top_p"])):
+                    top_p=1.0)):  # KL under top_p = 1, as the sample's own logp (LM.generate_ids)
                 smp.meta["logp_ref"] = lr
         for e, smp, sc, j in zip(flat_ex, flat, scores, [j for samples in outs for j in range(len(samples))]):
             recs.append({"id": e.id, "eta": float(eta), "sample": j, "completion": smp.text, "finish": smp.finish,

@@ -256,11 +256,11 @@ class LM:
         """One completion per row: ([token ids without EOS], "eos" | "length", logp, logp_ref), and
         with ``return_stop`` a fifth item: the EOS id the row stopped on (None at the length limit).
 
-        ``logp`` is the sample's log-probability under the distribution it was drawn from;
-        ``logp_ref`` under the reference with the same processing (temperature, ``top_k``, and its
-        own top-``top_p`` nucleus; never the guide's candidate set), so their difference is a
-        per-sample KL estimate against the untruncated reference, exactly 0 without guidance.
-        Greedy rows (temperature 0) report 0 for both.
+        ``logp`` is the sample's log-probability under the policy's distribution at ``temperature``
+        (and ``top_k``) with no nucleus, ``logp_ref`` under the reference's, processed the same way
+        (never the guide's candidate set): the nucleus (``top_p``) only decides which tokens are
+        drawn, so a sample outside the reference's nucleus still has a finite ``logp_ref``, and
+        their difference is exactly 0 without guidance. Greedy rows (temperature 0) report 0 for both.
 
         ``guide`` (see pita/guidance/decode.py) reshapes each step: it sees the same tokens as the
         reference (``begin`` with the prompt, ``advance`` with each fed token) and ``adjust``
@@ -321,13 +321,12 @@ class LM:
                 else:
                     support = nucleus(final, top_p)
                     q = torch.log_softmax(final.masked_fill(~support, float("-inf")), -1)
-                    # the reference under its own processing (its own nucleus), whatever the guide
-                    # did: the KL of a guided row is against the same π_ref as a trained row's
-                    ref_support = support if guide is None else nucleus(ref_lp, top_p)
-                    r = torch.log_softmax(ref_lp.masked_fill(~ref_support, float("-inf")), -1)
                     tok = sample_from(q, U[:, step], 1.0, 1.0, 0)
-                    step_q = q.gather(-1, tok.unsqueeze(-1)).squeeze(-1).double()
-                    step_r = r.gather(-1, tok.unsqueeze(-1)).squeeze(-1).double()
+                    # log-probs under top_p = 1, whatever the nucleus drew from: the policy's
+                    # (guided) distribution and the reference's, the same π_ref for guided and
+                    # trained rows; a token outside the reference's nucleus is not -inf here
+                    step_q = torch.log_softmax(final, -1).gather(-1, tok.unsqueeze(-1)).squeeze(-1).double()
+                    step_r = torch.log_softmax(ref_lp, -1).gather(-1, tok.unsqueeze(-1)).squeeze(-1).double()
                     logp.index_add_(0, rows, torch.where(active, step_q, torch.zeros_like(step_q)))
                     logp_ref.index_add_(0, rows, torch.where(active, step_r, torch.zeros_like(step_r)))
             is_eos = torch.isin(tok, eos_t)
