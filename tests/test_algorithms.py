@@ -143,7 +143,7 @@ def _changed(name, key, value):
                "scale_rewards": "none",
                "max_completion_length": 8, "gradient_accumulation_steps": 2, "devices": 2, "lora_r": 4, "num_workers": 2,
                "gradient_checkpointing": True, "lora_target_modules": ["q_proj"], "micro_batch_size": 2,
-               "sharding": "fsdp"}
+               "sharding": "fsdp", "offset_shift": "none", "offset_temperature": "after"}
     if key in special:
         return special[key]
     if isinstance(value, bool):

@@ -276,3 +276,63 @@ def test_value_model_step_matches_the_formula_with_its_incremental_cache(tiny):
     want = want / want.sum()
     assert torch.allclose(got, want, atol=1e-5)
     assert bool((got > 0).all())  # the whole vocabulary stays sampleable
+
+
+class AtomVM(torch.nn.Module):
+    """An mle value model stand-in: per candidate a histogram's logits over 3 atoms in [v_min, v_max]."""
+
+    def __init__(self, vocab=4, v_min=0.0, v_max=1.0):
+        super().__init__()
+        g = torch.Generator().manual_seed(3)
+        self.L = torch.nn.Parameter(torch.randn(vocab, 3, generator=g) * 2.0, requires_grad=False)
+        self.spec = SimpleNamespace(vocab_size=vocab, loss="mle", v_min=v_min, v_max=v_max, num_atoms=3)
+
+    def hidden(self, ids, mask, pos, past_key_values=None, use_cache=True):
+        return ids.unsqueeze(-1).float(), None
+
+    def scores(self, h, cands):
+        return self.L[cands]
+
+
+def _guided(vm, ref_lp, **kw):
+    from pita.guidance.decode import GuidedDecoder
+
+    d = GuidedDecoder(vm, "mle", 1.5, **kw)
+    d.h = torch.zeros(ref_lp.shape[0], 1)
+    return torch.log_softmax(d.adjust(ref_lp), -1)
+
+
+def test_mle_offsets_shifted_to_the_candidate_minimum_do_not_depend_on_the_rewards_origin():
+    """Q#'s reference code shifts each state's mle offsets to the candidates' minimum. With top_k
+    below the vocabulary the tokens outside it keep offset 0, so without the shift adding a
+    constant to every reward (the atoms) changes the guided policy; with it, it does not."""
+    ref = torch.log_softmax(torch.tensor([[1.0, 0.5, 0.0, -0.5]]), -1)
+    low, high = AtomVM(v_min=0.0, v_max=1.0), AtomVM(v_min=5.0, v_max=6.0)  # the same head, rewards + 5
+    shifted = [_guided(vm, ref, top_k=2, offset_shift="min") for vm in (low, high)]
+    assert torch.allclose(shifted[0], shifted[1], atol=1e-6)
+    raw = [_guided(vm, ref, top_k=2, offset_shift="none") for vm in (low, high)]
+    assert not torch.allclose(raw[0], raw[1], atol=1e-3)
+    # every token a candidate: the shift is a constant per state and changes nothing
+    assert torch.allclose(_guided(low, ref, top_k=-1, offset_shift="min"),
+                          _guided(low, ref, top_k=-1, offset_shift="none"), atol=1e-6)
+
+
+@pytest.mark.parametrize("where", ["before", "after"])
+def test_offsets_enter_before_the_temperature_as_the_references_do(lm, where):
+    """offset_temperature=before: log π ∝ (logits + δ) / T, i.e. the tempered log-probs plus δ/T;
+    after: the tempered log-probs plus δ (the earlier behaviour). Checked on sampled sequences."""
+    from pita.guidance.decode import GuidedDecoder
+
+    vm, T, n = TableVM(), 0.5, 200
+    got = lm.generate_ids([PROMPT] * n, H, seeds=list(range(n)), temperature=T,
+                          guide=GuidedDecoder(vm, "bernoulli", ETA, top_k=4, offset_temperature=where))
+    for toks, finish, logp, _ in got[:50]:
+        want = 0.0
+        for t, a in enumerate(toks + ([EOS] if finish == "eos" else [])):
+            with torch.no_grad():
+                logits = lm.model(torch.tensor([PROMPT + toks[:t]])).logits[0, -1].float()
+            last = (PROMPT + toks[:t])[-1]
+            delta = bernoulli_offset(torch.sigmoid(vm.W[last]), ETA)
+            tempered = torch.log_softmax(logits / T, -1)
+            want += float(torch.log_softmax(tempered + (delta / T if where == "before" else delta), -1)[a])
+        assert logp == pytest.approx(want, rel=1e-5, abs=1e-5)

@@ -36,6 +36,13 @@ class ValueGuidedConfig(AlgoConfig):
     # tokens the value model scores per step (the reference's top k; -1 = the whole vocabulary);
     # every other token keeps its reference probability and stays sampleable
     top_k: int = 20
+    # mle: min (each state's offsets shifted so its lowest-scored candidate's is 0, as the Q#
+    # reference code does: a token outside top_k then counts as the worst candidate, not as an
+    # outcome of 0 in reward units) | none (as computed, the earlier behaviour)
+    offset_shift: str = "min"
+    # before (δ added to the logits before the temperature, i.e. δ/T on the tempered log-probs, as
+    # both reference implementations do) | after (δ added after the temperature, the earlier behaviour)
+    offset_temperature: str = "before"
     num_atoms: int = 11  # mle: atoms over [v_min, v_max]
     v_min: Optional[float] = None  # mle: null = from the data (min over round-0 returns)
     v_max: Optional[float] = None  # mle: null = from the data (max over round-0 returns)
@@ -71,6 +78,12 @@ class ValueGuidedAlgorithm(Algorithm):
             p.append(unknown_name(f"{k}.loss", c.loss, LOSSES))
         if c.mode is not None and c.mode not in MODES:
             p.append(unknown_name(f"{k}.mode", c.mode, MODES))
+        from pita.guidance.decode import OFFSET_SHIFTS, OFFSET_TEMPERATURES
+
+        if c.offset_shift not in OFFSET_SHIFTS:
+            p.append(unknown_name(f"{k}.offset_shift", c.offset_shift, OFFSET_SHIFTS))
+        if c.offset_temperature not in OFFSET_TEMPERATURES:
+            p.append(unknown_name(f"{k}.offset_temperature", c.offset_temperature, OFFSET_TEMPERATURES))
         if c.loss == "bradley_terry":
             p.append(f"{k}.loss=bradley_terry trains the Q#-HF proxy, not a value model; use bce, mse or mle")
         if c.mode in MODES and c.loss in LOSSES and c.loss != "bradley_terry":
@@ -120,6 +133,10 @@ class ValueGuidedAlgorithm(Algorithm):
             return [f"{self.key}.top_k={self.c.top_k} is larger than the vocabulary ({vocab}); use -1 for all"]
         return []
 
+    def offset_settings(self) -> dict:
+        """How the guided decoder applies the value head's offsets (planned into every guided job)."""
+        return {"offset_shift": self.c.offset_shift, "offset_temperature": self.c.offset_temperature}
+
     # ---------------------------------------------------------------- planning
     def round_inputs(self, p: PlanContext, r: int, merges: list[str]) -> tuple[list[Job], dict]:
         """Jobs round r's value training also waits for, and params it adds (none here)."""
@@ -140,7 +157,8 @@ class ValueGuidedAlgorithm(Algorithm):
             req["rollouts"] = {"cut_points": c.cut_points, "continuations": c.continuations, "mode": "sampled"}
             req["seed"] = p.seed(r)
             if prev_train:
-                req["policy"]["guidance"] = {"from_job": prev_train, "mode": mode, "eta": c.eta, "top_k": c.top_k}
+                req["policy"]["guidance"] = {"from_job": prev_train, "mode": mode, "eta": c.eta, "top_k": c.top_k,
+                                             **self.offset_settings()}
             gen_jobs, merge = p.collect(req, f"{prefix}.r{r}.gen", [prev_train] if prev_train else [], r)
             jobs += gen_jobs
             merges.append(merge)
@@ -158,7 +176,8 @@ class ValueGuidedAlgorithm(Algorithm):
                                     **training_settings(p.cfg, c, whole=c.batch_size), **extra_params},
                             resources=Resources(1, p.mem[f"train.{algo}"]), retry=TRAINING_RETRY,
                             duration_hint=3.0))
-            jobs += p.evaluations(algo, r, train, policy={"guidance": {"from_job": train, "mode": mode, "top_k": c.top_k}},
+            jobs += p.evaluations(algo, r, train, policy={"guidance": {"from_job": train, "mode": mode, "top_k": c.top_k,
+                                                                       **self.offset_settings()}},
                                   etas=[float(e) for e in c.etas])
             prev_train = train
         return jobs

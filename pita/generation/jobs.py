@@ -63,7 +63,8 @@ def shard(ctx):
             vm = ValueModel.load(ckpt, device=dev).eval()
             req["_vm"] = vm
             if "eta" in gd:  # one eta for data collection; evaluation sweeps req["etas"]
-                req["_guide"] = GuidedDecoder(vm, gd["mode"], gd["eta"], gd.get("top_k", 20))
+                req["_guide"] = GuidedDecoder(vm, gd["mode"], gd["eta"], gd.get("top_k", 20),
+                                               gd.get("offset_shift", "none"), gd.get("offset_temperature", "after"))
             ctx.log.info("policy: %s guided by %s (mode %s, eta %s, top_k %s)", pol["model"], ckpt, gd["mode"],
                          gd.get("eta", req.get("etas")), gd.get("top_k", 20))
         sc = req["scoring"]

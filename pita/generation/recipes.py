@@ -172,7 +172,8 @@ def run_eval(lm, examples, req, scorer) -> list[dict]:
     g, vm, gd = req["sampling"], req.get("_vm"), req["policy"].get("guidance") or {}
     recs = []
     for eta in req.get("etas", [0.0]):
-        guide = GuidedDecoder(vm, gd["mode"], eta, gd.get("top_k", 20)) if vm is not None else None
+        guide = GuidedDecoder(vm, gd["mode"], eta, gd.get("top_k", 20), gd.get("offset_shift", "none"),
+                              gd.get("offset_temperature", "after")) if vm is not None else None
         outs = lm.generate([e.prompt for e in examples], n=req["n"], max_new_tokens=g["max_new_tokens"],
                            seed=req["seed"], keys=[e.id for e in examples], temperature=g["temperature"],
                            top_p=g["top_p"], top_k=g["top_k"], batch_size=g["batch_size"], guide=guide)

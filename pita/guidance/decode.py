@@ -45,8 +45,19 @@ from pita.guidance.offsets import check_eta, check_mode, offset
 CANDIDATE_CHUNK = 1024
 
 
+OFFSET_SHIFTS = ("min", "none")
+OFFSET_TEMPERATURES = ("before", "after")
+
+
 class GuidedDecoder:
-    def __init__(self, value_model, mode: str, eta: float, top_k: int = 20):
+    """``offset_shift="min"`` (mle): each state's candidate offsets shifted so the lowest is 0 (a
+    constant per state when every token is a candidate, so it changes nothing then; with top_k
+    below the vocabulary, the other tokens count as the worst candidate instead of as an outcome
+    of 0). ``offset_temperature="before"``: δ enters the logits before the temperature, so the
+    tempered log-probs get δ/T (``temperature`` is set by the sampler)."""
+
+    def __init__(self, value_model, mode: str, eta: float, top_k: int = 20, offset_shift: str = "none",
+                 offset_temperature: str = "after"):
         check_mode(mode)
         eta = check_eta(eta)
         vocab = value_model.spec.vocab_size
@@ -57,7 +68,12 @@ class GuidedDecoder:
                               f"(this one was trained with {value_model.spec.loss})")
         if mode != "mle" and value_model.spec.loss == "mle":
             raise ConfigError(f"a value model trained with loss=mle needs guidance.mode=mle, not {mode}")
+        if offset_shift not in OFFSET_SHIFTS or offset_temperature not in OFFSET_TEMPERATURES:
+            raise ConfigError(f"offset_shift={offset_shift!r} must be one of {OFFSET_SHIFTS} and offset_temperature="
+                              f"{offset_temperature!r} one of {OFFSET_TEMPERATURES}")
         self.vm, self.mode, self.eta, self.top_k = value_model, mode, float(eta), top_k
+        self.offset_shift, self.offset_temperature = offset_shift, offset_temperature
+        self.temperature = 1.0  # the sampler's (LM.generate_ids sets it)
         self.atoms = None
         if value_model.spec.loss == "mle":
             from pita.losses.value import atoms
@@ -109,5 +125,9 @@ class GuidedDecoder:
                 off = torch.cat([offset(self.mode, self.eta, self.vm.scores(h, cands[:, a:a + CANDIDATE_CHUNK],
                                                                              lm_logp).float(), atoms)
                                  for a in range(0, cands.shape[-1], CANDIDATE_CHUNK)], dim=-1)
+        if self.mode == "mle" and self.offset_shift == "min":
+            off = off - off.min(dim=-1, keepdim=True).values
+        if self.offset_temperature == "before" and self.temperature and self.temperature != 1.0:
+            off = off / self.temperature  # (logits + δ) / T = logits / T + δ / T
         # the offset on the scored candidates only; every other token keeps its reference log-prob
         return ref_lp.scatter(-1, cands, ref_lp.gather(-1, cands) + off.to(ref_lp.dtype))

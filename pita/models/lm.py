@@ -302,6 +302,7 @@ class LM:
                          **keep_last_logits(self.model))
         past, logits = cache_of(res), res.logits[:, -1, :]
         if guide is not None:
+            guide.temperature = temperature  # offsets that enter before the temperature are scaled by it
             guide.begin(ids, mask, pos)
         compact = selectable(past) and (guide is None or bool(getattr(guide, "selectable", lambda: False)()))
         next_pos = pos[:, -1] + 1
