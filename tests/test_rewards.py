@@ -579,3 +579,48 @@ def test_math_verify_timeout_notice_stays_out_of_the_logs():
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and r.stdout.strip() == "True", r.stderr
     assert "Timeout is disabled" not in r.stderr, r.stderr
+
+
+def test_math_verify_timeouts_are_on_in_a_main_thread_and_the_bound_is_ours_elsewhere(monkeypatch):
+    """math-verify's signal-based timeouts work in a main thread only: on there (job workers,
+    torchrun ranks, TRL reward calls), off in other threads, where _too_costly bounds the time."""
+    import threading
+
+    from pita.rewards import verifier
+
+    seen = []
+    real = verifier._mv_verify
+
+    def spy(gold, answer, timeout_seconds=5, **kw):
+        seen.append(timeout_seconds)
+        return real(gold, answer, timeout_seconds=timeout_seconds, **kw)
+
+    monkeypatch.setattr(verifier, "_mv_verify", spy)
+    assert verifier.verify("\\boxed{x+x}", "2x").correct
+    th = threading.Thread(target=lambda: verifier.verify("\\boxed{y+y}", "2y"))
+    th.start()
+    th.join()
+    assert seen == [verifier.VERIFY_TIMEOUT_S, None]
+
+
+@pytest.mark.parametrize("answer, gold", [
+    ("\\boxed{(x+1)^{3000}}", "x^{3000}+1"),  # sympy would expand 3001 terms: 30+ s unbounded
+    ("\\boxed{(2y-1)^{500}}", "1"),
+])
+def test_a_large_power_of_an_expression_with_a_variable_is_not_expanded(answer, gold):
+    import threading
+    import time
+
+    from pita.rewards.verifier import verify
+
+    out = {}
+
+    def run():
+        t0 = time.perf_counter()
+        out["v"], out["s"] = verify(answer, gold), time.perf_counter() - t0
+
+    th = threading.Thread(target=run)  # no signal could stop it here
+    th.start()
+    th.join(60)
+    assert not th.is_alive() and out["s"] < 5
+    assert not out["v"].correct and "power over 200" in out["v"].reason

@@ -7,10 +7,12 @@
 
 Extraction (``extract_answer``) picks the answer span out of a completion by one of the modes in
 ``MODES``; comparison goes through math-verify (symbolic / numeric equivalence, so ``\\frac{1}{2}``
-equals ``0.5``) with its signal-based timeouts switched off, because ``signal.alarm`` only works
-in a process's main thread and verification runs in worker threads (thread pools, threaded Ray
-actors). Without that timeout the time is bounded here instead: only the extracted answer (at
-most ``MAX_ANSWER_CHARS`` characters) ever reaches the parser, never the whole completion.
+equals ``0.5``). math-verify's timeouts use ``signal.alarm``, which works only in a process's
+main thread: where verification runs there (job workers, torchrun ranks, TRL's reward calls) they
+are on, at ``VERIFY_TIMEOUT_S`` for the parse and for the comparison; in any other thread they are
+off and the time is bounded here instead (``_too_costly`` refuses the known blow-ups). Either
+way only the extracted answer (at most ``MAX_ANSWER_CHARS`` characters) ever reaches the parser,
+never the whole completion.
 When math-verify cannot parse a side, the comparison falls back to normalised string and exact
 numeric equality. A malformed answer is never an exception: it is a Verdict that is incorrect
 and says why.
@@ -34,9 +36,9 @@ from math_verify import verify as _mv_verify
 
 
 class _TimeoutsOffOnPurpose(logging.Filter):
-    """math-verify warns in every process that its timeouts are off; they are off on purpose
-    (module docstring) and the time is bounded here, so the warning would only tell a reader of
-    run.log to fix something that is not broken."""
+    """math-verify warns in every process that its timeouts are off; outside a main thread they are
+    off on purpose (module docstring) and the time is bounded here, so the warning would only tell
+    a reader of run.log to fix something that is not broken."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         return not record.getMessage().startswith("Timeout is disabled")
@@ -50,6 +52,18 @@ MODES = ("auto", "boxed", "hash", "last_number")
 # An extracted answer longer than this is not handed to math-verify (whose time is unbounded
 # with timeouts off); it is still compared as a normalised string.
 MAX_ANSWER_CHARS = 300
+# math-verify's own timeouts (seconds, for its parse and for its comparison) where they can work
+VERIFY_TIMEOUT_S = 2
+
+
+def _timeout() -> int | None:
+    """VERIFY_TIMEOUT_S in a main thread of a platform with SIGALRM, else None (timeouts off)."""
+    import signal
+    import threading
+
+    if hasattr(signal, "SIGALRM") and threading.current_thread() is threading.main_thread():
+        return VERIFY_TIMEOUT_S
+    return None
 
 _BOX_CMDS = ("\\boxed", "\\fbox")
 
@@ -229,14 +243,34 @@ def _as_number(s: str) -> Fraction | None:
         return None
 
 
+def _group_before(t: str, i: int) -> str | None:
+    """The parenthesised (or braced) group ending just before position ``i``, or None."""
+    j = i - 1
+    while j >= 0 and t[j] == " ":
+        j -= 1
+    if j < 0 or t[j] not in ")}]":
+        return None
+    close, opener = t[j], {")": "(", "}": "{", "]": "["}[t[j]]
+    depth = 0
+    for k in range(j, -1, -1):
+        if t[k] == close:
+            depth += 1
+        elif t[k] == opener:
+            depth -= 1
+            if depth == 0:
+                return t[k + 1:j]
+    return None
+
+
 def _too_costly(s: str) -> str | None:
     """Why ``s`` might make sympy compute an astronomically large number, or None.
 
     With math-verify's timeouts off nothing interrupts a parse, and a signal could not stop a
     single huge big-integer power anyway, so the known blow-ups are refused up front: towers of
     exponents (``2^{2^{10}}``, ``9^9^9``), literal exponents whose product passes 10^6 (which
-    also catches ``((2^{999})^{999})^{999}``), and factorials of anything but a literal up to
-    5000 or a symbol (``(10!)!``, ``10!!!``, ``100000!``).
+    also catches ``((2^{999})^{999})^{999}``), powers over 200 of a group with a variable
+    (``(x+1)^{3000}``, whose expansion sympy would compute), and factorials of anything but a
+    literal up to 5000 or a symbol (``(10!)!``, ``10!!!``, ``100000!``).
     """
     t = s.replace("**", "^")
     budget = 1
@@ -253,6 +287,9 @@ def _too_costly(s: str) -> str | None:
         digits = re.findall(r"\d+", expo)
         if any(len(d) > 6 for d in digits):
             return "an exponent over 6 digits"
+        base = _group_before(t, m.start())
+        if base is not None and re.search(r"[A-Za-z]", base) and max([int(d) for d in digits] + [0]) > 200:
+            return "a power over 200 of an expression with a variable (expanding it is unbounded work)"
         budget *= max([int(d) for d in digits] + [1])
         if budget > 10**6:
             return "exponents whose product is over 10^6"
@@ -266,16 +303,20 @@ def _too_costly(s: str) -> str | None:
     return None
 
 
-@lru_cache(maxsize=4096)
 def _mv_parse_answer(s: str) -> tuple:
+    return _mv_parse_cached(s, _timeout())
+
+
+@lru_cache(maxsize=4096)
+def _mv_parse_cached(s: str, timeout: int | None) -> tuple:
     """math-verify's parse of one answer string (cached: maj@n compares each answer many times).
 
     Wrapped in $...$ so the LaTeX extractor reads the whole string as one expression; math-verify
     then applies its own LaTeX normalisation (\\left, {,}, \\dfrac, units, degrees, ...).
     """
-    parsed = _mv_parse(f"${s}$", parsing_timeout=None)
+    parsed = _mv_parse(f"${s}$", parsing_timeout=timeout)
     if not parsed:
-        parsed = _mv_parse(s, parsing_timeout=None)
+        parsed = _mv_parse(s, parsing_timeout=timeout)
     return tuple(parsed)
 
 
@@ -317,7 +358,7 @@ def _compare(answer: str, reference: str) -> tuple[bool, str]:
         if not gp or not xp:
             side, value = ("gold", reference) if not gp else ("extracted", answer)
             return False, f"parse error: math-verify could not parse the {side} answer {value!r}"
-        ok = _mv_verify(list(gp), list(xp), timeout_seconds=None)
+        ok = _mv_verify(list(gp), list(xp), timeout_seconds=_timeout())
     except Exception as e:  # math-verify / sympy on hostile input: incorrect, not a crash
         return False, f"parse error: {type(e).__name__}: {e}"
     return bool(ok), "" if ok else "mismatch"
