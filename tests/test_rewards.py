@@ -624,3 +624,22 @@ def test_a_large_power_of_an_expression_with_a_variable_is_not_expanded(answer, 
     th.join(60)
     assert not th.is_alive() and out["s"] < 5
     assert not out["v"].correct and "power over 200" in out["v"].reason
+
+
+@pytest.mark.parametrize("completion, gold, correct", [
+    # a number is never pulled out of a larger expression: these were scored correct
+    (r"So the answer is $\frac{1+\sqrt{5}}{2}$.", "2", False),
+    (r"Thus $-[0,1)$", "1", False),
+    ("so the result is 2^10", "10", False),  # an exponent is no answer (a miss, not a false match)
+    # an unboxed final answer in a math span is read whole, as math-verify reads it: these were scored wrong
+    (r"so it is $(1,4.5)$", r"(1,\frac{9}{2})", True),
+    (r"we get $\frac{x}{7}+\frac{2}{7}$", r"\frac{x+2}{7}", True),
+    (r"answer \( (9+1) \)", "10", True),
+    # plain text answers keep working, currency dollars included
+    ("It costs $18 and $20 in total, so 38.", "38", True),
+    ("She sold 48 + 24 = 72 clips.", "72", True),
+    ("the answer is (5).", "5", True),
+    ("The answer is $72$.", "72", True),
+])
+def test_unboxed_answers_are_read_whole_never_a_number_out_of_an_expression(completion, gold, correct):
+    assert verify(completion, gold).correct is correct

@@ -165,16 +165,53 @@ def _extract_hash(text: str) -> str | None:
     return tok[0] if tok else None
 
 
+# math spans a completion may end its answer in: $...$, $$...$$, \(...\), \[...\]
+_MATH_SPAN = re.compile(r"\$\$(.+?)\$\$|(?<!\\)\$(.+?)(?<!\\)\$|\\\((.+?)\\\)|\\\[(.+?)\\\]", re.S)
+_MATHY = re.compile(r"[\\^_{}\[\]()=]")  # a span body that holds math, not words between two dollar signs
+# what, right beside a number, makes it part of a larger expression rather than an answer of its own
+_ATTACHED_LEFT = tuple("^_{([|*/+\\") + ("\\cdot", "\\times", "\\sqrt", "\\pi")
+_ATTACHED_RIGHT = tuple("^_})]|*/+-\\") + ("!",)
+
+
+def _stands_alone(text: str, start: int, end: int) -> bool:
+    """Whether the number text[start:end] is not an operand inside a larger expression (a
+    fraction's part, an exponent, an interval's end, a term of a sum)."""
+    left, right = text[:start].rstrip(), text[end:].lstrip()
+    if left.endswith("(") and right.startswith(")") and not left[:-1][-1:].isalnum():
+        return True  # a lone number in parentheses: "(5)"
+    if left.endswith(_ATTACHED_LEFT) or (left.endswith("-") and not left.endswith((" -", "=-"))):
+        return False
+    if right.startswith(_ATTACHED_RIGHT) and not right.startswith(("-\n", "- ")):
+        return False
+    return True
+
+
 def _extract_last_number(text: str) -> str | None:
-    """The last number in the text (``1,000``, ``-3``, ``2.5``, ``3/4``, ``\\frac{3}{4}``)."""
-    best: tuple[int, str] | None = None
+    """The last number in the text (``1,000``, ``-3``, ``2.5``, ``3/4``, ``\\frac{3}{4}``), when it
+    stands alone. When the text ends its answer in a math span (``$...$``, ``\\(...\\)``) the
+    whole span is the answer, as math-verify reads it: a number is never pulled out of a larger
+    expression (``$\\frac{1+\\sqrt{5}}{2}$`` is not ``2``, ``$-[0,1)$`` is not ``1``), and a number
+    that is an operand of one outside a span is no answer (None: a miss, never a false match)."""
+    best: tuple[int, int, str] | None = None
     for m in _NUMBER.finditer(text):
-        best = (m.start(), m.group(0))
+        best = (m.start(), m.end(), m.group(0))
     for m in _LATEX_FRAC.finditer(text):
         if best is None or m.end() > best[0]:
             sign = "-" if m.group(1) else ""
-            best = (m.start(), f"{sign}{m.group(2)}/{m.group(3)}")
-    return best[1] if best else None
+            best = (m.start(), m.end(), f"{sign}{m.group(2)}/{m.group(3)}")
+    # the last math span, where it holds math (a $ pair around plain words is currency: "$18 and $20")
+    spans = [m for m in _MATH_SPAN.finditer(text) if _MATHY.search(_span_body(m)) or
+             _NUMBER.fullmatch(_span_body(m).strip())]
+    if spans and (best is None or best[0] < spans[-1].end()):  # no number after it: the span is the answer
+        return _span_body(spans[-1]).strip() or None
+    if best is None:
+        return None
+    start, end, value = best
+    return value if _stands_alone(text, start, end) else None
+
+
+def _span_body(m: re.Match) -> str:
+    return next(g for g in m.groups() if g is not None)
 
 
 def normalize_answer(ans: str) -> str:
