@@ -42,10 +42,6 @@ def is_rank0() -> bool:
     return int(os.environ.get("RANK", "0")) == 0
 
 
-def local_rank() -> int:
-    return int(os.environ.get("LOCAL_RANK", "0") or 0)
-
-
 def launch_command(k: int, spec_file: Path) -> list[str]:
     """torchrun for k ranks on this node. ``--standalone``: the rendezvous store listens on a port
     the kernel gives it and holds it for the job's life, so jobs starting together never race for

@@ -18,8 +18,11 @@ device per micro-step. The divisibility rules TRL imposes are checked when the p
 from __future__ import annotations
 
 import importlib.util
+import json
 import logging
+import shutil
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import List, Optional
 
 from pita.algos.base import AlgoConfig, Algorithm, PlanContext, check_common, effective_training, training_settings
@@ -416,17 +419,20 @@ def checkpoint_pacer(p: dict, n_params: int):
     return CheckpointPacer()
 
 
-def resume_point(ctx, p: dict, out) -> str | None:
-    """The checkpoint a re-run attempt continues from (the last one in ``out``), or None. A
+def _remove_checkpoints(out: Path, which=None) -> None:
+    """Delete ``out``'s checkpoint folders (those ``which`` accepts, or all)."""
+    for c in out.glob("checkpoint-*"):
+        if which is None or which(c):
+            shutil.rmtree(c, ignore_errors=True)
+
+
+def resume_point(ctx, p: dict, out) -> tuple[str, int] | None:
+    """(checkpoint, its step) a re-run attempt continues from (the last one in ``out``), or None. A
     checkpoint written under other settings (not counting the micro-batch, which an OOM retry
-    halves while the effective batch stays) is removed rather than resumed."""
-    import json
-    import shutil
-    from pathlib import Path
-
-    from transformers.trainer_utils import get_last_checkpoint
-
+    halves while the effective batch stays) is removed rather than resumed, and so is one an
+    attempt died while writing (the Trainer writes trainer_state.json last)."""
     import torch.distributed as dist
+    from transformers.trainer_utils import get_last_checkpoint
 
     out = Path(out)
     keep = json.loads(json.dumps({k: v for k, v in p.items() if k not in ("micro_batch_size",
@@ -434,20 +440,25 @@ def resume_point(ctx, p: dict, out) -> str | None:
                                  sort_keys=True))
     stamp = out / "pita-params.json"
     if is_rank0():  # rank 0 clears stale and half-written checkpoints before any rank looks
-        for half in [c for c in out.glob("checkpoint-*") if not (c / "trainer_state.json").exists()]:
-            # the Trainer writes trainer_state.json last: without it, an attempt died while saving
-            ctx.log.info("removing %s: an earlier attempt was stopped while writing it", half)
-            shutil.rmtree(half, ignore_errors=True)
+        def half_written(c: Path) -> bool:
+            if (c / "trainer_state.json").exists():
+                return False
+            ctx.log.info("removing %s: an earlier attempt was stopped while writing it", c)
+            return True
+
+        _remove_checkpoints(out, half_written)
         last = get_last_checkpoint(str(out)) if out.is_dir() else None
         if last and (not stamp.exists() or json.loads(stamp.read_text()) != keep):
             ctx.log.info("removing checkpoints written under other settings: %s", last)
-            for old in out.glob("checkpoint-*"):
-                shutil.rmtree(old, ignore_errors=True)
+            _remove_checkpoints(out)
         out.mkdir(parents=True, exist_ok=True)
         stamp.write_text(json.dumps(keep, sort_keys=True))
     if dist.is_available() and dist.is_initialized():
         dist.barrier()
-    return get_last_checkpoint(str(out)) if out.is_dir() else None
+    last = get_last_checkpoint(str(out)) if out.is_dir() else None
+    if last is None:
+        return None
+    return last, int(json.loads((Path(last) / "trainer_state.json").read_text())["global_step"])
 
 
 def training_args(cls, p: dict, out: str, cuda: bool, tracker=None, **extra):
@@ -580,13 +591,9 @@ def train_and_save(ctx, trainer, tok, p: dict, key: str) -> tuple[dict, list[dic
     pacer = checkpoint_pacer(p, sum(w.numel() for w in trainer.model.parameters()))  # before any sharding
     if pacer is not None:
         trainer.add_callback(pacer)
-    last = resume_point(ctx, p, trainer.args.output_dir) if p.get("save_steps", "auto") != 0 else None
-    resumed = None
+    point = resume_point(ctx, p, trainer.args.output_dir) if p.get("save_steps", "auto") != 0 else None
+    last, resumed = point if point else (None, None)
     if last:
-        import json
-        from pathlib import Path
-
-        resumed = int(json.loads((Path(last) / "trainer_state.json").read_text())["global_step"])
         ctx.log.info("resuming from %s (step %d; an earlier attempt of this job wrote it)", last, resumed)
     with warnings.catch_warnings():
         # TRL's own use of a transformers 5.x deprecated property, once per job: nothing the user can change
@@ -601,14 +608,9 @@ def train_and_save(ctx, trainer, tok, p: dict, key: str) -> tuple[dict, list[dic
                      "sharded" if is_sharded(trainer.model) else "each rank a whole copy")
     ckpt = _save_policy(ctx, trainer, tok, p["lora_r"] > 0)
     if is_rank0():  # the job is done: its resume points (weights and optimizer state) would only fill the disk
-        import shutil
-        from pathlib import Path
-
-        for old in Path(trainer.args.output_dir).glob("checkpoint-*"):
-            shutil.rmtree(old, ignore_errors=True)
+        _remove_checkpoints(Path(trainer.args.output_dir))
     return ({"checkpoint": ckpt, "train_loss": out.training_loss, "steps": out.global_step, "rank_params": held,
              "resumed_from_step": resumed}, [h for h in hist if key in h])
-
 
 
 def user(text: str) -> list[dict]:
