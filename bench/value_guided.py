@@ -28,6 +28,7 @@ import time
 from pathlib import Path
 
 from pita.report.report import metric_of
+from pita.report.results import read_results
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -61,7 +62,7 @@ def aggregate(runs: list[Path]) -> dict:
     selected: dict[tuple, list] = {}
     last_round: dict[tuple, int] = {}
     for run in runs:
-        rows = json.loads((Path(run) / "results" / "final_results.json").read_text())
+        rows = read_results(Path(run) / "results" / "final_results.json")[0]
         base = {r["eval_dataset"]: r for r in rows if r["algorithm"] == "base"}
         for r in rows:
             if r["algorithm"] != "base":
@@ -91,7 +92,24 @@ def aggregate(runs: list[Path]) -> dict:
                        "etas": list(etas), "seeds": len(vals), "value": statistics.mean(v),
                        "gain": statistics.mean(g), "gain_sd": statistics.stdev(g) if len(g) > 1 else 0.0,
                        "kl": statistics.mean(kl), "kl_sd": statistics.stdev(kl) if len(kl) > 1 else 0.0})
-    return {"runs": [str(r) for r in runs], "rows": out, "chosen": chosen}
+    return {"runs": [str(r) for r in runs], "rows": out, "chosen": chosen, **matched(runs)}
+
+
+def matched(runs: list[Path]) -> dict:
+    """The KL-matched comparison pooled over the runs (pita/report/matched.py: each seed's frontier
+    read at the budgets, the mean over seeds, intervals resampling seeds and test prompts), and
+    each run's label quality."""
+    from pita.core.paths import RunPaths
+    from pita.report.intervals import RecordStore
+    from pita.report.matched import matched_cells, public
+    from pita.report.results import kl_budgets
+
+    paths = [RunPaths.open_existing(str(r)) for r in runs]
+    budgets = kl_budgets(paths[0])
+    cells = matched_cells([(read_results(p.results / "final_results.json")[0], RecordStore(p)) for p in paths],
+                          budgets)
+    quality = [read_results(p.results / "final_results.json")[1].get("label_quality") or [] for p in paths]
+    return {"kl_budgets": budgets, "kl_matched": public(cells), "label_quality": quality}
 
 
 def render(res: dict) -> str:
@@ -107,6 +125,15 @@ def render(res: dict) -> str:
         lines.append(f"  {b['algorithm']:<10} {b['dataset']:<10} round {b['round']}{etas}: {b['metric']} "
                      f"{b['value']:.3f}, gain {b['gain']:+.3f} (sd {b['gain_sd']:.3f}), KL {b['kl']:.3f} "
                      f"(sd {b['kl_sd']:.3f})")
+    if res.get("kl_matched"):
+        from pita.report.matched import matched_tables
+
+        lines += ["", "at equal KL (nats per sequence), mean over seeds [95% interval resampling seeds and prompts]:", ""]
+        lines += matched_tables(res["kl_matched"], ["PITA", "QSharp", "QSharp-HF", "DPO", "GRPO", "GRPO-HF"])
+    for i, q in enumerate(res.get("label_quality") or []):
+        from pita.report.labels import label_table
+
+        lines += [f"label quality, seed run {i}:", ""] + label_table(q)
     return "\n".join(lines)
 
 

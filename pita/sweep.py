@@ -20,7 +20,6 @@ from __future__ import annotations
 import csv
 import hashlib
 import io
-import json
 import logging
 import re
 from dataclasses import dataclass
@@ -85,9 +84,11 @@ def headline(run_folder: Path | None) -> dict[str, float]:
     if run_folder is None:
         return {}
     path = Path(run_folder) / "results" / "final_results.json"
+    from pita.report.results import read_results
+
     try:
-        rows = json.loads(path.read_text())
-    except (OSError, ValueError):
+        rows, _ = read_results(path)
+    except (OSError, ValueError, AttributeError):
         return {}
     from pita.report.intervals import metric_of
     from pita.report.report import headline_rows

@@ -239,7 +239,9 @@ def test_an_algorithm_from_another_file_plans_runs_and_reaches_the_results_table
     assert run_experiment(cfg, overrides=[]) == 0
     out = capsys.readouterr().out
     [run] = list((tmp_path / "plug").iterdir())
-    rows = json.loads((run / "results" / "final_results.json").read_text())
+    from pita.report.results import read_results
+
+    rows = read_results(run / "results" / "final_results.json")[0]
     by = {(x["algorithm"], x["round"]): x for x in rows}
     assert set(by) == {("base", 0), ("Copycat", 0), ("Copycat", 1)}
     csv_rows = (run / "results" / "results.csv").read_text().splitlines()

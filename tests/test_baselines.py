@@ -122,7 +122,9 @@ def test_one_short_round_of_each_trainer_end_to_end(tmp_path, tiny_cache):
              "algos.GRPO.lora_r=4", "data_collection.max_new_tokens=24"], tmp_path, timeout=900)
     assert r.returncode == 0, r.stderr[-3000:]
     [run] = list((tmp_path / "bl").iterdir())
-    rows = json.loads((run / "results" / "final_results.json").read_text())
+    from pita.report.results import read_results
+
+    rows = read_results(run / "results" / "final_results.json")[0]
     assert {x["algorithm"] for x in rows} == {"base", "DPO", "GRPO", "GRPO-HF"}
     for x in rows:
         assert 0.0 <= x["pass@1"] <= 1.0 and x["prompts"] == 8 and x["n"] == 2

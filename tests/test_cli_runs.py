@@ -240,9 +240,22 @@ def test_the_smoke_preset_runs_all_six_algorithms_and_writes_the_report(tmp_path
     r = cli(["experiment=smoke", f"system.cache_dir={tiny_cache}"], tmp_path, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     run = only_run(tmp_path, "smoke")
-    rows = json.loads((run / "results" / "final_results.json").read_text())
+    from pita.report.results import read_results
+
+    rows, extras = read_results(run / "results" / "final_results.json")
     assert {x["algorithm"] for x in rows} == {"base", "PITA", "QSharp", "QSharp-HF", "DPO", "GRPO", "GRPO-HF"}
     report = (run / "results" / "report.md").read_text()
+    # the headline compares at equal KL: every method at every budget, a value or "not reached"
+    cells = extras["kl_matched"]["cells"]
+    assert {(c["algorithm"], c["kl_budget"]) for c in cells} == {
+        (a, b) for a in ("PITA", "QSharp", "QSharp-HF", "DPO", "GRPO", "GRPO-HF") for b in (0.05, 0.1, 0.25, 0.5, 1.0)}
+    for c in cells:
+        assert c["reached"] == (max(c["max_kl"]) >= c["kl_budget"]) == (c["value"] is not None)
+    assert report.index("Headline: every method at equal KL") < report.index("η chosen on validation")
+    assert all(x["kl"] >= 0 and x["kl_estimator"] == "exact per-step" for x in rows)
+    quality = {q["recipe"]: q for q in extras["label_quality"]}
+    assert {"preference_pairs", "value_rollouts", "proxy"} <= set(quality) and "### Label quality" in report
+    assert 0 <= quality["preference_pairs"]["ties"] <= 1 and quality["proxy"]["heldout_pairs"] >= 1
     for png in ("frontier_arith", "rounds_arith", "timeline"):
         assert (run / "results" / "plots" / f"{png}.png").exists() and f"plots/{png}.png" in report
     assert "| generation |" in report and "report: " in r.stdout and "pass@1" in r.stdout
@@ -270,7 +283,9 @@ def test_the_smoke_preset_runs_all_six_algorithms_and_writes_the_report(tmp_path
     again = cli(["experiment=smoke", f"system.cache_dir={tiny_cache}", "executor.worker_start=exec"],
                 tmp_path / "fresh", timeout=600)
     assert again.returncode == 0, again.stderr[-3000:]
-    rows2 = json.loads((only_run(tmp_path / "fresh", "smoke") / "results" / "final_results.json").read_text())
+    from pita.report.results import read_results
+
+    rows2 = read_results(only_run(tmp_path / "fresh", "smoke") / "results" / "final_results.json")[0]
 
     def metrics(rs):
         keys = ("algorithm", "round", "eta", "pass@1", "kl", "mean_reward")

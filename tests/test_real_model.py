@@ -272,5 +272,7 @@ def test_the_real_smoke_preset_runs_all_six_algorithms(tmp_path, smol_dir):
             timeout=1800)
     assert r.returncode == 0, (r.stdout[-3000:], r.stderr[-3000:])
     [run] = list((tmp_path / "real_smoke").iterdir())
-    rows = json.loads((run / "results" / "final_results.json").read_text())
+    from pita.report.results import read_results
+
+    rows = read_results(run / "results" / "final_results.json")[0]
     assert {x["algorithm"] for x in rows} == {"base", "PITA", "QSharp", "QSharp-HF", "DPO", "GRPO", "GRPO-HF"}

@@ -242,17 +242,20 @@ def test_the_report_opens_with_the_headline_then_every_row_sorted(recorded_run):
     rows = results.write(recorded_run)
     by = {(r["algorithm"], r["round"], r["eta"]): r for r in rows}
     text = render(recorded_run, rows, algorithm_roster()).read_text()
-    head = text[text.index("### Headline"):text.index("### Every row")]
+    matched = text[text.index("### Headline: every method at equal KL"):text.index("### Last round, η chosen")]
+    assert [ln.split(" | ")[0][2:] for ln in matched.splitlines() if ln.startswith("| ")][:4] == [
+        "algorithm", "base (KL 0)", "PITA", "DPO"]
+    head = text[text.index("### Last round, η chosen"):text.index("### Every row")]
     lines = [ln for ln in head.splitlines() if ln.startswith("| arith")]
     assert [ln.split(" | ")[1] for ln in lines] == ["base", "PITA", "DPO"]  # base first, then registry order
     best, dpo = by[("PITA", 1, 2.0)], by[("DPO", 1, 0.0)]
     assert (f"| arith | PITA | 1 | 2 (chosen) | pass@1 | {best['pass@1']:.3f} [{best['pass@1_ci_lo']:.3f}, "
             f"{best['pass@1_ci_hi']:.3f}] | {best['kl']:.3f} [{best['kl_ci_lo']:.3f}, {best['kl_ci_hi']:.3f}] | "
-            f"{best['gain']:+.3f} [{best['gain_ci_lo']:+.3f}, {best['gain_ci_hi']:+.3f}] |") in head
+            f"{best['kl_per_token']:.4f} | {best['gain']:+.3f} [{best['gain_ci_lo']:+.3f}, {best['gain_ci_hi']:+.3f}] |") in head
     assert f"| arith | DPO | 1 |  | pass@1 | {dpo['pass@1']:.3f} [" in head  # no eta for a baseline
     assert "| arith | base |  |  | pass@1 |" in head and "(reference)" in head
     assert f"{PROMPTS} test prompts × {SAMPLES} samples" in text and text.count("prompts × ") == 1
-    full = text[text.index("### Every row"):text.index("KL is a Monte Carlo")]
+    full = text[text.index("### Every row"):text.index("KL is KL(pi || pi_ref)")]
     order = [(ln.split(" | ")[0][2:], ln.split(" | ")[4], ln.split(" | ")[5]) for ln in full.splitlines()
              if ln.startswith("| ") and not ln.startswith("| algorithm")]
     assert order == [("base", "", ""), ("PITA", "0", "0"), ("PITA", "0", "1 (chosen)"), ("PITA", "0", "2"),
@@ -329,3 +332,25 @@ def test_the_console_table_gives_the_reference_no_round():
     lines = table([_row("base", 0, 0.0, 0.25, 0.0), _row("PITA", 1, 2.0, 0.3, 0.1)]).splitlines()
     base, pita = (line.split() for line in lines[1:3])
     assert base[:3] == ["base", "arith", "-"] and pita[:3] == ["PITA", "arith", "1"]
+
+
+def test_pita_report_pools_several_seed_runs_at_equal_kl(recorded_run, tmp_path, capsys):
+    """``pita report RUN RUN2 --out X``: each run re-rendered, then the KL-matched table pooled
+    over them; runs made with other KL budgets are refused (exit 2)."""
+    import shutil
+
+    from pita.cli.report import report_main
+
+    twin = tmp_path / "twin" / recorded_run.root.name
+    shutil.copytree(recorded_run.root, twin)
+    out = tmp_path / "pooled"
+    assert report_main([str(recorded_run.root), str(twin)], out=str(out)) == 0
+    text = (out.parent / "pooled.md").read_text()
+    assert "mean of 2 seeds" in text and "| PITA |" in text
+    pooled = json.loads((out.parent / "pooled.json").read_text())
+    single = json.loads((recorded_run.results / "final_results.json").read_text())["kl_matched"]["cells"]
+    # two identical seeds: the single run's values
+    assert [c["value"] for c in pooled["cells"]] == [c["value"] for c in single]
+    (twin / "config.yaml").write_text("eval:\n  kl_budgets: [0.2]\n")
+    assert report_main([str(recorded_run.root), str(twin)]) == 2
+    assert "eval.kl_budgets differ" in capsys.readouterr().err

@@ -224,7 +224,9 @@ def test_smoke_experiment_writes_results_for_every_algorithm_and_eta(tmp_path, t
             tmp_path, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     [run] = list((tmp_path / "vg").iterdir())
-    rows = json.loads((run / "results" / "final_results.json").read_text())
+    from pita.report.results import read_results
+
+    rows = read_results(run / "results" / "final_results.json")[0]
     got = {(x["algorithm"], x["eval_dataset"], x["eta"]) for x in rows}
     assert got == {("base", "arith", 0.0), ("base", "sentiment", 0.0)} | {
         (a, d, e) for a in ("PITA", "QSharp", "QSharp-HF") for d in ("arith", "sentiment") for e in (0.0, 2.0)}

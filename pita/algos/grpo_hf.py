@@ -37,7 +37,8 @@ class GRPOHF(GRPO):
                           lr=self.c.proxy_lr, labels=preference_labels(p.cfg), seed=p.cfg.system.seed + r,
                           batch_size=self.proxy_batch_size, token_budget=8192, head_dim=128, memory_gb=p.mem[f"proxy.{self.name}"],
                           group=f"round {r}", tokenizer=p.paths["reference"],
-                          training=training_settings(p.cfg, self.c, whole=self.proxy_batch_size))
+                          training=training_settings(p.cfg, self.c, whole=self.proxy_batch_size),
+                          heldout=self.c.proxy_heldout)
         train = self.train_job(p, r, ([prev] if prev else []) + [proxy.id],
                                {**base, "policy_from": prev, "proxy": proxy.id, "seed": p.seed(r)})
         return gen + [proxy, train]

@@ -38,7 +38,8 @@ class QSharpHF(ValueGuidedAlgorithm):
         job = proxy_job(f"{p.prefix(self.name)}.r{r}.proxy", merges, p.paths["guidance"], epochs=c.proxy_epochs,
                         lr=c.proxy_lr, labels=preference_labels(p.cfg), seed=p.cfg.system.seed + r, batch_size=c.batch_size,
                         token_budget=c.token_budget, head_dim=c.head_dim, memory_gb=p.mem[f"proxy.{self.name}"],
-                        group=f"round {r}", training=training_settings(p.cfg, c, whole=c.batch_size))
+                        group=f"round {r}", training=training_settings(p.cfg, c, whole=c.batch_size),
+                        heldout=c.proxy_heldout)
         return [job], {"proxy": job.id}
 
     @classmethod

@@ -57,11 +57,13 @@ def console_main(argv: list[str] | None = None) -> int:
     st.add_argument("run_dir")
     st.add_argument("--all", action="store_true", help="every job, not only running / failed / skipped ones")
     rp = sub.add_parser("report", help="re-render results/report.md and its plots from the saved results")
-    rp.add_argument("run_dir")
+    rp.add_argument("run_dir", nargs="+", help="a run folder; several (one per seed of the same experiment): "
+                    "also the KL-matched comparison pooled over them")
+    rp.add_argument("--out", help="with several runs: write the pooled comparison to OUT.md and OUT.json")
     args = ap.parse_args(argv)
     if args.cmd == "status":
         return status_main(args.run_dir, show_all=args.all)
     if args.cmd == "report":
-        return report_main(args.run_dir)
+        return report_main(args.run_dir, out=args.out)
     return 2
 

@@ -32,19 +32,60 @@ def write_report(run, rows) -> None:
                     "python -m pita report %s", type(e).__name__, e, run.results, run.root)
 
 
-def report_main(run_dir: str) -> int:
+def report_main(run_dirs: str | list[str], out: str | None = None) -> int:
+    """Re-render each run's results and report; with several runs (one per seed), also print the
+    KL-matched comparison pooled over them (and write it to ``out``.md / .json)."""
     from pita.core.paths import RunPaths
     from pita.report.report import render
     from pita.report.results import write
 
+    dirs = [run_dirs] if isinstance(run_dirs, str) else list(run_dirs)
     try:
-        run = RunPaths.open_existing(run_dir)
+        runs = [RunPaths.open_existing(d) for d in dirs]
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     roster = algorithm_roster()
-    rows = write(run, roster)
-    print(render(run, rows or None, roster))
+    written = []
+    for run in runs:
+        rows = write(run, roster)
+        print(render(run, rows or None, roster))
+        written.append(rows)
+    if len(runs) > 1:
+        return pooled_report(runs, written, roster, out)
+    return 0
+
+
+def pooled_report(runs, rows_per_run: list[list[dict]], roster, out: str | None) -> int:
+    """The KL-matched comparison over several runs of one experiment (one per seed)."""
+    import json
+    from pathlib import Path
+
+    from pita.report.intervals import RecordStore
+    from pita.report.matched import matched_cells, matched_tables, public
+    from pita.report.results import kl_budgets
+
+    budgets = [kl_budgets(r) for r in runs]
+    if any(b != budgets[0] for b in budgets):
+        print(f"error: the runs' eval.kl_budgets differ ({budgets}); pool runs made with the same budgets",
+              file=sys.stderr)
+        return 2
+    empty = [str(r.root) for r, rows in zip(runs, rows_per_run) if not rows]
+    if empty:
+        print(f"error: no evaluation finished in {', '.join(empty)}; pool runs that have results", file=sys.stderr)
+        return 2
+    cells = matched_cells([(rows, RecordStore(r)) for r, rows in zip(runs, rows_per_run)], budgets[0])
+    lines = [f"# KL-matched comparison over {len(runs)} runs", "", *[f"- `{r.root}`" for r in runs], "",
+             "Values: the mean over the runs of each run's value at the budget (reached only when every run reaches "
+             "it). Intervals: 95%, each draw resampling the runs and each run's test prompts.", "",
+             *matched_tables(cells, roster.order({c["algorithm"] for c in cells}))]
+    text = "\n".join(lines)
+    print(text)
+    if out:
+        Path(f"{out}.md").write_text(text)
+        Path(f"{out}.json").write_text(json.dumps({"runs": [str(r.root) for r in runs], "budgets": budgets[0],
+                                                   "cells": public(cells)}, indent=1))
+        print(f"written: {out}.md, {out}.json")
     return 0
 
 

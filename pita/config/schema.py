@@ -162,6 +162,9 @@ class EvalConfig:
     top_p: float = 1.0  # nucleus sampling; 1 = off
     batch_size: int = 128  # sequences generated together (halved on CUDA OOM; finished rows leave the batch)
     kl_fraction: float = 1.0  # share of the samples the KL estimate uses (stated in the results)
+    # the report's headline: every method's metric at these KL(policy || reference) budgets, nats
+    # per sequence, read off its own frontier of rounds and etas (pita/report/matched.py); each > 0
+    kl_budgets: List[float] = field(default_factory=lambda: [0.05, 0.1, 0.25, 0.5, 1.0])
     # training prompts set aside per training dataset (its held_out split, unless
     # datasets.<name>.held_out is set) to choose each value-guided row's eta on, never on the test
     # split; at most a quarter of the training prompts; 0: no validation, eta is not chosen

@@ -119,6 +119,9 @@ def validate_config(cfg: DictConfig, models: bool = False) -> None:
          "must be a positive integer (sequences generated together; halved on CUDA out of memory)")
     need(_count(ev.max_new_tokens), "eval.max_new_tokens", ev.max_new_tokens,
          "must be a positive integer (the completion length limit)")
+    from pita.eval.metrics import budget_problems
+
+    p += budget_problems(list(ev.kl_budgets) if isinstance(ev.kl_budgets, (list, ListConfig)) else ev.kl_budgets)
 
     # The plan's size, before planning it (a plan of millions of jobs takes minutes and gigabytes).
     mj = ex.max_jobs

@@ -5,7 +5,7 @@
 
 Input is one list per prompt of sample dicts, in sampling order. Math samples carry ``correct``
 (bool) and ``extracted`` (the verifier's answer, or None); reward samples carry ``reward``;
-any sample may carry ``logp`` / ``logp_ref`` for the KL estimate. Every mean comes with its
+any sample may carry ``logp`` / ``logp_ref`` / ``kl_path`` for the KL. Every mean comes with its
 standard error, and the unit of that error is the prompt (per-prompt means), because samples of
 one prompt are correlated and treating them as independent would understate the error.
 
@@ -25,6 +25,22 @@ TASKS = ("math", "reward")
 
 Sample = Mapping[str, object]
 Groups = Sequence[Sequence[Sample]]
+
+
+# the report's KL budgets (``eval.kl_budgets``), nats per sequence: pita/report/matched.py
+KL_BUDGETS = (0.05, 0.1, 0.25, 0.5, 1.0)
+
+
+def budget_problems(budgets: object) -> list[str]:
+    """Problems with a list of KL budgets (nats per sequence), in the form ``validate_config`` lists."""
+    vals = list(budgets) if isinstance(budgets, (list, tuple)) else None
+    bad = [b for b in vals or [] if isinstance(b, bool) or not isinstance(b, (int, float)) or not math.isfinite(b)
+           or b <= 0]
+    if not vals or bad:
+        what = f"bad: {', '.join(map(repr, bad))}" if bad else "an empty list or not a list"
+        return [f"eval.kl_budgets={budgets!r}: every KL budget must be a finite number of nats per sequence > 0 "
+                f"({what}); e.g. eval.kl_budgets=[0.05,0.1,0.25,0.5,1]"]
+    return []
 
 
 def mean_stderr(xs: Iterable[float]) -> tuple[float, float]:
@@ -163,32 +179,72 @@ def _usable(x: object) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and not math.isnan(x)
 
 
+def kl_steps(sample: Sample) -> int:
+    """The next-token draws a sample took: its tokens, plus the EOS it stopped on."""
+    return int(sample.get("n_tokens") or 0) + (sample.get("finish") == "eos")
+
+
+def kl_window(samples: Sequence[Sample], fraction: float = 1.0) -> list[Sample]:
+    """The samples a KL estimate uses: the first ``ceil(fraction * N)`` in the given order (at
+    least one when N > 0)."""
+    frac = _check_fraction(fraction)
+    # round() first: 0.28 * 25 is 7.000000000000001 in floats, and must mean 7 samples, not 8.
+    take = max(1, math.ceil(round(frac * len(samples), 9))) if samples else 0
+    return list(samples[:take])
+
+
+def exact_kl_of(window: Sequence[Sample]) -> bool:
+    """Whether the window's KL is the exact per-step one: every sample with a log-ratio also
+    carries ``kl_path`` (records from before it was saved fall back to the log-ratio)."""
+    usable = [s for s in window if _usable(s.get("logp")) and _usable(s.get("logp_ref"))]
+    return bool(usable) and all(_usable(s.get("kl_path")) for s in usable)
+
+
+def sample_kl(s: Sample, exact: bool) -> float | None:
+    """One sample's KL term: ``kl_path`` (exact) or ``logp - logp_ref`` (log-ratio); None when
+    the sample has none."""
+    a, b = s.get("logp"), s.get("logp_ref")
+    if not (_usable(a) and _usable(b)):
+        return None
+    if exact:
+        return float(s["kl_path"])
+    return 0.0 if a == b else float(a) - float(b)
+
+
 def kl_metrics(samples: Sequence[Sample], fraction: float = 1.0) -> dict:
-    """Sequence-level Monte Carlo estimate of KL(pi || pi_ref) = E_pi[log pi - log pi_ref].
+    """KL(pi || pi_ref) per sequence (nats), over samples drawn from pi, with its standard error.
 
-    Each sample was drawn from pi; ``logp`` is its log-probability under pi and ``logp_ref`` under
-    the reference model, both processed identically (same tokens, same masking, same
-    temperature). The estimate is the mean of ``logp - logp_ref`` with its standard error; a
-    single estimate may be negative although KL is not.
+    ``kl``: the mean of each sample's ``kl_path``, the exact KL of the two next-token
+    distributions at every step, summed along the sampled path. Its expectation is the sequence
+    KL; it is never negative and far less noisy than a single log-ratio. ``kl_estimator`` names
+    it ``exact per-step``; records without ``kl_path`` (older runs) fall back to the log-ratio.
+    ``kl_logratio``: the mean of ``logp - logp_ref`` (log-probabilities under pi and the
+    identically processed reference), unbiased too but noisy, and a single estimate may be
+    negative although KL is not. Equal ``logp`` and ``logp_ref`` contribute exactly 0.0.
+    ``kl_per_token``: the summed KL over the summed steps (tokens, plus the EOS drawn).
 
-    Only the first ``ceil(fraction * N)`` samples in the given order are used (at least one when
-    N > 0); within that window, samples whose ``logp`` or ``logp_ref`` is missing, None or nan are
-    skipped and counted in ``kl_skipped``. ``kl_samples`` is the number actually averaged.
-    Equal ``logp`` and ``logp_ref`` contribute exactly 0.0 (also when both are -inf).
+    Only ``kl_window(samples, fraction)`` is used; within it, samples whose ``logp`` or
+    ``logp_ref`` is missing, None or nan are skipped and counted in ``kl_skipped``.
+    ``kl_samples`` is the number actually averaged.
     """
     frac = _check_fraction(fraction)
-    n_all = len(samples)
-    # round() first: 0.28 * 25 is 7.000000000000001 in floats, and must mean 7 samples, not 8.
-    take = max(1, math.ceil(round(frac * n_all, 9))) if n_all else 0
-    diffs, skipped = [], 0
-    for s in samples[:take]:
-        a, b = s.get("logp"), s.get("logp_ref")
-        if not (_usable(a) and _usable(b)):
+    window = kl_window(samples, frac)
+    exact = exact_kl_of(window)
+    terms, ratios, steps, skipped = [], [], 0, 0
+    for s in window:
+        v = sample_kl(s, exact)
+        if v is None:
             skipped += 1
             continue
-        diffs.append(0.0 if a == b else float(a) - float(b))
-    kl, kl_se = mean_stderr(diffs)
-    return {"kl": kl, "kl_stderr": kl_se, "kl_samples": len(diffs), "kl_skipped": skipped, "kl_fraction": frac}
+        terms.append(v)
+        ratios.append(sample_kl(s, False))
+        steps += kl_steps(s)
+    kl, kl_se = mean_stderr(terms)
+    lr, lr_se = mean_stderr(ratios)
+    return {"kl": kl, "kl_stderr": kl_se, "kl_estimator": "exact per-step" if exact else "log-ratio",
+            "kl_logratio": lr, "kl_logratio_stderr": lr_se,
+            "kl_per_token": math.fsum(terms) / steps if steps else math.nan,
+            "kl_samples": len(terms), "kl_skipped": skipped, "kl_fraction": frac}
 
 
 def summarize(groups: Groups, task: str, kl_fraction: float = 1.0) -> dict:

@@ -20,8 +20,10 @@ eval              evaluation: for each η in ``etas``, n samples per test prompt
                   (the reference guided by the value model when one is given; η = 0 is the
                   reference itself; or a trained policy, DPO / GRPO), scored, with each sample's
                   log-prob under the sampling distribution and under the identically processed
-                  reference (the same temperature and top-p; for KL).
-    {id, eta, sample, completion, finish, n_tokens, reward, correct, extracted, reason, logp, logp_ref}
+                  reference (the same temperature, top_p = 1), and ``kl_path``: the exact KL of the
+                  policy's next-token distribution to the reference's at each step, summed along it.
+    {id, eta, sample, completion, finish, n_tokens, reward, correct, extracted, reason, logp, logp_ref,
+    kl_path}
 
 Scores: math tasks use the correctness verifier (``reward = rm_score + bonus * correct``, the RM
 term only when a reward model is configured); reward tasks use the reward model. A malformed
@@ -183,15 +185,20 @@ def run_eval(lm, examples, req, scorer) -> list[dict]:
         ref = req.get("_ref_lm")
         if ref is not None and g["temperature"] > 0:
             enc = dict(zip([e.id for e in examples], ref.encode([ref.chat_prompt(e.prompt) for e in examples])))
+            prompts, paths = [enc[e.id] for e in flat_ex], [smp.token_ids for smp in flat]
+            ends = [smp.meta.get("eos_id") for smp in flat]
             for smp, lr in zip(flat, ref.sequence_logprobs(
-                    [enc[e.id] for e in flat_ex], [smp.token_ids for smp in flat], batch_size=g["batch_size"],
-                    eos_ids=[smp.meta.get("eos_id") for smp in flat], temperature=g["temperature"],
+                    prompts, paths, batch_size=g["batch_size"], eos_ids=ends, temperature=g["temperature"],
                     top_p=1.0)):  # KL under top_p = 1, as the sample's own logp (LM.generate_ids)
                 smp.meta["logp_ref"] = lr
+            # the exact per-step KL along each sampled path, both models on the same tokens
+            for smp, kl in zip(flat, lm.path_kl(ref, prompts, paths, ends, temperature=g["temperature"],
+                                                batch_size=g["batch_size"])):
+                smp.meta["kl_path"] = kl
         for e, smp, sc, j in zip(flat_ex, flat, scores, [j for samples in outs for j in range(len(samples))]):
             recs.append({"id": e.id, "eta": float(eta), "sample": j, "completion": smp.text, "finish": smp.finish,
                          "n_tokens": len(smp.token_ids), **sc, "logp": smp.meta["logp"],
-                         "logp_ref": smp.meta["logp_ref"]})
+                         "logp_ref": smp.meta["logp_ref"], "kl_path": smp.meta.get("kl_path")})
     return recs
 
 

@@ -26,6 +26,9 @@ class ProxyKeys:
 
     proxy_epochs: int = 2  # proxy reward model: passes over the pairs per round
     proxy_lr: float = 5e-4  # learning rate of the proxy reward model
+    # share of the training prompts whose pairs are held out of the proxy's training to measure
+    # its pair accuracy on (results/report.md, "Label quality"); 0 trains on every pair
+    proxy_heldout: float = 0.1
 
 
 def check_proxy_keys(k: str, c) -> list[str]:
@@ -34,16 +37,21 @@ def check_proxy_keys(k: str, c) -> list[str]:
         p.append(f"{k}.proxy_epochs={c.proxy_epochs} must be >= 1")
     if not c.proxy_lr > 0:
         p.append(f"{k}.proxy_lr={c.proxy_lr} must be > 0")
+    h = c.proxy_heldout
+    if isinstance(h, bool) or not isinstance(h, (int, float)) or not 0 <= h < 0.5:
+        p.append(f"{k}.proxy_heldout={h!r} must be a share of the prompts in [0, 0.5) (0: no held-out pairs; "
+                 f"e.g. {k}.proxy_heldout=0.1)")
     return p
 
 
 def proxy_job(job_id: str, data: list[str], backbone: str, epochs: int, lr: float, labels: dict, seed: int,
               batch_size: int, token_budget: int, head_dim: int, memory_gb: float, group: str,
-              tokenizer: str | None = None, training: dict | None = None) -> Job:
+              tokenizer: str | None = None, training: dict | None = None, heldout: float = 0.0) -> Job:
     """The job training a proxy on the pairs of the merge jobs ``data`` (rounds 0..r); ``labels``:
-    how roll-out pairs are labelled (``preference_labels`` of pita/algos/base.py)."""
+    how roll-out pairs are labelled (``preference_labels`` of pita/algos/base.py); ``heldout``:
+    the share of prompts whose pairs only measure it."""
     params = {"data": list(data), "backbone": backbone, "epochs": epochs, "lr": lr, **labels, "seed": seed,
-              "batch_size": batch_size, "token_budget": token_budget, "head_dim": head_dim}
+              "batch_size": batch_size, "token_budget": token_budget, "head_dim": head_dim, "heldout": float(heldout)}
     if tokenizer:
         params["tokenizer"] = tokenizer
     params.update(training or {})
@@ -80,10 +88,18 @@ def score_sequences(vm, seqs: list[list[int]], dev, batch: int = 64) -> list[flo
 
 
 def pair_accuracy(vm, examples, dev, batch: int = 64) -> float:
-    """Share of training pairs whose chosen sequence the proxy scores higher."""
+    """Share of pairs whose chosen sequence the proxy scores higher."""
     scores = score_sequences(vm, [e.chosen for e in examples] + [e.rejected for e in examples], dev, batch)
     n = len(examples)
     return sum(scores[i] > scores[n + i] for i in range(n)) / n
+
+
+def held_out(prompt_id, share: float, seed: int) -> bool:
+    """Whether a prompt's pairs are held out of the proxy's training: a fixed draw per prompt
+    (every round and every pair of a prompt on the same side)."""
+    from pita.rewards.preferences import uniform
+
+    return share > 0 and uniform(seed, f"proxy-heldout/{prompt_id}") < share
 
 
 def shared_settings(p: dict) -> dict:
@@ -105,17 +121,27 @@ def proxy_train(ctx):
 
     p = ctx.params
     records = read_rounds(ctx, p["data"])
+    split = lambda pid: held_out(pid, float(p.get("heldout", 0.0)), int(p["label_seed"]))  # noqa: E731
+    # (prompt id, labelled pair, the pair ordered by the true reward) for every pair with a preference
     if records and "chosen" in records[0]:  # preference_pairs records (GRPO-HF): text, tokenized here
         from transformers import AutoTokenizer
 
         tok = AutoTokenizer.from_pretrained(p.get("tokenizer") or p["backbone"])
-        examples = [PairExample(text_ids(tok, r["prompt"], r["chosen"], r.get("chosen_finish", "eos") == "eos"),
-                                text_ids(tok, r["prompt"], r["rejected"], r.get("rejected_finish", "eos") == "eos"))
-                    for r in records if r["chosen_reward"] != r["rejected_reward"]]
+        ids = lambda r, side: text_ids(tok, r["prompt"], r[side], r.get(f"{side}_finish", "eos") == "eos")  # noqa: E731
+        labelled = []
+        for r in records:
+            if r["chosen_reward"] != r["rejected_reward"]:
+                c, rj = ids(r, "chosen"), ids(r, "rejected")
+                labelled.append((r["id"], PairExample(c, rj), PairExample(c, rj) if r["chosen_reward"] >
+                                 r["rejected_reward"] else PairExample(rj, c)))
     else:
-        examples = [PairExample(sequence_ids(c), sequence_ids(r))
+        labelled = [(c["id"], PairExample(sequence_ids(c), sequence_ids(r)),
+                     PairExample(sequence_ids(c), sequence_ids(r)) if c["reward"] > r["reward"] else
+                     PairExample(sequence_ids(r), sequence_ids(c)))
                     for c, r, tie in continuation_pairs(records, p["label_seed"], p["beta"], p["bt_sampling"],
                                                         p["pairs_per_prompt"]) if not tie]
+    examples = [e for pid, e, _ in labelled if not split(pid)]
+    heldout = [(e, truth) for pid, e, truth in labelled if split(pid)]
     if not examples:
         raise JobError(f"no preference pairs with different rewards among {len(records)} records to train the "
                        f"proxy reward model on; collect more data (a larger train split, more samples per prompt)")
@@ -128,7 +154,14 @@ def proxy_train(ctx):
     out = ctx.paths.artifacts / "model"
     vm.save(out)
     ctx.paths.write_metrics(curve)
-    acc = pair_accuracy(vm, examples, dev, batch=max(1, int(p.get("micro_batch_size") or 64)))
-    ctx.log.info("proxy reward model: %d pairs, training pair accuracy %.3f", len(examples), acc)
-    return {"checkpoint": str(out), "pairs": len(examples), "pair_accuracy": acc,
-            "loss_first": curve[0]["loss"], "loss_last": curve[-1]["loss"]}
+    batch = max(1, int(p.get("micro_batch_size") or 64))
+    acc = pair_accuracy(vm, examples, dev, batch=batch)
+    res = {"checkpoint": str(out), "pairs": len(examples), "pair_accuracy": acc, "heldout_pairs": len(heldout),
+           "loss_first": curve[0]["loss"], "loss_last": curve[-1]["loss"]}
+    if heldout:
+        res["heldout_accuracy"] = pair_accuracy(vm, [e for e, _ in heldout], dev, batch=batch)
+        res["heldout_reward_agreement"] = pair_accuracy(vm, [t for _, t in heldout], dev, batch=batch)
+    ctx.log.info("proxy reward model: %d pairs, training pair accuracy %.3f; %d held-out pairs: label accuracy %s, "
+                 "agreement with the true reward %s", len(examples), acc, len(heldout),
+                 *(f"{res[k]:.3f}" if k in res else "-" for k in ("heldout_accuracy", "heldout_reward_agreement")))
+    return res

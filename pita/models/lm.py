@@ -167,6 +167,15 @@ def nucleus(logp: torch.Tensor, top_p: float) -> torch.Tensor:
     return torch.zeros_like(keep).scatter(-1, si, keep) & torch.isfinite(logp)
 
 
+def step_kl_of(logq: torch.Tensor, logr: torch.Tensor) -> torch.Tensor:
+    """KL(q || r) of each row's next-token distributions from normalised log-probs, summed in
+    float64: sum over tokens of q (log q - log r), a token q cannot draw adding nothing (also where
+    r cannot either); a token q can draw and r cannot makes it +inf. Rounding below 0 is clamped."""
+    logq, logr = logq.float(), logr.float()
+    terms = torch.where(torch.isfinite(logq), logq.exp() * (logq - logr), torch.zeros_like(logq))
+    return terms.sum(-1, dtype=torch.float64).clamp(min=0.0)
+
+
 def sample_from(logits: torch.Tensor, u: torch.Tensor, temperature: float, top_p: float, top_k: int) -> torch.Tensor:
     """Inverse-CDF sampling with one uniform per row (``u``: [B]); temperature 0 means greedy.
 
@@ -252,9 +261,12 @@ class LM:
     @torch.no_grad()
     def generate_ids(self, prompt_ids: list[list[int]], max_new_tokens: int | Sequence[int], seeds: Sequence[int],
                      temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0,
-                     guide=None, return_stop: bool = False) -> list[tuple]:
+                     guide=None, return_stop: bool = False, kl_out: list | None = None) -> list[tuple]:
         """One completion per row: ([token ids without EOS], "eos" | "length", logp, logp_ref), and
         with ``return_stop`` a fifth item: the EOS id the row stopped on (None at the length limit).
+        ``kl_out``, a list, receives one number per row: the exact KL of the policy's next-token
+        distribution to the reference's at every sampled step, summed along the row's path (both at
+        top_p = 1, as ``logp``); without a guide the policy is the reference and it is 0.
 
         ``logp`` is the sample's log-probability under the policy's distribution at ``temperature``
         (and ``top_k``) with no nucleus, ``logp_ref`` under the reference's, processed the same way
@@ -289,6 +301,7 @@ class LM:
         stop: list[int | None] = [None] * B
         logp = torch.zeros(B, dtype=torch.float64, device=dev)
         logp_ref = torch.zeros(B, dtype=torch.float64, device=dev)
+        kl_path = torch.zeros(B, dtype=torch.float64, device=dev)
         active = torch.tensor([b > 0 for b in budgets], device=dev)
         budget_t = torch.tensor(budgets, device=dev)
         eos_t = torch.tensor(self.eos_ids, device=dev)
@@ -330,6 +343,9 @@ class LM:
                     step_r = torch.log_softmax(ref_lp, -1).gather(-1, tok.unsqueeze(-1)).squeeze(-1).double()
                     logp.index_add_(0, rows, torch.where(active, step_q, torch.zeros_like(step_q)))
                     logp_ref.index_add_(0, rows, torch.where(active, step_r, torch.zeros_like(step_r)))
+                    if guide is not None and kl_out is not None:
+                        step_kl = step_kl_of(torch.log_softmax(final, -1), torch.log_softmax(ref_lp, -1))
+                        kl_path.index_add_(0, rows, torch.where(active, step_kl, torch.zeros_like(step_kl)))
             is_eos = torch.isin(tok, eos_t)
             tok_list, eos_list, act_list = tok.tolist(), is_eos.tolist(), active.tolist()
             for i, row in enumerate(row_list):
@@ -362,6 +378,8 @@ class LM:
                 guide.advance(feed, mask, next_pos.unsqueeze(-1))
             next_pos = next_pos + 1
         lp, lr = logp.tolist(), logp_ref.tolist()
+        if kl_out is not None:
+            kl_out.extend(kl_path.tolist())
         # compute accounting: tokens sampled by this model (EOS included), read by the generation job
         self.tokens_generated = getattr(self, "tokens_generated", 0) + sum(
             len(o) + (f == "eos") for o, f in zip(out, finish))
@@ -384,12 +402,13 @@ class LM:
         results: list[list[Sample]] = [[None] * n for _ in prompts]  # type: ignore[list-item]
         for s in range(0, len(rows), batch_size):
             chunk = rows[s:s + batch_size]
+            kls: list[float] = []
             got = self.generate_ids([enc[i] for i, _ in chunk], [budgets[i] for i, _ in chunk],
                                     [row_seed(seed, keys[i], j) for i, j in chunk], temperature, top_p, top_k,
-                                    guide=guide, return_stop=True)
-            for (i, j), (tok_ids, fin, lp, lr, eos_id) in zip(chunk, got):
+                                    guide=guide, return_stop=True, kl_out=kls)
+            for (i, j), (tok_ids, fin, lp, lr, eos_id), kl in zip(chunk, got, kls):
                 results[i][j] = Sample(self.tok.decode(tok_ids, skip_special_tokens=True), tok_ids, fin,
-                                       {"logp": lp, "logp_ref": lr, "eos_id": eos_id})
+                                       {"logp": lp, "logp_ref": lr, "eos_id": eos_id, "kl_path": kl})
         return results
 
     # ------------------------------------------------------------------ scoring
@@ -420,6 +439,27 @@ class LM:
         eos_flags = [bool(add_eos)] * len(prompt_ids) if isinstance(add_eos, bool) else [bool(x) for x in add_eos]
         ends = ([self.eos_ids[0] if e else None for e in eos_flags] if eos_ids is None
                 else [None if x is None else int(x) for x in eos_ids])
+        for ids, mask, r_t, p_t in self._scored_batches(prompt_ids, completion_ids, ends, batch_size):
+            # the final hidden states (no KV cache, no logits), then the completion positions only,
+            # SCORE_CHUNK positions at a time: never a [rows x length x vocabulary] tensor
+            h = self.hidden_states(ids, mask)
+            sums = torch.zeros(ids.shape[0], dtype=torch.float64, device=self.device)
+            if r_t.numel():
+                tgt = ids[r_t, p_t + 1]
+                for a in range(0, r_t.numel(), SCORE_CHUNK):
+                    sl = slice(a, a + SCORE_CHUNK)
+                    logp = torch.log_softmax(self.logits_of(h[r_t[sl], p_t[sl]]).float() / (temperature or 1.0), -1)
+                    if top_p < 1.0:
+                        logp = torch.log_softmax(logp.masked_fill(~nucleus(logp, top_p), float("-inf")), -1)
+                    sums.index_add_(0, r_t[sl], logp.gather(-1, tgt[sl].unsqueeze(-1)).squeeze(-1).double())
+                    del logp
+            del h
+            outs += [float(x) for x in sums.tolist()]
+        return outs
+
+    def _scored_batches(self, prompt_ids, completion_ids, ends, batch_size: int):
+        """Right-padded ``prompt + completion (+ end token)`` batches on the device, with the
+        (row, position) of every position whose next token is a completion token."""
         for s in range(0, len(prompt_ids), batch_size):
             P, C = prompt_ids[s:s + batch_size], completion_ids[s:s + batch_size]
             C = [list(c) + ([e] if e is not None else []) for c, e in zip(C, ends[s:s + batch_size])]
@@ -430,27 +470,36 @@ class LM:
             for i, x in enumerate(seqs):
                 ids[i, :len(x)] = torch.tensor(x)
                 mask[i, :len(x)] = 1
-            ids, mask = ids.to(self.device), mask.to(self.device)
-            # the final hidden states (no KV cache, no logits), then the completion positions only,
-            # SCORE_CHUNK positions at a time: never a [rows x length x vocabulary] tensor
-            h = self.hidden_states(ids, mask)
             rows_i, pos_i = [], []
             for i, (p, c) in enumerate(zip(P, C)):
                 rows_i += [i] * len(c)
                 pos_i += range(len(p) - 1, len(p) - 1 + len(c))
-            sums = torch.zeros(len(seqs), dtype=torch.float64, device=self.device)
-            if rows_i:
-                r_t = torch.tensor(rows_i, device=self.device)
-                p_t = torch.tensor(pos_i, device=self.device)
-                tgt = ids[r_t, p_t + 1]
-                for a in range(0, len(rows_i), SCORE_CHUNK):
-                    sl = slice(a, a + SCORE_CHUNK)
-                    logp = torch.log_softmax(self.logits_of(h[r_t[sl], p_t[sl]]).float() / (temperature or 1.0), -1)
-                    if top_p < 1.0:
-                        logp = torch.log_softmax(logp.masked_fill(~nucleus(logp, top_p), float("-inf")), -1)
-                    sums.index_add_(0, r_t[sl], logp.gather(-1, tgt[sl].unsqueeze(-1)).squeeze(-1).double())
-                    del logp
-            del h
+            yield (ids.to(self.device), mask.to(self.device), torch.tensor(rows_i, dtype=torch.long, device=self.device),
+                   torch.tensor(pos_i, dtype=torch.long, device=self.device))
+
+    @torch.no_grad()
+    def path_kl(self, ref: "LM", prompt_ids: list[list[int]], completion_ids: list[list[int]],
+                eos_ids: Sequence[int | None], temperature: float = 1.0, batch_size: int = 16) -> list[float]:
+        """Per row, the exact KL of this model's next-token distribution to ``ref``'s at every step
+        of the given path (the completion, then its EOS where ``eos_ids`` names one), summed: the
+        KL of a sampled sequence without the noise of a single log-ratio. Both models see the same
+        token ids and divide their logits by ``temperature``; no nucleus (as ``generate_ids``'s
+        ``logp``). A path drawn from this model makes the mean over rows an unbiased, never
+        negative, estimate of KL(this model || ref) over sequences."""
+        outs: list[float] = []
+        ends = [None if x is None else int(x) for x in eos_ids]
+        t = temperature or 1.0
+        for ids, mask, r_t, p_t in self._scored_batches(prompt_ids, completion_ids, ends, batch_size):
+            h = self.hidden_states(ids, mask)
+            h_ref = ref.hidden_states(ids.to(ref.device), mask.to(ref.device))
+            sums = torch.zeros(ids.shape[0], dtype=torch.float64, device=self.device)
+            for a in range(0, r_t.numel(), SCORE_CHUNK):
+                sl = slice(a, a + SCORE_CHUNK)
+                q = torch.log_softmax(self.logits_of(h[r_t[sl], p_t[sl]]).float() / t, -1)
+                r = torch.log_softmax(ref.logits_of(h_ref[r_t[sl].to(ref.device), p_t[sl].to(ref.device)]).float() / t, -1)
+                sums.index_add_(0, r_t[sl], step_kl_of(q, r.to(q.device)))
+                del q, r
+            del h, h_ref
             outs += [float(x) for x in sums.tolist()]
         return outs
 

@@ -5,8 +5,9 @@
 The unit of resampling is the prompt (a prompt's samples are correlated): 1000 seeded draws of
 the test prompts with replacement (``pita.eval.metrics.bootstrap_ratios``), percentile
 intervals. Per prompt: pass@1 is the share of its samples that are correct, mean_reward the sum
-and count of its rewards, KL the sum and count of ``logp - logp_ref`` over the samples the row's
-estimate used (``kl_fraction``), so each statistic on the original prompts is the row's value.
+and count of its rewards, KL the sum and count of each sample's KL term (``kl_path``, or
+``logp - logp_ref`` for older records) over the samples the row's estimate used
+(``kl_fraction``), so each statistic on the original prompts is the row's value.
 
 The gain over the reference is paired: row minus the base model's row of the same family and
 evaluation dataset, both computed on the same drawn prompts in every resample (the base
@@ -24,7 +25,7 @@ import math
 from pathlib import Path
 
 from pita.core.paths import RunPaths
-from pita.eval.metrics import bootstrap_ratios, percentile_interval
+from pita.eval.metrics import bootstrap_ratios, exact_kl_of, kl_window, percentile_interval, sample_kl
 
 log = logging.getLogger(__name__)
 
@@ -59,17 +60,14 @@ def prompt_columns(records: list[dict], kl_fraction: float = 1.0) -> dict[str, d
     if flat and all(_usable(s.get("reward")) for s in flat):
         out["mean_reward"] = {i: (math.fsum(float(s["reward"]) for s in g), float(len(g))) for i, g in groups}
     if any("logp" in s for s in flat):
-        # the same window as pita.eval.metrics.kl_metrics: the first ceil(fraction * N) samples in prompt order
-        take = max(1, math.ceil(round(kl_fraction * len(flat), 9)))
-        kl, seen = {}, 0
+        # the same window and estimator as pita.eval.metrics.kl_metrics
+        window = kl_window(flat, kl_fraction)
+        exact, inside = exact_kl_of(window), {id(s) for s in window}
+        kl = {}
         for i, g in groups:
-            num, den = 0.0, 0.0
-            for s in g:
-                seen += 1
-                if seen <= take and _usable(s.get("logp")) and _usable(s.get("logp_ref")):
-                    num += 0.0 if s["logp"] == s["logp_ref"] else float(s["logp"]) - float(s["logp_ref"])
-                    den += 1.0
-            kl[i] = (num, den)
+            terms = [sample_kl(s, exact) for s in g if id(s) in inside]
+            terms = [t for t in terms if t is not None]
+            kl[i] = (math.fsum(terms), float(len(terms)))
         out["kl"] = kl
     return out
 
@@ -77,7 +75,7 @@ def prompt_columns(records: list[dict], kl_fraction: float = 1.0) -> dict[str, d
 class RecordStore:
     """The per-sample records of a run's evaluation merges (``jobs/<id>/artifacts/data``), read once each."""
 
-    FIELDS = ("id", "eta", "sample", "correct", "reward", "logp", "logp_ref")
+    FIELDS = ("id", "eta", "sample", "correct", "reward", "logp", "logp_ref", "kl_path", "n_tokens", "finish")
 
     def __init__(self, run: RunPaths):
         self.run = run

@@ -113,9 +113,13 @@ def _save(fig, plt, path: Path) -> Path:
     return path
 
 
-def plot_frontier(rows: list[dict], eval_ds: str, out: Path, roster: Roster = Roster()) -> Path:
+def plot_frontier(rows: list[dict], eval_ds: str, out: Path, roster: Roster = Roster(),
+                  matched: list[dict] | None = None) -> Path:
     """One panel per round (same y axis): each algorithm's points of that round, value-guided
-    ones joined across eta with eta written beside each point (eta 0 is the base model's star)."""
+    ones joined across eta with eta written beside each point (eta 0 is the base model's star).
+    ``matched`` (the KL-matched cells of this dataset, pita/report/matched.py): the KL budgets as
+    dotted vertical lines on every panel, and each method's value at each budget it reaches (over
+    all its rounds) as a hollow diamond on the last panel."""
     from matplotlib.lines import Line2D
 
     plt = _plt()
@@ -151,7 +155,16 @@ def plot_frontier(rows: list[dict], eval_ds: str, out: Path, roster: Roster = Ro
                                     fontsize=6.5, color=c)
                     if r.get("selected"):
                         ax.plot([x], [y], marker="o", ms=12, mfc="none", mec=c, mew=1.4, ls="none")
-        scale = _x_scale(ax, xs_all)
+        for b in sorted({c["kl_budget"] for c in matched or []}):
+            ax.axvline(b, color="grey", ls=":", lw=0.8, alpha=0.7)
+        if matched:  # so that every budget line is inside the axes
+            ax.plot([max(c["kl_budget"] for c in matched)], [rows[0][m]], alpha=0.0)
+        if rnd == rounds[-1]:
+            for c in matched or []:
+                if c.get("reached") and c.get("value") is not None:
+                    ax.plot([c["kl_budget"]], [c["value"]], marker="D", ms=6, mfc="none", mec=roster.colour(c["algorithm"]),
+                            mew=1.2, ls="none")
+        scale = _x_scale(ax, xs_all + [c["kl_budget"] for c in matched or []])
         ax.set_title(f"round {rnd}", fontsize=9)
         ax.set_xlabel("KL(policy || reference), nats/sequence" + ("\n(symmetric log scale)" if scale != "linear" else ""),
                       fontsize=8)
@@ -160,6 +173,10 @@ def plot_frontier(rows: list[dict], eval_ds: str, out: Path, roster: Roster = Ro
     if swept:
         extra.append(Line2D([], [], marker="o", ms=10, mfc="none", mec="black", ls="none",
                             label="η chosen on validation"))
+    if matched:
+        extra.append(Line2D([], [], color="grey", ls=":", label="KL budgets (eval.kl_budgets)"))
+        extra.append(Line2D([], [], marker="D", ms=6, mfc="none", mec="black", ls="none",
+                            label="value at a budget (all rounds)"))
     _legends(axes[0][-1], plt, order, rounds, roster, extra)
     fig.suptitle(f"{eval_ds}: {m} vs KL to the reference (value-guided: one line across η)", fontsize=10)
     fig.tight_layout()

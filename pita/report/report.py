@@ -178,7 +178,7 @@ def headline_table(rows: list[dict], swept: set, roster: Roster = Roster()) -> s
     multi_fam = len({r["family"] for r in rows}) > 1
     cross = any(r["train_dataset"] != r["eval_dataset"] for r in rows if r["algorithm"] != "base")
     header = ["dataset"] + (["family"] if multi_fam else []) + ["algorithm"] + (["trained on"] if cross else []) + \
-        ["round", "η", "metric", "value [95% CI]", "KL [95% CI]", "gain over base [95% CI]"]
+        ["round", "η", "metric", "value [95% CI]", "KL [95% CI]", "KL/token", "gain over base [95% CI]"]
     tab = []
     for r in head:
         m = metric_of(r)
@@ -186,7 +186,7 @@ def headline_table(rows: list[dict], swept: set, roster: Roster = Roster()) -> s
                    ([r["train_dataset"] if r["algorithm"] != "base" else ""] if cross else []) +
                    ["" if r["algorithm"] == "base" else r["round"], eta_cell(r, swept), m,
                     _ci(r.get(m), r.get(f"{m}_ci_lo"), r.get(f"{m}_ci_hi")),
-                    _ci(r.get("kl"), r.get("kl_ci_lo"), r.get("kl_ci_hi")),
+                    _ci(r.get("kl"), r.get("kl_ci_lo"), r.get("kl_ci_hi")), _f(r.get("kl_per_token"), 4),
                     "(reference)" if r["algorithm"] == "base" else
                     _ci(r.get("gain"), r.get("gain_ci_lo"), r.get("gain_ci_hi"), signed=True)])
     return _md_table(header, tab)
@@ -200,11 +200,13 @@ def full_table(rows: list[dict], swept: set, roster: Roster = Roster()) -> str:
                     r["eval_dataset"], "" if r["algorithm"] == "base" else r["round"], eta_cell(r, swept), m,
                     _f(r.get(m)), _span(r.get(f"{m}_ci_lo"), r.get(f"{m}_ci_hi")),
                     _f(r.get("maj@n")), _f(r.get("kl")), _span(r.get("kl_ci_lo"), r.get("kl_ci_hi")),
+                    _f(r.get("kl_per_token"), 4), _f(r.get("kl_logratio")),
                     "" if r.get("gain") is None else f"{r['gain']:+.3f}",
                     _span(r.get("gain_ci_lo"), r.get("gain_ci_hi"), signed=True),
                     _f(r.get("train_device_s"), 0), _f(r.get("eval_device_s"), 0)])
     return _md_table(["algorithm", "family", "train", "eval", "round", "η", "metric", "value", "95% CI", "maj@n",
-                      "KL", "KL 95% CI", "gain", "gain 95% CI", "train dev-s", "eval dev-s"], tab)
+                      "KL", "KL 95% CI", "KL/token", "KL log-ratio", "gain", "gain 95% CI", "train dev-s",
+                      "eval dev-s"], tab)
 
 
 def _span(lo, hi, nd=3, signed=False) -> str:
@@ -226,15 +228,39 @@ def _interval_note(rows: list[dict]) -> str:
     return text
 
 
-def render(run: RunPaths, rows: list[dict] | None = None, roster: Roster | None = None) -> Path:
+def matched_section(extras: dict, roster: Roster) -> list[str]:
+    """The KL-matched headline (pita/report/matched.py) as markdown lines."""
+    from pita.report.matched import matched_tables
+
+    km = extras.get("kl_matched") or {}
+    cells = km.get("cells") or []
+    if not cells:
+        return []
+    est = ", ".join(km.get("estimator") or []) or "exact per-step"
+    return ["### Headline: every method at equal KL", "",
+            f"Each method's {cells[0]['metric']} at KL budgets of {', '.join(f'{b:g}' for b in km['budgets'])} "
+            f"{km.get('unit', 'nats per sequence')} (`eval.kl_budgets`), read off its own frontier: all its rounds and "
+            f"η values plus the base model at KL 0, the upper envelope linearly interpolated at the budget, never "
+            f"extrapolated (\"not reached\": the method's largest KL is below the budget). KL estimator: {est}. "
+            "Intervals: 95%, the prompts resampled and every row's metric and KL recomputed per draw, so they cover "
+            "the KL's noise too; the gain is paired with the base model on the same draws.", ""] + \
+        matched_tables(cells, roster.order({c["algorithm"] for c in cells}))
+
+
+def render(run: RunPaths, rows: list[dict] | None = None, roster: Roster | None = None,
+           extras: dict | None = None) -> Path:
     """Write results/report.md (and the plots); returns its path. ``roster``: the algorithms'
     order, colours and which learn from preference pairs (the command line passes the
     registry's); without it, the order of the run's config.yaml."""
     roster = roster if roster is not None else Roster.of_run(run)
     state = json.loads(run.state.read_text()) if run.state.exists() else {"jobs": {}}
-    if rows is None:
-        f = run.results / "final_results.json"
-        rows = json.loads(f.read_text()) if f.exists() else []
+    f = run.results / "final_results.json"
+    if rows is None or extras is None:
+        from pita.report.results import read_results
+
+        saved_rows, saved_extras = read_results(f) if f.exists() else ([], {})
+        rows = saved_rows if rows is None else rows
+        extras = saved_extras if extras is None else extras
     if rows and any("ci_method" not in r for r in rows):  # results written before intervals were stored
         add_intervals(rows, run)
     plots = run.results / "plots"
@@ -269,18 +295,28 @@ def render(run: RunPaths, rows: list[dict] | None = None, roster: Roster | None 
         lines.append(f"Every row evaluates {sample_counts(rows)}. {_interval_note(rows)}")
         lines.append("")
         lines += _fairness_notes(run, rows, swept, roster) + [""]
-        lines += ["### Headline: last round, η chosen on validation", "", headline_table(rows, swept, roster), ""]
+        lines += matched_section(extras, roster)
+        from pita.report.labels import label_table
+
+        quality = label_table(extras.get("label_quality") or [])
+        if quality:
+            lines += ["### Label quality", ""] + quality
+        lines += ["### Last round, η chosen on validation", "", headline_table(rows, swept, roster), ""]
         if any(r["algorithm"] in swept for r in rows) and not any(r.get("selected") for r in rows
                                                                   if r["algorithm"] in swept):
             lines += ["Value-guided algorithms are missing above: no η was chosen (no validation prompts).", ""]
         lines += [f"### Every row ({len(rows)})", "", full_table(rows, swept, roster), ""]
-        lines.append("KL is a Monte Carlo estimate over the evaluated samples of log pi(y|x) - log pi_ref(y|x) "
-                     "(0 for the base model), against the same untruncated reference for every row; value-guided "
+        lines.append("KL is KL(pi || pi_ref) per sequence in nats, the mean over the evaluated samples of the exact "
+                     "KL of the two next-token distributions at every step, summed along the sampled path (never "
+                     "negative; 0 for the base model), against the same untruncated reference for every row at "
+                     "top_p 1. KL/token divides the summed KL by the steps taken (tokens and EOS); \"KL log-ratio\" "
+                     "is the older single-sample estimate, the mean of log pi(y|x) - log pi_ref(y|x). Value-guided "
                      "rows at η 0 are the reference itself: the base model's evaluation, reused. η is blank for "
                      "algorithms that do not sweep it.")
         lines.append("")
         for eds in sorted({r["eval_dataset"] for r in rows}):
-            fp = plot_frontier(rows, eds, plots, roster)
+            fp = plot_frontier(rows, eds, plots, roster, [c for c in (extras.get("kl_matched") or {}).get("cells", [])
+                                                          if c["eval_dataset"] == eds])
             rp = plot_rounds(rows, eds, plots, roster)
             lines += [f"### {eds}", "", f"![frontier]({fp.relative_to(run.results)})",
                       f"![rounds]({rp.relative_to(run.results)})", ""]

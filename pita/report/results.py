@@ -17,6 +17,7 @@ from __future__ import annotations
 import csv
 import json
 import logging
+from pathlib import Path
 
 from pita.core.paths import RunPaths, atomic_write_json
 from pita.report.intervals import CI_COLUMNS, add_intervals, metric_of as _metric
@@ -26,7 +27,8 @@ from pita.tracking import open_tracker, settings_for
 log = logging.getLogger(__name__)
 
 COLUMNS = ["algorithm", "family", "train_dataset", "round", "eval_dataset", "eta", "selected", "pass@1", "pass@1_stderr",
-           "maj@n", "first_sample_acc", "mean_reward", "mean_reward_stderr", "kl", "kl_stderr", "n", "prompts",
+           "maj@n", "first_sample_acc", "mean_reward", "mean_reward_stderr", "kl", "kl_stderr", "kl_per_token",
+           "kl_logratio", "kl_logratio_stderr", "kl_estimator", "n", "prompts",
            "train_device_s", "eval_device_s", "tokens", *CI_COLUMNS, "eval_job", "reused_from"]
 
 
@@ -113,6 +115,39 @@ def cell_name(r: dict) -> str:
             f".eta{float(r['eta']):g}")
 
 
+def read_results(path) -> tuple[list[dict], dict]:
+    """(rows, extras) of a ``final_results.json``: extras holds ``kl_matched`` and the other
+    run-level tables; a file written before they existed (a bare list of rows) has none."""
+    data = json.loads(Path(path).read_text())
+    if isinstance(data, list):
+        return data, {}
+    return list(data.get("rows") or []), {k: v for k, v in data.items() if k != "rows"}
+
+
+def kl_budgets(run: RunPaths) -> list[float]:
+    """``eval.kl_budgets`` of the run's config (the defaults for a run made before the key)."""
+    from pita.report.matched import BUDGETS
+
+    try:
+        from omegaconf import OmegaConf
+
+        got = OmegaConf.select(OmegaConf.load(run.config), "eval.kl_budgets")
+    except Exception:  # noqa: BLE001 - an unreadable config falls back to the defaults
+        got = None
+    return [float(b) for b in got] if got else list(BUDGETS)
+
+
+def kl_matched(run: RunPaths, rows: list[dict]) -> dict:
+    """The KL-matched comparison of one run (pita/report/matched.py), as saved."""
+    from pita.report.intervals import RecordStore
+    from pita.report.matched import matched_cells, public
+
+    budgets = kl_budgets(run)
+    return {"budgets": budgets, "unit": "nats per sequence",
+            "estimator": sorted({r.get("kl_estimator") or "log-ratio" for r in rows if r["algorithm"] != "base"}),
+            "cells": public(matched_cells([(rows, RecordStore(run))], budgets))}
+
+
 def write(run: RunPaths, roster: Roster | None = None) -> list[dict]:
     rows, val = collect(run)
     if not rows:
@@ -126,7 +161,11 @@ def write(run: RunPaths, roster: Roster | None = None) -> list[dict]:
             w.writeheader()
             for r in val:
                 w.writerow(r)
-    atomic_write_json(run.results / "final_results.json", rows)
+    extras = {"kl_matched": kl_matched(run, rows)}
+    from pita.report.labels import label_quality
+
+    extras["label_quality"] = label_quality(run)
+    atomic_write_json(run.results / "final_results.json", {"rows": rows, **extras})
     for r in rows:
         atomic_write_json(run.results / "cells" / f"{cell_name(r)}.json", r)
     with open(run.results / "results.csv", "w", newline="") as f:

@@ -1,0 +1,157 @@
+"""How informative a run's preference labels were, per preference collection.
+
+    label_quality(run)   # [{collection, recipe, used_by, pairs, ties, near_ties, informative, ...}]
+
+A label is a Bradley-Terry draw, P(a chosen) = σ(β (r_a − r_b)) (pita/rewards/preferences.py): its
+noise is set by β (``data_collection.bt_beta``), and a pair whose reward gap is small against it
+is a coin flip whatever the method does with it. Per collection (each merge of
+``preference_pairs`` or ``value_rollouts`` records, the pairs exactly as the training jobs form
+them):
+
+- ``ties``: share of pairs with equal rewards (dropped by every trainer);
+- ``near_ties``: share of the other pairs whose gap is below the label noise, P(the higher reward
+  is chosen) < ``NEAR_TIE_P`` (0.55): β |Δr| < 0.2;
+- ``informative``: the rest;
+- ``agreement``: the expected share of labels that pick the higher reward, mean σ(β |Δr|) (ties
+  count 1/2): 0.5 is labels carrying no information, 1 labels that always follow the reward;
+- ``against_reward``: share of the drawn labels that chose the lower reward;
+- ``median_gap``: the median |Δr| of the pairs.
+
+The proxies' held-out pair accuracy (Q#-HF, GRPO-HF) comes from their training jobs' results
+(``heldout_accuracy``: labels of held-out prompts the proxy predicts; ``heldout_reward_agreement``:
+held-out pairs where the proxy orders the two completions as the true reward does).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import statistics
+
+from pita.core.paths import RunPaths
+
+log = logging.getLogger(__name__)
+
+NEAR_TIE_P = 0.55
+
+
+def _sigmoid(x: float) -> float:
+    return 1.0 / (1.0 + math.exp(-x)) if x >= 0 else math.exp(x) / (1.0 + math.exp(x))
+
+
+def gap_quality(gaps: list[float], against: list[bool] | None, beta: float) -> dict:
+    """The figures of one collection from its pairs' reward gaps (chosen − rejected, or a − b)."""
+    n = len(gaps)
+    if n == 0:
+        return {"pairs": 0}
+    ties = sum(g == 0 for g in gaps)
+    near = sum(g != 0 and _sigmoid(beta * abs(g)) < NEAR_TIE_P for g in gaps)
+    out = {"pairs": n, "ties": ties / n, "near_ties": near / n, "informative": (n - ties - near) / n,
+           "agreement": math.fsum(_sigmoid(beta * abs(g)) for g in gaps) / n,
+           "median_gap": statistics.median(abs(g) for g in gaps), "beta": beta}
+    if against is not None:
+        out["against_reward"] = sum(against) / n
+    return out
+
+
+def _records(run: RunPaths, job_id: str) -> list[dict] | None:
+    try:
+        from datasets import load_from_disk
+
+        return load_from_disk(str(run.job(job_id).artifacts / "data")).to_list()
+    except Exception as e:  # noqa: BLE001 - a missing collection only loses its line
+        log.warning("label quality: the records of %s are unreadable (%s: %s)", job_id, type(e).__name__, e)
+        return None
+
+
+def _labels(run: RunPaths) -> dict:
+    try:
+        from omegaconf import OmegaConf
+
+        dc = OmegaConf.load(run.config)
+        return {"beta": float(dc.data_collection.bt_beta), "sampling": bool(dc.data_collection.bradley_terry_sampling),
+                "seed": int(dc.system.seed), "per_prompt": int(dc.data_collection.pairs_per_prompt)}
+    except Exception:  # noqa: BLE001 - the defaults of a run without a readable config
+        return {"beta": 1.0, "sampling": True, "seed": 0, "per_prompt": 4}
+
+
+def label_quality(run: RunPaths) -> list[dict]:
+    """One entry per preference collection of the run (see the module); never raises."""
+    try:
+        return _label_quality(run)
+    except Exception as e:  # noqa: BLE001 - the results are written without it
+        log.warning("label quality could not be computed (%s: %s)", type(e).__name__, e)
+        return []
+
+
+def _label_quality(run: RunPaths) -> list[dict]:
+    from pita.guidance.rollouts import continuation_pairs
+
+    state = json.loads(run.state.read_text())
+    jobs = state.get("jobs", {})
+    lab = _labels(run)
+    out = []
+    for jid, j in sorted(jobs.items()):
+        if j.get("kind") != "generation.merge" or j.get("state") != "COMPLETED":
+            continue
+        res = run.job(jid).read_result()
+        recipe = res.get("recipe")
+        if recipe not in ("preference_pairs", "value_rollouts"):
+            continue
+        users = sorted({u.split(".")[0] for u, e in jobs.items() if jid in (e.get("deps") or [])
+                        and not u.startswith("data.")})
+        recs = _records(run, jid)
+        if recs is None:
+            continue
+        if recipe == "preference_pairs":
+            gaps = [float(r["chosen_reward"]) - float(r["rejected_reward"]) for r in recs]
+            q = gap_quality([abs(g) for g in gaps], [g < 0 for g in gaps], lab["beta"])
+        else:
+            pairs = continuation_pairs(recs, lab["seed"], lab["beta"], lab["sampling"], lab["per_prompt"])
+            q = gap_quality([0.0 if tie else abs(float(c["reward"]) - float(r["reward"])) for c, r, tie in pairs],
+                            [not tie and float(c["reward"]) < float(r["reward"]) for c, r, tie in pairs], lab["beta"])
+        out.append({"collection": jid, "recipe": recipe, "used_by": users, **q})
+    for jid, j in sorted(jobs.items()):
+        if j.get("kind") == "algo.proxy_train" and j.get("state") == "COMPLETED":
+            res = run.job(jid).read_result()
+            out.append({"collection": jid, "recipe": "proxy", "used_by": [jid.split(".")[0]],
+                        "pairs": res.get("pairs"), "heldout_pairs": res.get("heldout_pairs"),
+                        "train_accuracy": res.get("pair_accuracy"), "heldout_accuracy": res.get("heldout_accuracy"),
+                        "heldout_reward_agreement": res.get("heldout_reward_agreement")})
+    return out
+
+
+def label_table(entries: list[dict]) -> list[str]:
+    """Markdown lines: one table of the collections, one of the proxies."""
+    if not entries:
+        return []
+    pct = lambda v: "" if v is None else f"{100 * v:.1f}%"  # noqa: E731
+    cols = [e for e in entries if e["recipe"] != "proxy" and e.get("pairs")]
+    proxies = [e for e in entries if e["recipe"] == "proxy"]
+    lines = []
+    if cols:
+        beta = cols[0].get("beta", 1.0)
+        lines += [f"Per preference collection, the pairs as the trainers form them (Bradley-Terry labels, β {beta:g}; "
+                  f"a near tie: P(the higher reward is chosen) < {NEAR_TIE_P}, |Δr| < {_near_gap(beta):.3g}):", "",
+                  "| collection | data for | pairs | ties | near ties | informative | label agrees with reward (expected) "
+                  "| drawn against reward | median abs(Δr) |", "|---|---|---|---|---|---|---|---|---|"]
+        lines += [f"| `{e['collection']}` | {', '.join(e['used_by'])} | {e['pairs']} | {pct(e['ties'])} | "
+                  f"{pct(e['near_ties'])} | {pct(e['informative'])} | {pct(e['agreement'])} | "
+                  f"{pct(e.get('against_reward'))} | {e['median_gap']:.3g} |" for e in cols]
+        lines.append("")
+    if proxies:
+        lines += ["Proxy reward models: pair accuracy on the labels they trained on, and on the pairs of held-out "
+                  "prompts (against the drawn labels, and against the true reward's order):", "",
+                  "| proxy | pairs trained | train accuracy | held-out pairs | held-out label accuracy "
+                  "| held-out reward agreement |", "|---|---|---|---|---|---|"]
+        lines += [f"| `{e['collection']}` | {e.get('pairs')} | {pct(e.get('train_accuracy'))} | "
+                  f"{e.get('heldout_pairs') if e.get('heldout_pairs') is not None else ''} | "
+                  f"{pct(e.get('heldout_accuracy'))} | {pct(e.get('heldout_reward_agreement'))} |" for e in proxies]
+        lines.append("")
+    return lines
+
+
+def _near_gap(beta: float) -> float:
+    """The |Δr| below which a pair is a near tie."""
+    return math.log(NEAR_TIE_P / (1 - NEAR_TIE_P)) / beta if beta > 0 else math.inf
