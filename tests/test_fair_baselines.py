@@ -79,3 +79,36 @@ def test_each_rounds_preference_pairs_get_draws_of_their_own(tiny_cache):
     rounds = sorted(j.params["request"]["preferences"]["round"] for j in by.values()
                     if j.kind == "generation.shard" and j.params["request"].get("recipe") == "preference_pairs")
     assert set(rounds) == {0, 1}
+
+
+def test_qsharp_reward_targets_are_min_max_normalised_and_the_bounds_stored(tiny_cache, tmp_path):
+    """Q# on sentiment (raw reward-model scores): the value job trains on targets in [0, 1], with
+    bce / bernoulli guidance by default, and its checkpoint records the reward range; with
+    normalize_targets=none it regresses the raw scores over mle atoms, as before."""
+    from pita.algos.value_guided import minmax_targets
+    from pita.guidance.train import SeqExample
+
+    ex, bounds = minmax_targets([SeqExample([1, 2], 1, t) for t in (-3.0, 1.0, 5.0)])
+    assert [e.target for e in ex] == [0.0, 0.5, 1.0] and bounds == (-3.0, 5.0)
+    assert [e.target for e in minmax_targets([SeqExample([1], 0, 2.0)] * 2)[0]] == [0.0, 0.0]
+    common = ("experiment.datasets=[sentiment]", "experiment.rounds=1", "experiment.algos=[PITA,QSharp,QSharp-HF]",
+              "datasets.sentiment.toy_train_size=40", "datasets.sentiment.toy_test_size=16")
+    by, p = _train_params(tiny_cache, "QSharp.tiny.sentiment.r0.train", *common)
+    assert (p["normalize_targets"], p["loss"]) == ("minmax", "bce")
+    assert by["QSharp-HF.tiny.sentiment.r0.train"].params["normalize_targets"] == "minmax"
+    assert by["PITA.tiny.sentiment.r0.train"].params["normalize_targets"] == "none"
+    _, raw = _train_params(tiny_cache, "QSharp.tiny.sentiment.r0.train", *common,
+                           "algos.QSharp.normalize_targets=none")
+    assert (raw["normalize_targets"], raw["loss"]) == ("none", "mle")
+
+
+@pytest.mark.parametrize("override, needle", [
+    ("algos.PITA.normalize_targets=minmax", "PITA has no reward targets to normalise"),
+    ("algos.QSharp.normalize_targets=zscore", "algos.QSharp.normalize_targets"),
+])
+def test_a_normalisation_switch_that_cannot_apply_is_refused(tiny_cache, override, needle):
+    from pita.plans import build_plan
+
+    with pytest.raises(ConfigError) as e:
+        build_plan(compose(tiny_cache, override, "experiment.algos=[PITA,QSharp]"), [int(8e9)])
+    assert needle in str(e.value) and override.split("=")[0] in str(e.value)

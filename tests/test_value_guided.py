@@ -281,6 +281,8 @@ def test_pita_needs_an_even_number_of_continuations(tmp_path):
 
     cfg = OmegaConf.structured(PitaConfig)
     cfg.algos.PITA.continuations = cfg.algos.QSharp.continuations = 3
+    assert not any("even" in p for p in algorithm("PITA", cfg.algos.PITA).check(cfg, 1))  # greedy vs sampled
+    cfg.algos.PITA.pair_mode = "sampled"
     assert any("continuations=3 must be even" in p for p in algorithm("PITA", cfg.algos.PITA).check(cfg, 1))
     assert not any("even" in p for p in algorithm("QSharp", cfg.algos.QSharp).check(cfg, 1))
 
@@ -335,7 +337,24 @@ def test_a_roll_out_design_below_the_pair_budget_is_refused(tiny_cache):
 
     with pytest.raises(ConfigError, match=r"algos.PITA.cut_points x algos.PITA.continuations/2 = 1 x 2 = 2 .*"
                                           r"pairs_per_prompt=4"):
-        build_plan(compose(tiny_cache, "algos.PITA.cut_points=1"), [int(8e9)])
+        build_plan(compose(tiny_cache, "algos.PITA.cut_points=1", "algos.PITA.pair_mode=sampled"), [int(8e9)])
+    with pytest.raises(ConfigError, match=r"algos.PITA.cut_points x 1 \(a greedy and a sampled continuation per "
+                                          r"cut\) = 3 x 1 = 3 .*pairs_per_prompt=4"):
+        build_plan(compose(tiny_cache, "algos.PITA.cut_points=3"), [int(8e9)])
+
+
+def test_pita_pairs_a_greedy_continuation_with_a_sampled_one_by_default(tiny_cache):
+    """As the PITA reference code: one pair per cut, its greedy continuation against a sampled
+    one, four cuts for the budget of four pairs; Q# keeps its sampled continuations."""
+    from pita.plans import build_plan
+
+    jobs = {j.id: j for j in build_plan(compose(tiny_cache, "experiment.algos=[PITA,QSharp]",
+                                                "experiment.rounds=1"), [int(8e9)])}
+    ro = {j.id: j.params["request"]["rollouts"] for j in jobs.values()
+          if j.kind == "generation.shard" and j.params["request"]["recipe"] == "value_rollouts"}
+    assert {r["mode"] for r in ro.values()} == {"greedy_vs_sampled", "sampled"}
+    pita = next(r for r in ro.values() if r["mode"] == "greedy_vs_sampled")
+    assert pita["cut_points"] == 4
 
 
 def test_pairs_respect_the_budget_and_keep_their_labels_across_rounds():

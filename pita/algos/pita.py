@@ -18,9 +18,15 @@ from pita.core.errors import JobError
 from pita.core.job import Job
 
 
+PAIR_MODES = ("greedy_vs_sampled", "sampled")
+
+
 @dataclass
 class PITAConfig(ValueGuidedConfig):
-    pass
+    # greedy_vs_sampled: each cut's pair is its greedy continuation against a sampled one, as the
+    # PITA reference code pairs them (one pair per cut); sampled: continuations paired 1-2, 3-4, ...
+    pair_mode: str = "greedy_vs_sampled"
+    cut_points: int = 4  # one pair per cut (greedy_vs_sampled): 4 cuts give the 4 pairs of the label budget
 
 
 @register_algorithm
@@ -28,14 +34,25 @@ class PITA(ValueGuidedAlgorithm):
     name = "PITA"
     Config = PITAConfig
     uses_preference_pairs = True
+    has_reward_targets = False  # preference labels, 0 or 1
 
     def check(self, cfg, n_devices: int) -> list[str]:
         c, k = self.c, self.key
         p = super().check(cfg, n_devices)
-        if c.continuations % 2:
+        if c.pair_mode not in PAIR_MODES:
+            from pita.core.names import unknown_name
+
+            p.append(unknown_name(f"{k}.pair_mode", c.pair_mode, PAIR_MODES))
+        elif c.pair_mode == "sampled" and c.continuations % 2:
             p.append(f"{k}.continuations={c.continuations} must be even: PITA pairs the continuations of each cut "
                      f"(1-2, 3-4, ...); set e.g. {k}.continuations={max(2, c.continuations + 1)}")
         return p
+
+    def rollout_mode(self) -> str:
+        return self.c.pair_mode
+
+    def pairs_per_cut(self) -> int:
+        return 1 if self.c.pair_mode == "greedy_vs_sampled" else self.c.continuations // 2
 
     def round_inputs(self, p, r: int, merges: list[str]) -> tuple[list[Job], dict]:
         return [], preference_labels(p.cfg)

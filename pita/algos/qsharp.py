@@ -1,7 +1,10 @@
 """Q# (QSharp): the value model learns the return of each sampled continuation.
 
-Targets: 0/1 correctness on math (bce loss, bernoulli guidance), the reward model's score on
-reward tasks (mle over atoms spanning the data, mle guidance).
+Targets: 0/1 correctness on math, the reward model's score on reward tasks, min-max normalised to
+[0, 1] over each round's training data (``normalize_targets``, the bounds stored with the model),
+as the PITA reference code does: bce loss and bernoulli guidance, so that eta means the same tilt
+for Q# and PITA. With ``normalize_targets=none`` (raw rewards) reward tasks default to mle over
+atoms spanning the data, with mle guidance.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ class QSharp(ValueGuidedAlgorithm):
     Config = QSharpConfig
 
     def default_loss(self, task: str) -> str:
-        return "mle" if task == "reward" else "bce"
+        return "mle" if task == "reward" and self.normalization() == "none" else "bce"
 
     @classmethod
     def value_examples(cls, ctx, records: list[dict], device: str) -> list:

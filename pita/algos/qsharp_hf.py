@@ -2,7 +2,8 @@
 preference pairs of rounds 0..r (two continuations of a cut, labelled once by a draw on their
 rewards, data_collection.pairs_per_prompt pairs per prompt and round;
 pita/guidance/proxy.py), rescores every roll-out (batched, full sequences), and the value model
-learns those scores (mle loss, mle guidance).
+learns those scores, min-max normalised to [0, 1] as Q#'s (``normalize_targets``; mle loss, mle
+guidance).
 """
 
 from __future__ import annotations

@@ -28,7 +28,7 @@ add_kind_module("pita.algos.value_guided")
 class ValueGuidedConfig(AlgoConfig):
     """Keys of every value-guided algorithm (PITA, QSharp, QSharp-HF)."""
 
-    loss: Optional[str] = None  # value-model loss: bce | mse | mle; null: the algorithm's own (PITA bce, QSharp bce on math and mle on reward tasks, QSharp-HF mle)
+    loss: Optional[str] = None  # value-model loss: bce | mse | mle; null: the algorithm's own (PITA bce, QSharp bce (mle on reward tasks with normalize_targets=none), QSharp-HF mle)
     mode: Optional[str] = None  # guidance offset from the value head: null = bernoulli for bce/mse, mle for mle
     eta: float = 2.0  # guidance strength when round r+1 collects data with round r's model
     # evaluation sweep; eta 0 is the reference itself (its row is the base model's evaluation)
@@ -43,6 +43,12 @@ class ValueGuidedConfig(AlgoConfig):
     # before (δ added to the logits before the temperature, i.e. δ/T on the tempered log-probs, as
     # both reference implementations do) | after (δ added after the temperature, the earlier behaviour)
     offset_temperature: str = "before"
+    # reward targets mapped to [0, 1] by (r - min) / (max - min) over the round's training data,
+    # the bounds stored with the value model, as the PITA reference code does for Q#, so that eta
+    # means the same tilt for every value-guided method: minmax | none (raw rewards, the earlier
+    # behaviour); null = the algorithm's own (QSharp, QSharp-HF minmax; PITA none: its targets are
+    # preference labels, already in [0, 1])
+    normalize_targets: Optional[str] = None
     num_atoms: int = 11  # mle: atoms over [v_min, v_max]
     v_min: Optional[float] = None  # mle: null = from the data (min over round-0 returns)
     v_max: Optional[float] = None  # mle: null = from the data (max over round-0 returns)
@@ -54,9 +60,17 @@ class ValueGuidedConfig(AlgoConfig):
     lm_prior: float = 1.0  # initial weight of the backbone's LM log-prob in the head; 0 = none
 
 
+NORMALIZATIONS = ("minmax", "none")
+
+
 class ValueGuidedAlgorithm(Algorithm):
     Config = ValueGuidedConfig
     tunes_eta = True
+    has_reward_targets = True  # its value model regresses rewards (not preference labels)
+
+    def normalization(self) -> str:
+        """How its reward targets are scaled: the configured ``normalize_targets`` or its own."""
+        return self.c.normalize_targets or ("minmax" if self.has_reward_targets else "none")
 
     def default_loss(self, task: str) -> str:
         return "bce"
@@ -88,6 +102,11 @@ class ValueGuidedAlgorithm(Algorithm):
             p.append(f"{k}.loss=bradley_terry trains the Q#-HF proxy, not a value model; use bce, mse or mle")
         if c.mode in MODES and c.loss in LOSSES and c.loss != "bradley_terry":
             p += self.guidance_problems(c.loss, c.mode, "")
+        if c.normalize_targets is not None and c.normalize_targets not in NORMALIZATIONS:
+            p.append(unknown_name(f"{k}.normalize_targets", c.normalize_targets, NORMALIZATIONS))
+        elif c.normalize_targets == "minmax" and not self.has_reward_targets:
+            p.append(f"{k}.normalize_targets=minmax: {self.name} has no reward targets to normalise (its value model "
+                     f"learns preference labels, already in [0, 1]); leave {k}.normalize_targets unset or none")
         if c.num_atoms < 2:
             p.append(f"{k}.num_atoms={c.num_atoms} must be >= 2")
         if c.v_min is not None and c.v_max is not None and c.v_min >= c.v_max:
@@ -103,10 +122,13 @@ class ValueGuidedAlgorithm(Algorithm):
                 p.append(f"{k}.{key}={getattr(c, key)} must be >= 1")
         if self.uses_preference_pairs:
             budget = cfg.data_collection.pairs_per_prompt
-            have = c.cut_points * (c.continuations // 2)
+            per_cut = self.pairs_per_cut()
+            have = c.cut_points * per_cut
+            how = (f"{k}.cut_points x {k}.continuations/2 = {c.cut_points} x {per_cut}"
+                   if self.rollout_mode() == "sampled" else
+                   f"{k}.cut_points x 1 (a greedy and a sampled continuation per cut) = {c.cut_points} x 1")
             if c.cut_points >= 1 and have < budget:
-                p.append(f"{k}: its roll-outs give {k}.cut_points x {k}.continuations/2 = {c.cut_points} x "
-                         f"{c.continuations // 2} = {have} preference pairs per prompt, fewer than "
+                p.append(f"{k}: its roll-outs give {how} = {have} preference pairs per prompt, fewer than "
                          f"data_collection.pairs_per_prompt={budget}, the budget every preference-learning method "
                          f"gets; raise {k}.cut_points or {k}.continuations, or lower the budget")
         if not c.lm_prior >= 0:
@@ -133,6 +155,14 @@ class ValueGuidedAlgorithm(Algorithm):
             return [f"{self.key}.top_k={self.c.top_k} is larger than the vocabulary ({vocab}); use -1 for all"]
         return []
 
+    def rollout_mode(self) -> str:
+        """How each cut's continuations are drawn (the ``value_rollouts`` recipe's mode)."""
+        return "sampled"
+
+    def pairs_per_cut(self) -> int:
+        """Preference pairs one cut's continuations make."""
+        return self.c.continuations // 2
+
     def offset_settings(self) -> dict:
         """How the guided decoder applies the value head's offsets (planned into every guided job)."""
         return {"offset_shift": self.c.offset_shift, "offset_temperature": self.c.offset_temperature}
@@ -154,7 +184,7 @@ class ValueGuidedAlgorithm(Algorithm):
         for r in range(p.cfg.experiment.rounds):
             req = p.data_request()
             req["recipe"] = "value_rollouts"
-            req["rollouts"] = {"cut_points": c.cut_points, "continuations": c.continuations, "mode": "sampled"}
+            req["rollouts"] = {"cut_points": c.cut_points, "continuations": c.continuations, "mode": self.rollout_mode()}
             req["seed"] = p.seed(r)
             if prev_train:
                 req["policy"]["guidance"] = {"from_job": prev_train, "mode": mode, "eta": c.eta, "top_k": c.top_k,
@@ -173,6 +203,7 @@ class ValueGuidedAlgorithm(Algorithm):
                                     "head_dim": c.head_dim, "epochs": c.epochs, "lr": c.lr,
                                     "batch_size": c.batch_size, "token_budget": c.token_budget,
                                     "lm_prior": c.lm_prior, "seed": p.cfg.system.seed + r,
+                                    "normalize_targets": self.normalization(),
                                     **training_settings(p.cfg, c, whole=c.batch_size), **extra_params},
                             resources=Resources(1, p.mem[f"train.{algo}"]), retry=TRAINING_RETRY,
                             duration_hint=3.0))
@@ -202,6 +233,17 @@ def returns_examples(records: list[dict], targets: list[float] | None = None, ta
             for r, t in zip(recs, targets)]
 
 
+def minmax_targets(examples: list) -> tuple[list, tuple[float, float]]:
+    """The examples with targets mapped to [0, 1] by (t - min) / (max - min), and (min, max);
+    all-equal targets carry no information and map to 0."""
+    import dataclasses
+
+    lo, hi = min(e.target for e in examples), max(e.target for e in examples)
+    scale = hi - lo
+    return ([dataclasses.replace(e, target=(e.target - lo) / scale if scale > 0 else 0.0) for e in examples],
+            (float(lo), float(hi)))
+
+
 @job_kind("algo.value_train")
 def value_train(ctx):
     import torch
@@ -221,6 +263,10 @@ def value_train(ctx):
     if not examples:
         raise JobError(f"{algo}: the data collection produced no usable training examples")
     spec = HeadSpec(p["loss"], p["num_atoms"], 0.0, 1.0, p["head_dim"], lm_prior=p.get("lm_prior", 1.0))
+    if p.get("normalize_targets", "none") == "minmax":
+        examples, (spec.target_min, spec.target_max) = minmax_targets(examples)
+        ctx.log.info("targets min-max normalised to [0, 1] (min %.4g, max %.4g; stored with the model)",
+                     spec.target_min, spec.target_max)
     if p["loss"] == "mle":
         lo, hi = min(e.target for e in examples), max(e.target for e in examples)
         pad = 0.05 * (hi - lo) if hi > lo else 1.0
@@ -247,4 +293,5 @@ def value_train(ctx):
     vm.save(out)
     ctx.paths.write_metrics(curve)
     return {"checkpoint": str(out), "examples": len(examples), "loss": p["loss"], "loss_first": curve[0]["loss"],
-            "loss_last": curve[-1]["loss"], "v_min": vm.spec.v_min, "v_max": vm.spec.v_max}
+            "loss_last": curve[-1]["loss"], "v_min": vm.spec.v_min, "v_max": vm.spec.v_max,
+            "target_min": vm.spec.target_min, "target_max": vm.spec.target_max}

@@ -51,6 +51,10 @@ class HeadSpec:
     vocab_size: int = 0
     hidden_size: int = 0
     lm_prior: float = 1.0  # initial weight of the backbone's LM log-prob of the candidate
+    # the reward range its targets were min-max normalised from (None: raw targets); the head's
+    # values, and the guidance eta, are in units of this range
+    target_min: float | None = None
+    target_max: float | None = None
 
     @property
     def n_out(self) -> int:
