@@ -543,6 +543,37 @@ def test_two_label_classifier_scores_logit_difference(rm_dirs):
     assert scores[0] == pytest.approx(hi - lo, abs=1e-5)
 
 
+def test_the_completion_alone_scored_as_the_positive_logit(rm_dirs):
+    """As the PITA and Q# reference code scores IMDB: the completion's text alone (no prompt, no
+    chat template), and a two-label classifier's positive logit, not the margin."""
+    from transformers import AutoTokenizer, LlamaForSequenceClassification
+
+    from pita.rewards.reward_model import RewardModelScorer
+
+    model = LlamaForSequenceClassification.from_pretrained(rm_dirs["two"]).eval()
+    tok = AutoTokenizer.from_pretrained(rm_dirs["two"])
+    with torch.no_grad():
+        lo, hi = model(input_ids=tok("four", return_tensors="pt")["input_ids"]).logits[0].tolist()
+    got = RewardModelScorer(rm_dirs["two"], inputs="completion", score="positive_logit").score(["Q", "R"],
+                                                                                               ["four", "four"])
+    assert got == pytest.approx([hi, hi], abs=1e-5)  # the prompt is not read
+    margin = RewardModelScorer(rm_dirs["two"], inputs="completion", score="margin").score(["Q"], ["four"])
+    assert margin == pytest.approx([hi - lo], abs=1e-5) and abs(lo) > 1e-3
+
+
+def test_reward_scoring_follows_the_family_and_a_bad_value_exits_2(tmp_path):
+    from omegaconf import OmegaConf
+
+    from helpers import cli
+    from pita.models.families import reward_scoring
+
+    fam = OmegaConf.load(str(__import__("pita.cli", fromlist=["CONF_DIR"]).CONF_DIR / "model" / "llama.yaml"))
+    assert reward_scoring(fam, "imdb") == {"reward_input": "completion", "reward_score": "positive_logit"}
+    assert reward_scoring(fam, "tldr")["reward_input"] == "prompt_completion"
+    r = cli(["experiment.name=rs", "+model.reward_inputs.imdb=prompt"], tmp_path)
+    assert r.returncode == 2 and "model.reward_inputs.imdb" in r.stderr and "prompt_completion" in r.stderr
+
+
 @pytest.mark.parametrize("bs", [0, -1, 2.5, True])
 def test_bad_batch_size_is_refused(rm_dirs, bs):
     from pita.rewards.reward_model import RewardModelScorer

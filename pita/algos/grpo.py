@@ -98,7 +98,10 @@ class GRPO(PostTrainingAlgorithm):
 
     def train_params(self, p) -> dict:
         c, dc = self.c, p.cfg.data_collection
+        from pita.models.families import reward_scoring
+
         return {**super().train_params(p), "reward_model": p.paths["reward_models"].get(p.ds.name),
+                **reward_scoring(p.cfg.model, p.ds.name),
                 "correctness_bonus": dc.correctness_bonus, "max_steps": c.max_steps, "epochs": c.epochs,
                 "num_generations": c.num_generations, "temperature": c.temperature,
                 "max_completion_length": c.max_completion_length or dc.max_new_tokens, "use_vllm": c.use_vllm,
@@ -127,7 +130,8 @@ class Rewards:
         elif p["reward_model"]:
             from pita.rewards.reward_model import RewardModelScorer
 
-            self.rm = RewardModelScorer(p["reward_model"], device=device)
+            self.rm = RewardModelScorer(p["reward_model"], device=device, inputs=p.get("reward_input", "prompt_completion"),
+                                        score=p.get("reward_score", "margin"))
         if p["task"] == "reward" and self.rm is None and self.proxy is None:
             raise JobError(f"dataset {p['dataset']['name']} is a reward task but no reward model is configured "
                            f"(model.reward_models.{p['dataset']['name']})")

@@ -72,7 +72,9 @@ def shard(ctx):
         if sc.get("reward_model"):
             from pita.rewards.reward_model import RewardModelScorer
 
-            rm = RewardModelScorer(sc["reward_model"], device=dev, batch_size=sc["reward_batch_size"])
+            rm = RewardModelScorer(sc["reward_model"], device=dev, batch_size=sc["reward_batch_size"],
+                                   inputs=sc.get("reward_input", "prompt_completion"),
+                                   score=sc.get("reward_score", "margin"))
         extractor = examples[0].meta.get("extractor", "auto") if examples else "auto"
         task = examples[0].task if examples else "math"
         if task == "reward" and rm is None:

@@ -35,7 +35,34 @@ class FamilyConfig:
     guidance: str = "builtin:tiny/guidance"  # the value model's backbone (same tokenizer as the reference)
     dtype: str = "float32"  # float32 | bfloat16 | float16
     reward_models: Dict[str, str] = field(default_factory=dict)  # dataset name -> reward model (reward tasks)
+    # dataset name -> what its reward model reads: completion (the completion's text alone, as the
+    # PITA and Q# reference code scores IMDB) | prompt_completion (the prompt and the completion,
+    # through the reward model's chat template where it has one: reward models trained on pairs,
+    # such as a question-answer reward model); a dataset not listed: completion
+    reward_inputs: Dict[str, str] = field(default_factory=dict)
+    # dataset name -> its reward: positive_logit (the classifier's positive-class logit, or its only
+    # logit) | margin (logit[1] - logit[0] of a two-label classifier); a dataset not listed: positive_logit
+    reward_scores: Dict[str, str] = field(default_factory=dict)
     gguf_file: Optional[str] = None  # load the reference from this GGUF file inside the repo
+
+
+REWARD_INPUTS = ("completion", "prompt_completion")
+REWARD_SCORES = ("positive_logit", "margin")
+
+
+def reward_scoring(model_cfg, dataset: str) -> dict:
+    """How ``dataset``'s reward model is read (job params): its input and its score."""
+    return {"reward_input": str((model_cfg.get("reward_inputs") or {}).get(dataset, "completion")),
+            "reward_score": str((model_cfg.get("reward_scores") or {}).get(dataset, "positive_logit"))}
+
+
+def reward_scoring_problems(model_cfg) -> list[str]:
+    p = []
+    for key, allowed in (("reward_inputs", REWARD_INPUTS), ("reward_scores", REWARD_SCORES)):
+        for ds, v in (model_cfg.get(key) or {}).items():
+            if v not in allowed:
+                p.append(unknown_name(f"model.{key}.{ds}", v, allowed))
+    return p
 
 
 def family_names() -> list[str]:

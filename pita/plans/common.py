@@ -21,6 +21,12 @@ def dataset_cfg(cfg, name: str):
     return ds
 
 
+def reward_scoring(model_cfg, dataset: str) -> dict:
+    from pita.models.families import reward_scoring as of
+
+    return of(model_cfg, dataset)
+
+
 def request_for(cfg, ds, policy_model: str, reward_model: str | None) -> dict:
     dc = cfg.data_collection
     return {
@@ -31,7 +37,7 @@ def request_for(cfg, ds, policy_model: str, reward_model: str | None) -> dict:
         "sampling": {"max_new_tokens": dc.max_new_tokens, "temperature": dc.temperature, "top_p": dc.top_p,
                      "top_k": dc.top_k, "batch_size": dc.batch_size},
         "scoring": {"reward_model": reward_model, "reward_batch_size": dc.reward_batch_size,
-                    "correctness_bonus": dc.correctness_bonus},
+                    "correctness_bonus": dc.correctness_bonus, **reward_scoring(cfg.model, ds.name)},
         "preferences": {"beta": dc.bt_beta, "sampling": dc.bradley_terry_sampling},
         "rollouts": {"cut_points": dc.cut_points, "continuations": dc.continuations, "mode": dc.continuation_mode},
     }

@@ -5,8 +5,11 @@
 
 The checkpoint must be a trained sequence classifier (``*ForSequenceClassification``): a causal
 LM loads as one too, with a freshly initialised score head whose outputs are noise, so it is
-refused instead. Each pair is rendered with the reward model's own chat template when its
-tokenizer has one (user = prompt, assistant = completion), else as ``prompt + completion``.
+refused instead. ``inputs="completion"`` scores the completion's text alone (as the PITA and Q#
+reference code scores IMDB); ``"prompt_completion"`` renders each pair with the reward model's own
+chat template when its tokenizer has one (user = prompt, assistant = completion), else as
+``prompt + completion``. The score of a two-label classifier is its positive logit
+(``score="positive_logit"``) or ``logit[1] - logit[0]`` (``"margin"``); a one-label model's is its logit.
 
 Batches are formed after sorting by token length (less padding), and results come back in the
 input order. Padding is on the right, with the id written into the model's ``config.pad_token_id``: HF's
@@ -52,10 +55,17 @@ class RewardModelScorer:
         batch_size: int = 32,
         dtype: str | torch.dtype = "float32",
         max_length: int | None = None,
+        inputs: str = "prompt_completion",
+        score: str = "margin",
     ):
         from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
 
         _check_batch_size(batch_size)
+        if inputs not in ("completion", "prompt_completion") or score not in ("positive_logit", "margin"):
+            raise ConfigError(f"reward model inputs={inputs!r} / score={score!r}: inputs is completion or "
+                              f"prompt_completion, score positive_logit or margin (model.reward_inputs / "
+                              f"model.reward_scores)")
+        self.inputs, self.score_kind = inputs, score
         if isinstance(dtype, str):
             if dtype not in DTYPES:
                 raise ConfigError(
@@ -84,7 +94,7 @@ class RewardModelScorer:
         if config.num_labels not in (1, 2):
             raise ConfigError(
                 f"reward model path {self.path!r} has num_labels={config.num_labels}; a reward model "
-                "needs 1 (score = the logit) or 2 (score = logit[1] - logit[0])"
+                "needs 1 (score = the logit) or 2 (score = logit[1], or logit[1] - logit[0] with margin)"
             )
         try:
             self.tokenizer = AutoTokenizer.from_pretrained(self.path)
@@ -141,6 +151,8 @@ class RewardModelScorer:
 
     def _encode(self, prompt: str, completion: str) -> list[int]:
         tok = self.tokenizer
+        if self.inputs == "completion":
+            return tok(completion)["input_ids"]
         if self.use_chat_template:
             text = tok.apply_chat_template(
                 [{"role": "user", "content": prompt}, {"role": "assistant", "content": completion}],
@@ -191,7 +203,10 @@ class RewardModelScorer:
             logits = self.model(
                 input_ids=input_ids.to(self.device), attention_mask=attention_mask.to(self.device)
             ).logits.float()
-            batch_scores = logits[:, 0] if self.num_labels == 1 else logits[:, 1] - logits[:, 0]
+            if self.num_labels == 1:
+                batch_scores = logits[:, 0]
+            else:
+                batch_scores = logits[:, 1] if self.score_kind == "positive_logit" else logits[:, 1] - logits[:, 0]
             for row, i in enumerate(idx):
                 scores[i] = float(batch_scores[row])
         return scores
