@@ -674,3 +674,16 @@ def test_a_large_power_of_an_expression_with_a_variable_is_not_expanded(answer, 
 ])
 def test_unboxed_answers_are_read_whole_never_a_number_out_of_an_expression(completion, gold, correct):
     assert verify(completion, gold).correct is correct
+
+
+@pytest.mark.parametrize("completion, gold, correct", [
+    (r"The roots are \boxed{3} \quad\text{and}\quad \boxed{-1}.", "-1, 3", True),   # one answer set, several boxes
+    (r"\boxed{5}, \boxed{7}", r"\boxed{5}\boxed{7}", True),
+    (r"\boxed{5} and \boxed{7}", "5", False),           # a hedge between two answers is not the answer
+    (r"First \boxed{2}. Then, after more work, \boxed{9}", "9", True),  # text between: only the last box
+    (r"So the ratio is $\frac{2}{5},$ as claimed", r"\frac{2}{5}", True),  # the sentence's comma is not the answer's
+])
+def test_answer_sets_in_several_boxes_and_trailing_punctuation(completion, gold, correct):
+    from pita.rewards.verifier import verify
+
+    assert verify(completion, gold).correct is correct

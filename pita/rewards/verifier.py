@@ -25,6 +25,7 @@ by math-verify's own normalisation, so matrices, intervals and pairs reach it as
 
 from __future__ import annotations
 
+
 import logging
 import re
 from dataclasses import dataclass
@@ -123,30 +124,50 @@ def _braced(text: str, open_at: int) -> str | None:
     return None
 
 
-def _extract_boxed(text: str) -> str | None:
-    """Content of the last complete ``\\boxed{...}`` / ``\\fbox{...}`` (nested braces allowed).
+# what may stand between the boxes of one answer set: "\boxed{-2} \quad \text{and} \quad \boxed{1}"
+_BOX_JOINER = re.compile(r"(?:\s|,|;|\$|\\quad|\\qquad|\\text\{\s*(?:and|or|,)?\s*\}|\band\b|\bor\b|\\[,;: ])*")
 
-    A truncated last box (no closing brace) is skipped in favour of the last complete one.
-    ``\\boxed 5`` (no braces) is taken as its single token.
-    """
+
+def _boxes(text: str) -> list[tuple[int, int, str]]:
+    """(start, end, content) of every complete ``\\boxed{...}`` / ``\\fbox{...}`` in order
+    (nested braces allowed; ``\\boxed 5``, no braces, is its single token); a truncated box
+    (no closing brace) is left out."""
     starts = sorted(
         (m.start(), m.end())
         for cmd in _BOX_CMDS
         for m in re.finditer(re.escape(cmd) + r"(?![A-Za-z])", text)
     )
-    for _, end in reversed(starts):
+    out = []
+    for start, end in starts:
         j = end
         while j < len(text) and text[j] == " ":
             j += 1
         if j < len(text) and text[j] == "{":
             inner = _braced(text, j)
             if inner is not None:
-                return inner
+                out.append((start, j + len(inner) + 2, inner))
         elif j > end:  # "\boxed 5"
             m = re.match(r"[^\s$]+", text[j:])
             if m:
-                return m.group(0)
-    return None
+                out.append((start, j + m.end(), m.group(0)))
+    return out
+
+
+def _extract_boxed(text: str) -> str | None:
+    """Content of the last complete ``\\boxed{...}`` / ``\\fbox{...}``; when the boxes before it are
+    joined to it by nothing but spaces, commas, "and" / "or" and spacing commands, the whole run
+    is one answer set: ``\\boxed{-2} \\quad \\text{and} \\quad \\boxed{1}`` is ``-2, 1``. A truncated
+    last box is skipped in favour of the last complete one."""
+    boxes = _boxes(text)
+    if not boxes:
+        return None
+    run = [boxes[-1]]
+    for prev in reversed(boxes[:-1]):
+        gap = text[prev[1]:run[0][0]]
+        if _BOX_JOINER.fullmatch(gap) is None:
+            break
+        run.insert(0, prev)
+    return ", ".join(c for _, _, c in run) if len(run) > 1 else run[0][2]
 
 
 def _extract_hash(text: str) -> str | None:
@@ -233,6 +254,8 @@ def normalize_answer(ans: str) -> str:
     if m:
         s = m.group(1).strip()
     if s.endswith(".") and not s.endswith(".."):  # a sentence's full stop, not an ellipsis
+        s = s[:-1].rstrip()
+    elif s.endswith((",", ";")) and not s.endswith(("\\,", "\\;")):  # the sentence goes on after the answer
         s = s[:-1].rstrip()
     t = s.replace("{,}", ",")  # 1{,}000: the braces only stop LaTeX spacing after the comma
     if _GROUPED_NUMBER.fullmatch(t):
@@ -366,8 +389,13 @@ def _gold_answer(gold: str) -> str:
     return normalize_answer(gold)
 
 
+@lru_cache(maxsize=65536)
 def _compare(answer: str, reference: str) -> tuple[bool, str]:
     """Is the normalised ``answer`` equivalent to the normalised ``reference``? (ok, reason).
+
+    Memoised: the samples of a prompt repeat the same answers, and maj@n compares each distinct
+    answer with every class's representative, so one pair is compared (and parsed) once per
+    process.
 
     Exact checks first (no parser, cannot hang); then math-verify with the reference as its gold,
     after refusing the inputs that could make it run unbounded.
