@@ -112,3 +112,19 @@ def test_a_normalisation_switch_that_cannot_apply_is_refused(tiny_cache, overrid
     with pytest.raises(ConfigError) as e:
         build_plan(compose(tiny_cache, override, "experiment.algos=[PITA,QSharp]"), [int(8e9)])
     assert needle in str(e.value) and override.split("=")[0] in str(e.value)
+
+
+def test_proxies_hold_out_a_share_of_prompts_and_a_bad_share_is_refused(tiny_cache):
+    from pita.guidance.proxy import held_out
+    from pita.plans import build_plan
+
+    ids = [f"arith-{i}" for i in range(2000)]
+    out = [i for i in ids if held_out(i, 0.1, 0)]
+    assert 150 < len(out) < 250 and out == [i for i in ids if held_out(i, 0.1, 0)]  # a fixed draw per prompt
+    assert not any(held_out(i, 0.0, 0) for i in ids)
+    jobs = {j.id: j for j in build_plan(compose(tiny_cache, "experiment.rounds=1", "algos.GRPO-HF.proxy_heldout=0.2"),
+                                        [int(8e9)])}
+    assert jobs["GRPO-HF.tiny.arith.r0.proxy"].params["heldout"] == 0.2
+    with pytest.raises(ConfigError) as e:
+        build_plan(compose(tiny_cache, "algos.GRPO-HF.proxy_heldout=0.7"), [int(8e9)])
+    assert "algos.GRPO-HF.proxy_heldout=0.7" in str(e.value)
