@@ -122,9 +122,9 @@ def test_proxies_hold_out_a_share_of_prompts_and_a_bad_share_is_refused(tiny_cac
     out = [i for i in ids if held_out(i, 0.1, 0)]
     assert 150 < len(out) < 250 and out == [i for i in ids if held_out(i, 0.1, 0)]  # a fixed draw per prompt
     assert not any(held_out(i, 0.0, 0) for i in ids)
-    jobs = {j.id: j for j in build_plan(compose(tiny_cache, "experiment.rounds=1", "algos.GRPO-HF.proxy_heldout=0.2"),
-                                        [int(8e9)])}
+    jobs = {j.id: j for j in build_plan(compose(tiny_cache, "experiment.rounds=1", "experiment.algos=[GRPO-HF]",
+                                                "algos.GRPO-HF.proxy_heldout=0.2"), [int(8e9)])}
     assert jobs["GRPO-HF.tiny.arith.r0.proxy"].params["heldout"] == 0.2
     with pytest.raises(ConfigError) as e:
-        build_plan(compose(tiny_cache, "algos.GRPO-HF.proxy_heldout=0.7"), [int(8e9)])
+        build_plan(compose(tiny_cache, "experiment.algos=[GRPO-HF]", "algos.GRPO-HF.proxy_heldout=0.7"), [int(8e9)])
     assert "algos.GRPO-HF.proxy_heldout=0.7" in str(e.value)
