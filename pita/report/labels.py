@@ -76,16 +76,18 @@ def _labels(run: RunPaths) -> dict:
         return {"beta": 1.0, "sampling": True, "seed": 0, "per_prompt": 4}
 
 
-def label_quality(run: RunPaths) -> list[dict]:
-    """One entry per preference collection of the run (see the module); never raises."""
+def label_quality(run: RunPaths, preference: frozenset | None = None) -> list[dict]:
+    """One entry per preference collection of the run (see the module); never raises.
+    ``preference``: the algorithms that learn from labelled pairs (the roster's); a roll-out
+    collection none of them reads (Q#'s own, labelled by nobody) is left out. None: every one."""
     try:
-        return _label_quality(run)
+        return _label_quality(run, preference)
     except Exception as e:  # noqa: BLE001 - the results are written without it
         log.warning("label quality could not be computed (%s: %s)", type(e).__name__, e)
         return []
 
 
-def _label_quality(run: RunPaths) -> list[dict]:
+def _label_quality(run: RunPaths, preference: frozenset | None) -> list[dict]:
     from pita.guidance.rollouts import continuation_pairs
 
     state = json.loads(run.state.read_text())
@@ -101,6 +103,10 @@ def _label_quality(run: RunPaths) -> list[dict]:
             continue
         users = sorted({u.split(".")[0] for u, e in jobs.items() if jid in (e.get("deps") or [])
                         and not u.startswith("data.")})
+        if preference is not None:
+            users = [u for u in users if u in preference]
+            if not users:
+                continue
         recs = _records(run, jid)
         if recs is None:
             continue
@@ -134,7 +140,7 @@ def label_table(entries: list[dict]) -> list[str]:
         beta = cols[0].get("beta", 1.0)
         lines += [f"Per preference collection, the pairs as the trainers form them (Bradley-Terry labels, β {beta:g}; "
                   f"a near tie: P(the higher reward is chosen) < {NEAR_TIE_P}, |Δr| < {_near_gap(beta):.3g}):", "",
-                  "| collection | data for | pairs | ties | near ties | informative | label agrees with reward (expected) "
+                  "| collection | labels for | pairs | ties | near ties | informative | label agrees with reward (expected) "
                   "| drawn against reward | median abs(Δr) |", "|---|---|---|---|---|---|---|---|---|"]
         lines += [f"| `{e['collection']}` | {', '.join(e['used_by'])} | {e['pairs']} | {pct(e['ties'])} | "
                   f"{pct(e['near_ties'])} | {pct(e['informative'])} | {pct(e['agreement'])} | "

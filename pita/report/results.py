@@ -164,7 +164,7 @@ def write(run: RunPaths, roster: Roster | None = None) -> list[dict]:
     extras = {"kl_matched": kl_matched(run, rows)}
     from pita.report.labels import label_quality
 
-    extras["label_quality"] = label_quality(run)
+    extras["label_quality"] = label_quality(run, roster.preference_pairs if roster and roster.preference_pairs else None)
     atomic_write_json(run.results / "final_results.json", {"rows": rows, **extras})
     for r in rows:
         atomic_write_json(run.results / "cells" / f"{cell_name(r)}.json", r)
