@@ -41,7 +41,7 @@ def help_text(prog: str = "pita run") -> str:
         "       pita run ... | python -m pita run ... | python run_parallel.py ...   (one and the same)",
         "       pita plan [--json] [key=value ...] [system.inventory=8x80GB]   (python run_parallel.py --plan ...)",
         "       pita status RUN_FOLDER [--all]",
-        "       pita report RUN_FOLDER",
+        "       pita report RUN_FOLDER [RUN_FOLDER ...] [--out NAME]",
         "",
         textwrap.fill("pita plans a post-training experiment (PITA, Q#, Q#-HF, DPO, GRPO, GRPO-HF x datasets x rounds, "
               "plus the base model's evaluation) as one job graph, checks the configuration before anything "
@@ -54,7 +54,8 @@ def help_text(prog: str = "pita run") -> str:
         "  plan     the plan a run would make: jobs, devices, memory per job kind, the simulated makespan; "
         "no run folder, no hub; system.inventory=8x80GB plans for another machine",
         "  status   a run's jobs by state, its devices, failures and their logs (safe on a live run)",
-        "  report   re-render a run's results/report.md and plots from its saved results",
+        "  report   re-render a run's results/report.md and plots from its saved results; several runs (one "
+        "per seed): also the methods at equal KL pooled over them",
         "",
         f"config groups (GROUP=NAME; the files: {CONF_DIR}/<group>/<NAME>.yaml):",
     ]
