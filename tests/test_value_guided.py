@@ -27,6 +27,9 @@ def compose(tiny_cache, *overrides):
                                                     "datasets.arith.toy_test_size=16", *overrides])
 
 
+SHARED = ("algos.PITA.pair_mode=sampled", "algos.PITA.cut_points=2")  # PITA's roll-outs as Q#'s
+
+
 def data_of(jobs, recipe: str) -> str:
     """Id prefix of round 0's shared collection of ``recipe`` (named by its request's hash)."""
     [p] = {j.rsplit(".", 1)[0] for j in jobs if j.startswith(f"data.tiny.arith.r0.{recipe}-")}
@@ -37,7 +40,9 @@ def test_rounds_chain_through_guidance_and_warm_starts(tiny_cache):
     from pita.core.graph import JobGraph
     from pita.plans import build_plan
 
-    cfg = compose(tiny_cache, "experiment.rounds=2")
+    # PITA's sampled pairs: the three share round 0's roll-outs (its default greedy-vs-sampled
+    # pairs are a collection of their own: test_pita_pairs_a_greedy_continuation_with_a_sampled_one_by_default)
+    cfg = compose(tiny_cache, "experiment.rounds=2", *SHARED)
     jobs = build_plan(cfg, [int(8e9)] * 2)
     g = JobGraph(jobs).validate([int(8e9)] * 2)
     by = g.by_id
@@ -423,8 +428,8 @@ def test_validation_prompts_are_carved_from_the_training_split(tiny_cache):
 def test_round_zero_data_from_the_reference_is_collected_once_per_recipe(tiny_cache):
     from pita.plans import build_plan
 
-    jobs = {j.id: j for j in build_plan(compose(tiny_cache, "experiment.algos=[PITA,QSharp,QSharp-HF,DPO,GRPO-HF]"),
-                                        [int(8e9)])}
+    jobs = {j.id: j for j in build_plan(compose(tiny_cache, "experiment.algos=[PITA,QSharp,QSharp-HF,DPO,GRPO-HF]",
+                                                *SHARED), [int(8e9)])}
     gens = sorted({j.rsplit(".", 1)[0] for j in jobs if ".r0." in j and jobs[j].kind == "generation.shard"
                    and not j.rsplit(".", 2)[-2] in ("eval", "val")})
     VR, PP = data_of(jobs, "value_rollouts"), data_of(jobs, "preference_pairs")
@@ -432,7 +437,7 @@ def test_round_zero_data_from_the_reference_is_collected_once_per_recipe(tiny_ca
     assert jobs["DPO.tiny.arith.r0.train"].params["data"] == PP + ".merge"
     assert jobs["PITA.tiny.arith.r0.train"].params["data"] == jobs["QSharp.tiny.arith.r0.train"].params["data"]
     # a different roll-out design is different data: collected separately
-    other = {j.id for j in build_plan(compose(tiny_cache, "algos.QSharp.cut_points=3"), [int(8e9)])}
+    other = {j.id for j in build_plan(compose(tiny_cache, "algos.QSharp.cut_points=3", *SHARED), [int(8e9)])}
     assert VR + ".merge" in other  # the others' data keeps its name
     assert len({j.rsplit(".", 1)[0] for j in other if j.startswith("data.tiny.arith.r0.value_rollouts-")}) == 2
 
