@@ -109,7 +109,7 @@ class RecordStore:
         return [{k: cols[k][j] for k in cols} for j in range(n)]
 
 
-def _columns_of(row: dict, store: RecordStore) -> dict[str, dict] | None:
+def columns_of(row: dict, store: RecordStore) -> dict[str, dict] | None:
     recs = store.records(row.get("reused_from") or row.get("eval_job"), 0.0 if row.get("reused_from") else row["eta"])
     return prompt_columns(recs, float(row.get("kl_fraction") or 1.0)) if recs else None
 
@@ -127,11 +127,11 @@ def add_intervals(rows: list[dict], run: RunPaths, resamples: int = RESAMPLES, s
     ``ci_method``, to every row in place."""
     store = RecordStore(run)
     base = {(r["family"], r["eval_dataset"]): r for r in rows if r["algorithm"] == "base"}
-    base_cols = {k: _columns_of(b, store) for k, b in base.items()}
+    base_cols = {k: columns_of(b, store) for k, b in base.items()}
     for r in rows:
         m = metric_of(r)
         b = base.get((r["family"], r["eval_dataset"]))
-        cols = _columns_of(r, store)
+        cols = columns_of(r, store)
         bcols = base_cols.get((r["family"], r["eval_dataset"])) if b is not None and b is not r else None
         stats = [s for s in ("pass@1", "mean_reward", "kl") if r.get(s) is not None]
         if cols and all(s in cols for s in stats):

@@ -29,7 +29,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from pita.eval.metrics import KL_BUDGETS as BUDGETS, bootstrap_ratios, percentile_interval
-from pita.report.intervals import RESAMPLES, SEED, RecordStore, _columns_of, metric_of
+from pita.report.intervals import RESAMPLES, SEED, RecordStore, columns_of, metric_of
 
 def envelope(points: Sequence[tuple[float, float]]) -> list[tuple[float, float]]:
     """The upper-left frontier of (kl, value) points: by KL (ties: best value first), each point
@@ -126,7 +126,7 @@ def _draws(rows: list[dict], m: str, store: RecordStore | None, resamples: int, 
     has no per-sample records (a run made before they were saved) or covers other prompts."""
     if store is None:
         return None
-    cols = [_columns_of(r, store) for r in rows]
+    cols = [columns_of(r, store) for r in rows]
     if any(c is None or m not in c for c in cols) or any("kl" not in c for c in cols[1:]):
         return None
     ids = sorted(cols[0][m])
