@@ -354,3 +354,37 @@ def test_pita_report_pools_several_seed_runs_at_equal_kl(recorded_run, tmp_path,
     (twin / "config.yaml").write_text("eval:\n  kl_budgets: [0.2]\n")
     assert report_main([str(recorded_run.root), str(twin)]) == 2
     assert "eval.kl_budgets differ" in capsys.readouterr().err
+
+
+def test_pita_report_reads_a_run_at_other_kl_budgets_and_refuses_bad_ones(recorded_run, tmp_path, capsys):
+    """``--kl-budgets``: the same rows read at other budgets, said in the report and saved; the
+    pooled comparison takes them too (runs of different eval.kl_budgets then pool); a bad list
+    exits 2 naming the flag and writes nothing."""
+    import shutil
+
+    from pita.cli.report import report_main
+
+    assert report_main([str(recorded_run.root)]) == 0
+    saved = json.loads((recorded_run.results / "final_results.json").read_text())
+    assert report_main([str(recorded_run.root)], kl_budgets="0.01,0.3") == 0
+    got = json.loads((recorded_run.results / "final_results.json").read_text())
+    km = got["kl_matched"]
+    assert km["budgets"] == [0.01, 0.3] and km["budgets_from"] == "pita report --kl-budgets"
+    assert sorted({c["kl_budget"] for c in km["cells"]}) == [0.01, 0.3]
+    assert got["rows"] == saved["rows"]  # a reading of the same rows
+    assert "(`pita report --kl-budgets`)" in (recorded_run.results / "report.md").read_text()
+    twin = tmp_path / "twin" / recorded_run.root.name
+    shutil.copytree(recorded_run.root, twin)
+    (twin / "config.yaml").write_text("eval:\n  kl_budgets: [0.2]\n")
+    assert report_main([str(recorded_run.root), str(twin)], out=str(tmp_path / "p"), kl_budgets="0.3") == 0
+    assert json.loads((tmp_path / "p.json").read_text())["budgets"] == [0.3]
+    before = (recorded_run.results / "final_results.json").read_text()
+    for bad, said in (("0.1,0", "--kl-budgets=[0.1, 0.0]"), ("0.1,x", "--kl-budgets='0.1,x'")):
+        capsys.readouterr()
+        assert report_main([str(recorded_run.root)], kl_budgets=bad) == 2
+        err = capsys.readouterr().err
+        assert said in err and "e.g. --kl-budgets" in err
+    assert (recorded_run.results / "final_results.json").read_text() == before
+    assert report_main([str(recorded_run.root)]) == 0  # back to the run's eval.kl_budgets
+    assert json.loads((recorded_run.results / "final_results.json").read_text())["kl_matched"]["budgets_from"] == \
+        "eval.kl_budgets"

@@ -60,10 +60,12 @@ def console_main(argv: list[str] | None = None) -> int:
     rp.add_argument("run_dir", nargs="+", help="a run folder; several (one per seed of the same experiment): "
                     "also the KL-matched comparison pooled over them")
     rp.add_argument("--out", help="with several runs: write the pooled comparison to OUT.md and OUT.json")
+    rp.add_argument("--kl-budgets", metavar="B1,B2,...", help="read the KL-matched comparison at these budgets "
+                    "(nats per sequence) instead of the runs' eval.kl_budgets; the rows are the same")
     args = ap.parse_args(argv)
     if args.cmd == "status":
         return status_main(args.run_dir, show_all=args.all)
     if args.cmd == "report":
-        return report_main(args.run_dir, out=args.out)
+        return report_main(args.run_dir, out=args.out, kl_budgets=args.kl_budgets)
     return 2
 

@@ -41,7 +41,7 @@ def help_text(prog: str = "pita run") -> str:
         "       pita run ... | python -m pita run ... | python run_parallel.py ...   (one and the same)",
         "       pita plan [--json] [key=value ...] [system.inventory=8x80GB]   (python run_parallel.py --plan ...)",
         "       pita status RUN_FOLDER [--all]",
-        "       pita report RUN_FOLDER [RUN_FOLDER ...] [--out NAME]",
+        "       pita report RUN_FOLDER [RUN_FOLDER ...] [--out NAME] [--kl-budgets B1,B2,...]",
         "",
         textwrap.fill("pita plans a post-training experiment (PITA, Q#, Q#-HF, DPO, GRPO, GRPO-HF x datasets x rounds, "
               "plus the base model's evaluation) as one job graph, checks the configuration before anything "

@@ -32,13 +32,32 @@ def write_report(run, rows) -> None:
                     "python -m pita report %s", type(e).__name__, e, run.results, run.root)
 
 
-def report_main(run_dirs: str | list[str], out: str | None = None) -> int:
+def parse_budgets(text: str | None) -> tuple[list[float] | None, list[str]]:
+    """``--kl-budgets 0.01,0.05,0.1``: the budgets, or the problems with them."""
+    from pita.eval.metrics import budget_problems
+
+    if text is None:
+        return None, []
+    try:
+        budgets = [float(x) for x in text.split(",")]
+    except ValueError:
+        return None, [f"--kl-budgets={text!r}: not a comma-separated list of numbers; e.g. --kl-budgets 0.05,0.1,0.25"]
+    problems = budget_problems(budgets, "--kl-budgets")
+    return (None if problems else budgets), problems
+
+
+def report_main(run_dirs: str | list[str], out: str | None = None, kl_budgets: str | None = None) -> int:
     """Re-render each run's results and report; with several runs (one per seed), also print the
-    KL-matched comparison pooled over them (and write it to ``out``.md / .json)."""
+    KL-matched comparison pooled over them (and write it to ``out``.md / .json). ``kl_budgets``
+    (comma-separated) reads the same rows at other budgets than the runs' ``eval.kl_budgets``."""
     from pita.core.paths import RunPaths
     from pita.report.report import render
     from pita.report.results import write
 
+    budgets, problems = parse_budgets(kl_budgets)
+    if problems:
+        print("error: " + "; ".join(problems), file=sys.stderr)
+        return 2
     dirs = [run_dirs] if isinstance(run_dirs, str) else list(run_dirs)
     try:
         runs = [RunPaths.open_existing(d) for d in dirs]
@@ -48,15 +67,16 @@ def report_main(run_dirs: str | list[str], out: str | None = None) -> int:
     roster = algorithm_roster()
     written = []
     for run in runs:
-        rows = write(run, roster)
+        rows = write(run, roster, budgets)
         print(render(run, rows or None, roster))
         written.append(rows)
     if len(runs) > 1:
-        return pooled_report(runs, written, roster, out)
+        return pooled_report(runs, written, roster, out, budgets)
     return 0
 
 
-def pooled_report(runs, rows_per_run: list[list[dict]], roster, out: str | None) -> int:
+def pooled_report(runs, rows_per_run: list[list[dict]], roster, out: str | None,
+                  override: list[float] | None = None) -> int:
     """The KL-matched comparison over several runs of one experiment (one per seed)."""
     import json
     from pathlib import Path
@@ -65,10 +85,10 @@ def pooled_report(runs, rows_per_run: list[list[dict]], roster, out: str | None)
     from pita.report.matched import matched_cells, matched_tables, public
     from pita.report.results import kl_budgets
 
-    budgets = [kl_budgets(r) for r in runs]
+    budgets = [kl_budgets(r) for r in runs] if override is None else [override] * len(runs)
     if any(b != budgets[0] for b in budgets):
-        print(f"error: the runs' eval.kl_budgets differ ({budgets}); pool runs made with the same budgets",
-              file=sys.stderr)
+        print(f"error: the runs' eval.kl_budgets differ ({budgets}); pool runs made with the same budgets, "
+              "or read them all at one list with --kl-budgets", file=sys.stderr)
         return 2
     empty = [str(r.root) for r, rows in zip(runs, rows_per_run) if not rows]
     if empty:

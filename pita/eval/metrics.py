@@ -31,15 +31,17 @@ Groups = Sequence[Sequence[Sample]]
 KL_BUDGETS = (0.05, 0.1, 0.25, 0.5, 1.0)
 
 
-def budget_problems(budgets: object) -> list[str]:
-    """Problems with a list of KL budgets (nats per sequence), in the form ``validate_config`` lists."""
+def budget_problems(budgets: object, field: str = "eval.kl_budgets") -> list[str]:
+    """Problems with a list of KL budgets (nats per sequence), in the form ``validate_config`` lists;
+    ``field`` names where they came from (the config key, or ``pita report --kl-budgets``)."""
     vals = list(budgets) if isinstance(budgets, (list, tuple)) else None
     bad = [b for b in vals or [] if isinstance(b, bool) or not isinstance(b, (int, float)) or not math.isfinite(b)
            or b <= 0]
     if not vals or bad:
         what = f"bad: {', '.join(map(repr, bad))}" if bad else "an empty list or not a list"
-        return [f"eval.kl_budgets={budgets!r}: every KL budget must be a finite number of nats per sequence > 0 "
-                f"({what}); e.g. eval.kl_budgets=[0.05,0.1,0.25,0.5,1]"]
+        example = "--kl-budgets 0.05,0.1,0.25,0.5,1" if field.startswith("--") else f"{field}=[0.05,0.1,0.25,0.5,1]"
+        return [f"{field}={budgets!r}: every KL budget must be a finite number of nats per sequence > 0 "
+                f"({what}); e.g. {example}"]
     return []
 
 

@@ -239,7 +239,7 @@ def matched_section(extras: dict, roster: Roster) -> list[str]:
     est = ", ".join(km.get("estimator") or []) or "exact per-step"
     return ["### Headline: every method at equal KL", "",
             f"Each method's {cells[0]['metric']} at KL budgets of {', '.join(f'{b:g}' for b in km['budgets'])} "
-            f"{km.get('unit', 'nats per sequence')} (`eval.kl_budgets`), read off its own frontier: all its rounds and "
+            f"{km.get('unit', 'nats per sequence')} (`{km.get('budgets_from', 'eval.kl_budgets')}`), read off its own frontier: all its rounds and "
             f"η values plus the base model at KL 0, the upper envelope linearly interpolated at the budget, never "
             f"extrapolated (\"not reached\": the method's largest KL is below the budget). KL estimator: {est}. "
             "Intervals: 95%, the prompts resampled and every row's metric and KL recomputed per draw, so they cover "

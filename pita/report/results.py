@@ -137,18 +137,20 @@ def kl_budgets(run: RunPaths) -> list[float]:
     return [float(b) for b in got] if got else list(BUDGETS)
 
 
-def kl_matched(run: RunPaths, rows: list[dict]) -> dict:
-    """The KL-matched comparison of one run (pita/report/matched.py), as saved."""
+def kl_matched(run: RunPaths, rows: list[dict], budgets: list[float] | None = None) -> dict:
+    """The KL-matched comparison of one run (pita/report/matched.py), as saved; ``budgets`` (from
+    ``pita report --kl-budgets``) replace the run's ``eval.kl_budgets``, a reading of the same rows."""
     from pita.report.intervals import RecordStore
     from pita.report.matched import matched_cells, public
 
-    budgets = kl_budgets(run)
-    return {"budgets": budgets, "unit": "nats per sequence",
+    source = "eval.kl_budgets" if budgets is None else "pita report --kl-budgets"
+    budgets = kl_budgets(run) if budgets is None else [float(b) for b in budgets]
+    return {"budgets": budgets, "budgets_from": source, "unit": "nats per sequence",
             "estimator": sorted({r.get("kl_estimator") or "log-ratio" for r in rows if r["algorithm"] != "base"}),
             "cells": public(matched_cells([(rows, RecordStore(run))], budgets))}
 
 
-def write(run: RunPaths, roster: Roster | None = None) -> list[dict]:
+def write(run: RunPaths, roster: Roster | None = None, budgets: list[float] | None = None) -> list[dict]:
     rows, val = collect(run)
     if not rows:
         return rows
@@ -161,7 +163,7 @@ def write(run: RunPaths, roster: Roster | None = None) -> list[dict]:
             w.writeheader()
             for r in val:
                 w.writerow(r)
-    extras = {"kl_matched": kl_matched(run, rows)}
+    extras = {"kl_matched": kl_matched(run, rows, budgets)}
     from pita.report.labels import label_quality
 
     extras["label_quality"] = label_quality(run, roster.preference_pairs if roster and roster.preference_pairs else None)
