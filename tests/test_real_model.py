@@ -93,6 +93,36 @@ def test_the_real_smoke_preset_selects_smollm2_and_a_local_gsm8k_file_with_split
     assert all(e.answer and e.answer.lstrip("-").isdigit() for e in train + test)  # '#### n' read as n
 
 
+def test_the_real_arith_preset_is_valid_one_step_additions_with_equal_pair_budgets():
+    """experiment=real_arith (the equal-KL comparison on SmolLM2): it composes and validates as a
+    run would, asks one-step additions of operands up to 9 with the worked example, and every
+    preference learner gets the same 2 labelled pairs per prompt."""
+    import re
+
+    from hydra import compose, initialize_config_dir
+
+    from pita.cli import CONF_DIR
+    from pita.config.validate import validate_config
+    from pita.datasets.config import dataset_config
+    from pita.datasets.loading import load_examples
+
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
+        cfg = compose(config_name="config", overrides=["experiment=real_arith"])
+    validate_config(cfg, models=False)
+    assert cfg.model.name == "smollm2" and cfg.experiment.rounds == 1
+    assert list(cfg.experiment.algos) == ["PITA", "QSharp", "QSharp-HF", "DPO", "GRPO", "GRPO-HF"]
+    ds = cfg.datasets.arith
+    test = load_examples(dataset_config("arith", **{k: ds[k] for k in ds if k != "name"}), "test")
+    assert len(test) == 64
+    for e in test:
+        a, b = map(int, re.search(r"has (\d+) \w+\. \w+ gets (\d+) more", e.prompt).groups())
+        assert 1 <= a <= 9 and 1 <= b <= 9 and int(e.answer) == a + b
+    assert "#### 3" in ds.prompt_template and "{question}" in ds.prompt_template
+    assert cfg.data_collection.pairs_per_prompt == 2 and cfg.algos.PITA.cut_points == 2  # greedy vs sampled per cut
+    assert min(cfg.eval.kl_budgets) < 0.05  # one round of the trained baselines moves them by hundredths
+    assert cfg.algos.QSharp.continuations == 4 and cfg.algos["QSharp-HF"].continuations == 4
+
+
 # ------------------------------------------------------------------ tokenizer (default tier)
 @needs_smollm2
 def test_pad_is_the_end_of_turn_so_masks_come_from_lengths(tok):

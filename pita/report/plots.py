@@ -174,7 +174,7 @@ def plot_frontier(rows: list[dict], eval_ds: str, out: Path, roster: Roster = Ro
         extra.append(Line2D([], [], marker="o", ms=10, mfc="none", mec="black", ls="none",
                             label="η chosen on validation"))
     if matched:
-        extra.append(Line2D([], [], color="grey", ls=":", label="KL budgets (eval.kl_budgets)"))
+        extra.append(Line2D([], [], color="grey", ls=":", label="KL budgets"))
         extra.append(Line2D([], [], marker="D", ms=6, mfc="none", mec="black", ls="none",
                             label="value at a budget (all rounds)"))
     _legends(axes[0][-1], plt, order, rounds, roster, extra)
