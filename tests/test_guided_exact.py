@@ -406,8 +406,12 @@ def test_a_trained_policys_path_kl_to_its_reference_equals_brute_force(lm):
                                                     generator=torch.Generator().manual_seed(5)))
     T = 0.7
     paths = [([], EOS), ([1], EOS), ([0, 2, 1], None), ([2, 2], EOS)]
+    lrs: list[float] = []
     got = other.path_kl(lm, [PROMPT] * len(paths), [p for p, _ in paths], [e for _, e in paths], temperature=T,
-                        batch_size=3)
+                        batch_size=3, logp_ref_out=lrs)
+    # the reference's log-prob of each path, from the same forward: what sequence_logprobs returns
+    assert lrs == pytest.approx(lm.sequence_logprobs([PROMPT] * len(paths), [p for p, _ in paths], batch_size=3,
+                                                     eos_ids=[e for _, e in paths], temperature=T), abs=1e-9)
     for (toks, eos), kl in zip(paths, got):
         want = 0.0
         for t in range(len(toks) + (eos is not None)):

@@ -187,14 +187,14 @@ def run_eval(lm, examples, req, scorer) -> list[dict]:
             enc = dict(zip([e.id for e in examples], ref.encode([ref.chat_prompt(e.prompt) for e in examples])))
             prompts, paths = [enc[e.id] for e in flat_ex], [smp.token_ids for smp in flat]
             ends = [smp.meta.get("eos_id") for smp in flat]
-            for smp, lr in zip(flat, ref.sequence_logprobs(
-                    prompts, paths, batch_size=g["batch_size"], eos_ids=ends, temperature=g["temperature"],
-                    top_p=1.0)):  # KL under top_p = 1, as the sample's own logp (LM.generate_ids)
-                smp.meta["logp_ref"] = lr
-            # the exact per-step KL along each sampled path, both models on the same tokens
-            for smp, kl in zip(flat, lm.path_kl(ref, prompts, paths, ends, temperature=g["temperature"],
-                                                batch_size=g["batch_size"])):
-                smp.meta["kl_path"] = kl
+            # the exact per-step KL along each sampled path, both models on the same tokens, and the
+            # reference's log-prob of the path from the same forward (top_p = 1, as the sample's own
+            # logp in LM.generate_ids)
+            lrs: list[float] = []
+            kls = lm.path_kl(ref, prompts, paths, ends, temperature=g["temperature"], batch_size=g["batch_size"],
+                             logp_ref_out=lrs)
+            for smp, kl, lr in zip(flat, kls, lrs, strict=True):
+                smp.meta["kl_path"], smp.meta["logp_ref"] = kl, lr
         for e, smp, sc, j in zip(flat_ex, flat, scores, [j for samples in outs for j in range(len(samples))]):
             recs.append({"id": e.id, "eta": float(eta), "sample": j, "completion": smp.text, "finish": smp.finish,
                          "n_tokens": len(smp.token_ids), **sc, "logp": smp.meta["logp"],

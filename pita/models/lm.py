@@ -479,13 +479,17 @@ class LM:
 
     @torch.no_grad()
     def path_kl(self, ref: "LM", prompt_ids: list[list[int]], completion_ids: list[list[int]],
-                eos_ids: Sequence[int | None], temperature: float = 1.0, batch_size: int = 16) -> list[float]:
+                eos_ids: Sequence[int | None], temperature: float = 1.0, batch_size: int = 16,
+                logp_ref_out: list | None = None) -> list[float]:
         """Per row, the exact KL of this model's next-token distribution to ``ref``'s at every step
         of the given path (the completion, then its EOS where ``eos_ids`` names one), summed: the
         KL of a sampled sequence without the noise of a single log-ratio. Both models see the same
         token ids and divide their logits by ``temperature``; no nucleus (as ``generate_ids``'s
         ``logp``). A path drawn from this model makes the mean over rows an unbiased, never
-        negative, estimate of KL(this model || ref) over sequences."""
+        negative, estimate of KL(this model || ref) over sequences. ``logp_ref_out``, when given,
+        receives each row's log ref(path) from the same forward pass of ``ref`` (what
+        ``ref.sequence_logprobs(..., eos_ids=eos_ids, temperature=temperature)`` returns), so an
+        evaluation runs the reference once, not twice."""
         outs: list[float] = []
         ends = [None if x is None else int(x) for x in eos_ids]
         t = temperature or 1.0
@@ -493,14 +497,21 @@ class LM:
             h = self.hidden_states(ids, mask)
             h_ref = ref.hidden_states(ids.to(ref.device), mask.to(ref.device))
             sums = torch.zeros(ids.shape[0], dtype=torch.float64, device=self.device)
+            lref = torch.zeros_like(sums)
+            tgt = ids[r_t, p_t + 1]
             for a in range(0, r_t.numel(), SCORE_CHUNK):
                 sl = slice(a, a + SCORE_CHUNK)
                 q = torch.log_softmax(self.logits_of(h[r_t[sl], p_t[sl]]).float() / t, -1)
                 r = torch.log_softmax(ref.logits_of(h_ref[r_t[sl].to(ref.device), p_t[sl].to(ref.device)]).float() / t, -1)
-                sums.index_add_(0, r_t[sl], step_kl_of(q, r.to(q.device)))
+                r = r.to(q.device)
+                sums.index_add_(0, r_t[sl], step_kl_of(q, r))
+                if logp_ref_out is not None:
+                    lref.index_add_(0, r_t[sl], r.gather(-1, tgt[sl].unsqueeze(-1)).squeeze(-1).double())
                 del q, r
             del h, h_ref
             outs += [float(x) for x in sums.tolist()]
+            if logp_ref_out is not None:
+                logp_ref_out += [float(x) for x in lref.tolist()]
         return outs
 
 
