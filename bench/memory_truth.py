@@ -18,8 +18,8 @@ What runs, per family (the code the job calls where it can run on fake tensors):
                         at full length (prompt + max_new_tokens); the reward model beside it
     gen.shard guided    the same with the value model (``GuidedDecoder.begin`` / ``adjust``)
     eval.shard trained  the trained policy sampling as above and the reference beside it running
-                        ``LM.sequence_logprobs`` over the samples (prompt + completion), then
-                        ``LM.path_kl`` (both models' final hidden states held at once)
+                        ``LM.path_kl`` over the samples (prompt + completion): the exact KL and the
+                        reference's log-probs in one pass, both models' final hidden states held at once
     value / proxy       one optimizer step of ``pita.guidance.train``: its loss (``_loss``) on a
     training            token-budget batch of ``micro_batch_size`` rows, backward, AdamW
     DPO / GRPO          TRL's trainers cannot run on fake tensors; their step is rebuilt: the policy
@@ -294,15 +294,13 @@ def measure(fake: Fake, cfg, paths: dict, job) -> int:
             if scorer is not None:
                 prompts = [[5] * PROMPT_TOKENS] * B
                 comps = [[6] * new] * B
-                # as run_eval: the reference's log-probs, then the exact per-step KL, which holds both
-                # models' final hidden states for the batch at once
-                for score in (lambda: scorer.sequence_logprobs(prompts, comps, batch_size=B, top_p=1.0),
-                              lambda: lm.path_kl(scorer, prompts, comps, [None] * B, batch_size=B)):
-                    try:
-                        score()
-                    except Exception as e:  # noqa: BLE001 - the last line reads values (.tolist()): the peak is past
-                        if "DataDependent" not in type(e).__name__ and "data-dependent" not in str(e).lower():
-                            raise
+                # as run_eval: the exact per-step KL and the reference's log-probs in one pass, both
+                # models' final hidden states for the batch held at once
+                try:
+                    lm.path_kl(scorer, prompts, comps, [None] * B, batch_size=B, logp_ref_out=[])
+                except Exception as e:  # noqa: BLE001 - the last line reads values (.tolist()): the peak is past
+                    if "DataDependent" not in type(e).__name__ and "data-dependent" not in str(e).lower():
+                        raise
             if rm is not None:
                 rb = int((req.get("scoring") or {}).get("reward_batch_size", 32))
                 with torch.no_grad():
