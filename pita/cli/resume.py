@@ -79,12 +79,13 @@ def _drop_foreign_algo_keys(saved: DictConfig, where) -> None:
 
 
 def _resume_config(cfg: DictConfig, overrides: list[str]):
-    """The run folder (owned from here on), its saved config, the new config and the keys that
-    differ. A damaged or missing state or config is rebuilt from the jobs' launch.json files and
-    .done markers (:mod:`pita.core.recovery`)."""
+    """The run folder (owned from here on), its saved config, the new config, the keys that differ
+    and how the state was found: False (read), True (rebuilt) or "fresh" (the run stopped before it
+    recorded any job: nothing to compare, it starts afresh). A damaged or missing state or config
+    is rebuilt from the jobs' launch.json files and .done markers (:mod:`pita.core.recovery`)."""
     from pita.core.owner import OwnerLock
     from pita.core.paths import RunPaths
-    from pita.core.recovery import config_from_jobs, rebuild_state
+    from pita.core.recovery import config_from_jobs, launches, rebuild_state
     from pita.core.state import StateStore
 
     run = RunPaths.open_existing(cfg.resume_from)
@@ -94,17 +95,20 @@ def _resume_config(cfg: DictConfig, overrides: list[str]):
     if note:
         print(f"warning: {note}", file=sys.stderr)
     store = StateStore(run.state)
+    started = any(launches(run))  # a job that started left its launch.json
+    fresh = False
     try:
         if not store.exists():
             raise ResumeError(f"{run.state} and {store.db_path.name} are missing")
-        store.read()
+        fresh = not store.read()["jobs"] and not started
         rebuilt = False
     except ResumeError as e:
         store.close()
-        n, done = rebuild_state(run)
-        rebuilt = True
-        print(f"note: the run state could not be read ({e}); rebuilt it from the jobs' launch.json files and "
-              f".done markers: {n} job(s) started before, {done} of them complete", file=sys.stderr)
+        fresh, rebuilt = not started, started
+        if started:
+            n, done = rebuild_state(run)
+            print(f"note: the run state could not be read ({e}); rebuilt it from the jobs' launch.json files and "
+                  f".done markers: {n} job(s) started before, {done} of them complete", file=sys.stderr)
     finally:
         store.close()
     try:
@@ -112,14 +116,22 @@ def _resume_config(cfg: DictConfig, overrides: list[str]):
         if not isinstance(saved, DictConfig) or "experiment" not in saved:
             raise ValueError("not a pita config")
     except Exception as e:
+        if not started:
+            raise ResumeError(f"{run.root} was stopped while it was being created: it has no readable "
+                              f"{run.config.name} and no job of it ever started, so nothing was computed and "
+                              f"nothing can be lost. Start the run again with the command that made it (and "
+                              f"remove that folder)") from e
         saved = OmegaConf.create(config_from_jobs(run))
         print(f"note: {run.config.name} could not be read ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); "
               f"using the config its jobs ran with (jobs/*/launch.json)", file=sys.stderr)
+    if fresh:
+        print(f"note: {run.root} was stopped before it recorded its jobs (during start-up): nothing was computed, "
+              f"so it starts afresh with its saved config", file=sys.stderr)
     _drop_foreign_algo_keys(saved, run.config)
     new = _apply_overrides(saved, overrides)
     new.resume_from = str(run.root)
     new.resume_force = bool(cfg.resume_force)
     a, b = _flatten(OmegaConf.to_container(saved)), _flatten(OmegaConf.to_container(new))
     changed = sorted(k for k in set(a) | set(b) if k not in RESUME_KEYS and a.get(k) != b.get(k))
-    return run, saved, new, changed, owner, rebuilt
+    return run, saved, new, changed, owner, "fresh" if fresh else rebuilt
 

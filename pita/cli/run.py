@@ -124,7 +124,9 @@ def _run(cfg: DictConfig, overrides: list[str], run_dir: Path | None = None) -> 
             raise ConfigError(mig)
         graph = JobGraph(planned).validate(totals, ex.memory_margin)
 
-        if resume:
+        if resume and rebuilt == "fresh":  # nothing recorded, nothing computed: nothing to compare
+            differs = []
+        elif resume:
             saved_jobs = StateStore(run.state).read()["jobs"]
             old_fp = {k: v.get("fingerprint") for k, v in saved_jobs.items()}
             new_fp = graph.fingerprints()
@@ -133,13 +135,8 @@ def _run(cfg: DictConfig, overrides: list[str], run_dir: Path | None = None) -> 
                 differs = sorted(j for j in old_fp if old_fp[j] != new_fp.get(j))
             else:
                 differs = sorted(j for j in set(old_fp) | set(new_fp) if old_fp.get(j) != new_fp.get(j))
-            graph_keys = [k for k in changed if not k.startswith(EXECUTION_KEYS)]
             if differs and not cfg.resume_force:
-                raise ResumeError(
-                    f"the overrides change the job graph of {run.root} ({len(differs)} job(s) differ, e.g. "
-                    f"{', '.join(differs[:3])}); keys that differ from the saved config: "
-                    f"{', '.join(graph_keys or changed) or '(none)'}. Drop those overrides, or pass resume_force=true "
-                    f"to re-run the changed jobs and everything after them")
+                raise ResumeError(_graph_change(run, differs, changed))
             if differs:
                 stale = set(differs)
                 for j in differs:
@@ -180,7 +177,8 @@ def _run(cfg: DictConfig, overrides: list[str], run_dir: Path | None = None) -> 
         if not sy.use_parallel_execution:
             log.info("system.use_parallel_execution=false: one job at a time on %s", gpus.devices[0].label)
         if resume:
-            log.info("resuming %s%s", run.root, f" with changed keys: {', '.join(changed)}" if changed else "")
+            log.info("resuming %s%s%s", run.root, f" with changed keys: {', '.join(changed)}" if changed else "",
+                     ": it stopped before it recorded its jobs, so it starts afresh" if rebuilt == "fresh" else "")
         settings = ExecutorSettings(
             oom_retries=ex.oom_retries, crash_retries=ex.crash_retries, job_timeout_s=ex.job_timeout_s,
             kill_grace_s=ex.kill_grace_s, poll_interval_s=ex.poll_interval_s, memory_margin=ex.memory_margin,
@@ -216,6 +214,21 @@ def _run(cfg: DictConfig, overrides: list[str], run_dir: Path | None = None) -> 
     owner.release()
     print_summary(summary, run)
     return summary.exit_code
+
+
+def _graph_change(run, differs: list[str], changed: list[str]) -> str:
+    """Why a resume is refused: the jobs that differ, and the keys that changed them, or, where no
+    key changed, where else the difference comes from."""
+    jobs = f"{len(differs)} job(s) differ, e.g. {', '.join(differs[:3])}"
+    graph_keys = [k for k in changed if not k.startswith(EXECUTION_KEYS)]
+    if changed:
+        return (f"the overrides change the job graph of {run.root} ({jobs}); keys that differ from the saved "
+                f"config: {', '.join(graph_keys or changed)}. Drop those overrides, or pass resume_force=true to "
+                f"re-run the changed jobs and everything after them")
+    return (f"the job graph of {run.root} differs from the one it ran ({jobs}), though no key differs from its "
+            f"saved config: this pita or this machine plans it otherwise (another pita version, other devices, "
+            f"another model in the cache). Resume it where it started, or pass resume_force=true to re-run the "
+            f"changed jobs and everything after them")
 
 
 def _space_hint(sy, root, e: OSError) -> str:

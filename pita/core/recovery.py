@@ -22,7 +22,7 @@ from pita.core.state import StateStore
 log = logging.getLogger("pita.recovery")
 
 
-def _launches(run: RunPaths) -> list[tuple[float, str, dict]]:
+def launches(run: RunPaths) -> list[tuple[float, str, dict]]:
     out = []
     if not run.jobs_dir.is_dir():
         return out
@@ -37,7 +37,7 @@ def _launches(run: RunPaths) -> list[tuple[float, str, dict]]:
 
 def config_from_jobs(run: RunPaths) -> dict:
     """The resolved config every job received (the newest launch.json's); ResumeError if none."""
-    for _, _, launch in sorted(_launches(run), key=lambda t: t[0], reverse=True):
+    for _, _, launch in sorted(launches(run), key=lambda t: t[0], reverse=True):
         if isinstance(launch.get("config"), dict) and launch["config"]:
             return launch["config"]
     raise ResumeError(f"{run.config} is missing or damaged and no job of {run.root} ever started (no "
@@ -62,7 +62,7 @@ def rebuild_state(run: RunPaths) -> tuple[int, int]:
     store = StateStore(run.state)
     moved = [p for p in (_move_aside(store.db_path), _move_aside(run.state)) if p]
     jobs, completed = {}, 0
-    for _, jid, launch in _launches(run):
+    for _, jid, launch in launches(run):
         job = launch.get("job") or {}
         problem = run.job(jid).done_problem()
         entry = {"kind": job.get("kind"), "group": job.get("group", ""), "deps": job.get("deps", []),
