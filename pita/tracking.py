@@ -85,6 +85,8 @@ def tracker_settings(ctx) -> TrackerSettings:
     data-parallel job gets them from its launcher (``ctx.tracker``); a context without a run
     config (a job function called directly) has no tracker."""
     given = getattr(ctx, "tracker", None)
+    if isinstance(given, dict):  # as a rank's launcher sent it (pita.core.ranks)
+        return TrackerSettings(**given)
     if given is not None:
         return given
     if getattr(ctx, "cfg", None) is None or getattr(ctx, "run", None) is None:

@@ -12,16 +12,15 @@ import pytest
 @pytest.fixture(scope="session")
 def tiny_cache(tmp_path_factory):
     """The tiny family, built once per test session, or reused from ``PITA_TEST_CACHE`` (a cache
-    folder of an earlier build) when that is set. Built as a run builds it: the parts in parallel
-    processes with one thread each (two threads per process on two cores thrash)."""
+    folder of an earlier build) when that is set. The parts are built in parallel processes (each
+    at one thread, as every build is: the weights a run's build job gives)."""
     import subprocess
 
     from pita.models.tiny import PARTS, build_tiny_family, prepare_tiny_family
 
     cache = os.environ.get("PITA_TEST_CACHE") or tmp_path_factory.mktemp("cache")
     prepare_tiny_family(cache, 0)
-    code = "import sys, torch; torch.set_num_threads(1); from pita.models.tiny import build_part; " \
-           "build_part(sys.argv[1], 0, sys.argv[2])"
+    code = "import sys; from pita.models.tiny import build_part; build_part(sys.argv[1], 0, sys.argv[2])"
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(Path(__file__).resolve().parents[1]))
     procs = [subprocess.Popen([sys.executable, "-c", code, str(cache), part], env=env) for part in PARTS]
     if any(p.wait() != 0 for p in procs):

@@ -141,6 +141,86 @@ def test_sigkill_then_resume_reaches_the_same_final_state(tmp_path):
     assert f"resume: {done_before} of {len(expected)} jobs already completed" in (run / "run.log").read_text()
 
 
+# A run killed at a moment of its start-up: the function named is patched to SIGKILL the process
+# (after the original ran, where "after"), then the command runs as a user types it.
+_DIE = """
+import os, signal, sys
+from pita.cli import run_main
+what, when = sys.argv[1], sys.argv[2]
+mod_name, attr = what.split(":")
+import importlib
+owner = importlib.import_module(mod_name)
+if "." in attr:
+    cls_name, attr = attr.split(".")
+    owner = getattr(owner, cls_name)
+orig = owner.__dict__[attr]
+fn = orig.__func__ if isinstance(orig, classmethod) else orig
+def dying(*a, **k):
+    if when == "after":
+        fn(*a, **k)
+    elif when == "connect":
+        a[0]._connect()
+    os.kill(os.getpid(), signal.SIGKILL)
+setattr(owner, attr, classmethod(dying) if isinstance(orig, classmethod) else dying)
+sys.exit(run_main(sys.argv[3:], prog="python run_parallel.py"))
+"""
+
+
+@pytest.mark.parametrize("moment,fresh", [
+    (("pita.core.logs:setup_logging", "before"), True),  # config.yaml written, no state
+    (("pita.core.state:StateStore.update", "connect"), True),  # an empty state database: 0 jobs recorded
+    (("pita.core.executor:Executor._launch", "before"), False),  # every job recorded, none started
+])
+def test_a_run_killed_during_start_up_resumes(tmp_path, moment, fresh):
+    """SIGKILLed before it recorded its jobs, a run has computed nothing: resume starts it afresh
+    with its saved config (and says so) instead of blaming overrides nobody gave."""
+    args = ["experiment.name=k", "synthetic.job_seconds=0", *SMALL, "experiment.workload=synthetic",
+            f"system.output_dir={tmp_path / 'b'}", "executor.progress=plain"]
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    r = subprocess.run([sys.executable, "-c", _DIE, *moment, *args], cwd=ROOT, env=env, capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == -signal.SIGKILL, r.stderr[-2000:]
+    run = only_run(tmp_path / "b", "k")
+    assert not list(run.glob("jobs/*/launch.json"))  # no job started
+    if moment[1] == "connect":
+        assert (run / "state.db").exists()  # the state the issue's run left: a database with 0 jobs
+    again = cli([f"resume_from={run}"], tmp_path / "b")
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert ("starts afresh with its saved config" in again.stderr) == fresh
+    assert "differ" not in again.stderr
+    ref = cli(["experiment.name=ref", "synthetic.job_seconds=0", *SMALL], tmp_path / "a")
+    assert ref.returncode == 0
+    assert final_state(run) == final_state(only_run(tmp_path / "a", "ref"))
+
+
+def test_a_run_killed_as_its_folder_was_made_says_nothing_was_lost(tmp_path):
+    args = ["experiment.name=k", "synthetic.job_seconds=0", *SMALL, "experiment.workload=synthetic",
+            f"system.output_dir={tmp_path}", "executor.progress=plain"]
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    r = subprocess.run([sys.executable, "-c", _DIE, "pita.core.paths:RunPaths.create", "after", *args], cwd=ROOT,
+                       env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == -signal.SIGKILL, r.stderr[-2000:]
+    run = only_run(tmp_path, "k")
+    again = cli([f"resume_from={run}"], tmp_path)
+    assert again.returncode == 2
+    assert "nothing was computed and nothing can be lost" in again.stderr and "Start the run again" in again.stderr
+
+
+def test_a_graph_that_differs_with_no_key_changed_is_not_blamed_on_overrides(tmp_path):
+    r = cli(["experiment.name=g", "synthetic.job_seconds=0", *SMALL], tmp_path)
+    assert r.returncode == 0, r.stderr
+    run = only_run(tmp_path, "g")
+    from pita.core.state import StateStore
+
+    store = StateStore(run / "state.json")  # as if another pita had planned the first job otherwise
+    first = sorted(store.read()["jobs"])[0]
+    store.apply({first: {"fingerprint": "planned-elsewhere"}})
+    store.close()
+    again = cli([f"resume_from={run}"], tmp_path)
+    assert again.returncode == 2
+    assert "though no key differs from its saved config" in again.stderr and "overrides" not in again.stderr
+
+
 def test_resume_refuses_graph_changes_unless_forced(tmp_path):
     r = cli(["experiment.name=g", "synthetic.job_seconds=0", *SMALL], tmp_path)
     run = only_run(tmp_path, "g")

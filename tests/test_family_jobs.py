@@ -95,7 +95,7 @@ def test_a_run_builds_the_missing_part_as_a_job_and_resumes_with_the_same_graph(
     assert r.returncode == 0, r.stderr[-3000:]
     run = only_run(tmp_path / "out", "fam")
     log = (run / "run.log").read_text()
-    assert "building the tiny family once (reward_sentiment: 1 job(s), one thread each)" in log
+    assert "building the tiny family once (reward_sentiment: 1 job(s), one thread per process)" in log
     state = final_state(run)
     assert {j: s for j, (s, _) in state.items() if j.startswith("model.")} == {
         "model.tiny.reference": "COMPLETED", "model.tiny.reward_sentiment": "COMPLETED"}
@@ -107,48 +107,3 @@ def test_a_run_builds_the_missing_part_as_a_job_and_resumes_with_the_same_graph(
     again = cli([f"resume_from={run}"], tmp_path / "out", timeout=300)
     assert again.returncode == 0, again.stderr[-3000:]
     assert "graph" not in again.stderr
-
-
-def test_a_build_backs_off_to_one_thread_while_another_process_wants_the_cores(monkeypatch):
-    """IdleCores: one thread at first, the job's budget once the other cores have been idle over
-    an interval, one thread again as soon as other processes use them; never above the budget."""
-    import torch
-
-    from pita.core import threads
-
-    monkeypatch.setenv("OMP_NUM_THREADS", "2")
-    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
-    monkeypatch.setattr("pita.core.gpu_manager.usable_cores", lambda: 3)
-    load = {"others": 0.0}
-    clock = {"t": 0.0, "busy": 0.0, "own": 0.0}
-
-    def sample(self):
-        return clock["t"], clock["busy"], clock["own"]
-
-    def tick(seconds, own_cores):
-        clock["t"] += seconds
-        clock["own"] += own_cores * seconds
-        clock["busy"] += (own_cores + load["others"]) * seconds
-
-    monkeypatch.setattr(threads.IdleCores, "_sample", sample)
-    set_to = []
-    monkeypatch.setattr(torch, "set_num_threads", set_to.append)
-    before = torch.get_num_threads()
-    cores = threads.IdleCores(interval_s=1.0)
-    assert cores.enabled and cores.threads == 1 and cores.ceiling == 2
-    tick(0.5, 1)
-    assert cores.adjust() == 1  # too soon to tell
-    tick(0.6, 1)
-    assert cores.adjust() == 2  # idle machine: the job's whole budget (2), not the 3 cores
-    load["others"] = 2.0  # a 2-thread neighbour appears
-    tick(1.0, 1.3)
-    assert cores.adjust() == 1
-    load["others"] = 0.1
-    tick(1.0, 1)
-    assert cores.adjust() == 2
-    assert set_to == [1, 2, 1, 2] and cores.changes == 3 and torch.get_num_threads() == before
-    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
-    assert not threads.IdleCores().enabled  # a GPU job keeps its threads
-    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
-    monkeypatch.setenv("OMP_NUM_THREADS", "1")
-    assert not threads.IdleCores().enabled  # a one-thread budget has nothing to adjust

@@ -53,7 +53,7 @@ def test_the_ranks_meet_without_choosing_a_port():
     """torchrun's standalone rendezvous binds port 0 and keeps it: no free-port probe to race on."""
     from pathlib import Path
 
-    from pita.algos.distributed import launch_command
+    from pita.core.ranks import launch_command
 
     cmd = launch_command(2, Path("spec.json"))
     assert "--standalone" in cmd and not any(c.startswith("--master_port") for c in cmd)

@@ -3,129 +3,30 @@
     result = run_distributed(ctx, "algo.dpo_train", k)     # in the job's worker
 
 The executor gives a k-device job k devices at once (CUDA_VISIBLE_DEVICES lists them). The worker
-then starts ``torch.distributed.run --nproc_per_node k -m pita.algos.distributed spec.json``;
-each process runs the same job function, and the TRL / transformers Trainer inside it finds the
-distributed environment (RANK, WORLD_SIZE, LOCAL_RANK) and wraps the model in DDP through
-accelerate (NCCL on GPUs, gloo on CPU), or shards it (``algos.<A>.sharding=fsdp``). Rank 0
-writes the checkpoint and the result; the worker streams every rank's output into the job log
-and returns rank 0's result. The effective batch stays as configured: the job divides it by k
-(pita/algos/post_training.py).
+then runs the job function on k ranks (:mod:`pita.core.ranks`: torchrun, every rank's output in
+the job log, rank 0's result, an out-of-memory rank the job's OOM); the TRL / transformers
+Trainer inside each rank finds the distributed environment (RANK, WORLD_SIZE, LOCAL_RANK) and
+wraps the model in DDP through accelerate (NCCL on GPUs, gloo on CPU), or shards it
+(``algos.<A>.sharding=fsdp``). Rank 0 writes the checkpoint and the result. The effective batch
+stays as configured: the job divides it by k (pita/algos/post_training.py).
 
-Rank r uses ``cuda:LOCAL_RANK`` (pita.models.lm.default_device) for everything it builds. The
-ranks meet through torchrun's standalone rendezvous, whose store binds port 0 and keeps the
-socket: no port is chosen and released for someone else to take. A rank that runs out of device
-memory leaves a marker, and the job fails as an out-of-memory (retried at half the micro-batch),
-not as a plain error.
+Rank r uses ``cuda:LOCAL_RANK`` (pita.models.lm.default_device) for everything it builds.
 """
 
 from __future__ import annotations
 
-import json
-import logging
-import os
-import subprocess
-import sys
-from pathlib import Path
-from types import SimpleNamespace
+from dataclasses import asdict
 
-from pita.core.errors import DeviceOutOfMemory, JobError
-
-SPEC, RESULT = "distributed.json", "distributed-result.json"
-OOM_MARKER = "distributed-oom.rank{}.json"  # written by a rank that ran out of device memory
-
-
-def world_size() -> int:
-    return int(os.environ.get("WORLD_SIZE", "1"))
-
-
-def is_rank0() -> bool:
-    return int(os.environ.get("RANK", "0")) == 0
-
-
-def launch_command(k: int, spec_file: Path) -> list[str]:
-    """torchrun for k ranks on this node. ``--standalone``: the rendezvous store listens on a port
-    the kernel gives it and holds it for the job's life, so jobs starting together never race for
-    a port (a port found free and released could be taken before the ranks bind it)."""
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={k}",
-            "-m", "pita.algos.distributed", str(spec_file)]
+from pita.core.ranks import is_rank0, launch_command, run_ranks, world_size  # noqa: F401  (the algorithms' names)
 
 
 def run_distributed(ctx, kind: str, k: int) -> dict:
-    deps = {d: ctx.dep_result(d) for d in _dep_ids(ctx.params)}
-    from pita.core.job import kind_target
-
-    from dataclasses import asdict
-
     from pita.tracking import tracker_settings
 
-    spec = {"kind": kind, "target": kind_target(kind), "params": ctx.params, "deps": deps, "dir": str(ctx.paths.dir),
-            "tracker": asdict(tracker_settings(ctx))}
-    spec_file = ctx.paths.dir / SPEC
-    spec_file.write_text(json.dumps(spec))
-    result_file = ctx.paths.dir / RESULT
-    result_file.unlink(missing_ok=True)
-    for old in ctx.paths.dir.glob(OOM_MARKER.format("*")):
-        old.unlink()
-    cmd = launch_command(k, spec_file)
+    deps = {d: ctx.dep_result(d) for d in _dep_ids(ctx.params)}
     how = "sharded (FSDP)" if ctx.params.get("sharding") == "fsdp" else "data-parallel"
-    ctx.log.info("%s over %d processes: %s", how, k, " ".join(cmd[2:]))
-    env = dict(os.environ)
-    if os.environ.get("OMP_NUM_THREADS"):  # CPU: the job's threads are shared out between its ranks
-        env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(max(1, int(os.environ["OMP_NUM_THREADS"]) // k))
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
-    for line in proc.stdout:  # every rank's output, into the job log
-        ctx.log.info("%s", line.rstrip())
-    rc = proc.wait()
-    ooms = sorted(ctx.paths.dir.glob(OOM_MARKER.format("*")))
-    if ooms:  # one rank out of memory is the job out of memory (torchrun ended the others)
-        first = json.loads(ooms[0].read_text())
-        raise DeviceOutOfMemory(f"CUDA out of memory on rank {first['rank']} of {k} ({first['device']}): "
-                                f"{first['error']}")
-    if rc != 0 or not result_file.exists():
-        raise JobError(f"the {k}-process training exited with code {rc}; the ranks' output is in the job log above")
-    return json.loads(result_file.read_text())
+    return run_ranks(ctx, kind, k, deps=deps, extras={"tracker": asdict(tracker_settings(ctx))}, how=how)
 
 
 def _dep_ids(params: dict) -> list[str]:
     return [v for k in ("policy_from", "data", "proxy") if isinstance(v := params.get(k), str)]
-
-
-def main(spec_file: str) -> int:
-    import importlib
-
-    from pita.core.paths import JobPaths
-
-    spec = json.loads(Path(spec_file).read_text())
-    rank = int(os.environ.get("RANK", "0"))
-    logging.basicConfig(level=logging.INFO, format=f"[rank {rank}] %(message)s")
-    from pita.core.devinfo import describe_process, set_local_device
-    from pita.core.worker import is_oom
-    from pita.tracking import TrackerSettings
-
-    ctx = SimpleNamespace(params=spec["params"], dep_result=lambda j: spec["deps"][j],
-                          paths=JobPaths(Path(spec["dir"])), log=logging.getLogger("pita.job"),
-                          tracker=TrackerSettings(**spec.get("tracker", {})))
-    device = set_local_device()
-    ctx.log.info("%s", describe_process(spec["params"].get("attn_impl")))
-    mod, name = spec["target"].split(":")
-    try:
-        result = getattr(importlib.import_module(mod), name)(ctx)
-    except BaseException as e:
-        if is_oom(e):
-            marker = Path(spec["dir"]) / OOM_MARKER.format(rank)
-            marker.write_text(json.dumps({"rank": rank, "device": device, "error": f"{type(e).__name__}: {e}"[:2000]}))
-        raise
-    if is_rank0():
-        (Path(spec["dir"]) / RESULT).write_text(json.dumps(result))
-    import torch.distributed as dist
-
-    # every rank waits for rank 0's checkpoint and result, then the group is shut down before the
-    # process exits: a rank leaving with the group alive can abort in the backend's threads
-    if dist.is_available() and dist.is_initialized():
-        dist.barrier()
-        dist.destroy_process_group()
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main(sys.argv[1]))

@@ -1,5 +1,5 @@
 """A diagnostic k-device job kind: the multi-device path (torchrun, rank-local devices, an OOM
-on one rank) without a model. Kept out of pita.algos.distributed, which ranks run as __main__."""
+on one rank) without a model."""
 
 from __future__ import annotations
 
