@@ -76,7 +76,28 @@ def fork_server(preload: list[str] | tuple[str, ...] = ()):
         ctx.set_forkserver_preload([*ALWAYS_PRELOAD, *preload])
     with _without_main_script():
         forkserver.ensure_running()
+    if not _STOP_AT_EXIT:
+        import atexit
+
+        atexit.register(_stop_fork_server)
+        _STOP_AT_EXIT.append(True)
     return ctx
+
+
+_STOP_AT_EXIT: list = []
+
+
+def _stop_fork_server() -> None:
+    """At the orchestrator's exit the server goes too, at once. It would notice the closed pipe
+    only once its imports are done (torch and TRL: seconds), holding the terminal's output open
+    until then: a command that stopped on a bad key in a second kept a pipeline (``pita run ...
+    | tee``) waiting for six. Every worker has ended by then (the backend was closed)."""
+    from multiprocessing import forkserver
+
+    pid = getattr(forkserver._forkserver, "_forkserver_pid", None)
+    if pid is not None:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
 
 
 @contextlib.contextmanager
