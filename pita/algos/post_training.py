@@ -184,11 +184,11 @@ class PostTrainingAlgorithm(Algorithm):
 
     def train_params(self, p: PlanContext) -> dict:
         """Params of every round's training job (the subclass adds its own keys)."""
-        from omegaconf import OmegaConf
+        import dataclasses
 
         c, cfg = self.c, p.cfg
         return {
-            "algo": self.name, "task": p.task, "dataset": OmegaConf.to_container(OmegaConf.structured(p.ds)),
+            "algo": self.name, "task": p.task, "dataset": dataclasses.asdict(p.ds),
             "reference": p.paths["reference"], "lr": self.learning_rate(p), "beta": c.beta, "batch_size": c.batch_size,
             "gradient_accumulation_steps": self.accumulation_steps(cfg), "devices": c.devices, "sharding": c.sharding,
             "lora_r": c.lora_r, "lora_alpha": c.lora_alpha, "lora_target_modules": self.lora_targets(p),

@@ -5,6 +5,8 @@ synthetic.py) uses these; none uses another.
 
 from __future__ import annotations
 
+import dataclasses
+
 from omegaconf import OmegaConf
 
 from pita.core.errors import ConfigError
@@ -30,7 +32,7 @@ def reward_scoring(model_cfg, dataset: str) -> dict:
 def request_for(cfg, ds, policy_model: str, reward_model: str | None) -> dict:
     dc = cfg.data_collection
     return {
-        "recipe": dc.recipe, "dataset": OmegaConf.to_container(OmegaConf.structured(ds)), "split": dc.split,
+        "recipe": dc.recipe, "dataset": dataclasses.asdict(ds), "split": dc.split,
         "policy": {"model": policy_model, "dtype": cfg.model.dtype, "guidance": None},
         "n": dc.samples_per_prompt, "chunk_size": dc.chunk_size, "seed": cfg.system.seed,
         "attn_impl": cfg.system.attn_impl, "tf32": cfg.system.tf32, "compile": cfg.system.compile,

@@ -32,8 +32,18 @@ from dataclasses import dataclass
 from functools import lru_cache
 from fractions import Fraction
 
-from math_verify import parse as _mv_parse
-from math_verify import verify as _mv_verify
+# math-verify (and sympy under it: 0.3 s of imports) loads when the first answer is compared, not
+# when a command that never compares one (a bad key, pita plan, pita status) imports this module.
+def _mv_parse(*args, **kwargs):
+    from math_verify import parse
+
+    return parse(*args, **kwargs)
+
+
+def _mv_verify(*args, **kwargs):
+    from math_verify import verify
+
+    return verify(*args, **kwargs)
 
 
 class _TimeoutsOffOnPurpose(logging.Filter):
