@@ -193,7 +193,7 @@ def test_grpo_in_a_later_round_takes_its_kl_reference_from_ref_policy(tmp_path, 
     name = "model.layers.0.self_attn.q_proj.weight"
     got = dict(trainer.ref_model.named_parameters())[name]
     want = dict(original.named_parameters())[name] if ref_policy == "original" else dict(ref.named_parameters())[name]
-    assert torch.equal(got.detach().cpu(), want.detach().cpu())
+    assert torch.equal(got.detach().cpu(), want.detach().cpu())  # the same stored weights: no arithmetic
     assert dict(trainer.model.named_parameters())[name].dtype == torch.float32  # fp32 master weights
 
 

@@ -45,20 +45,23 @@ def test_shards_follow_capacity_and_chunks_never_split():
 
 
 def test_merged_data_is_identical_for_one_and_two_workers(tiny, tmp_path):
-    req = request(tiny)
-    one = ParallelDataGenerator([1]).plan(req, "g", 48)
-    two = ParallelDataGenerator([1, 1]).plan(req, "g", 48)
+    req = request(tiny, size=24)
+    one = ParallelDataGenerator([1]).plan(req, "g", 24)
+    two = ParallelDataGenerator([1, 1]).plan(req, "g", 24)
     assert len(one) == 2 and len(two) == 3
     s1, _, r1 = run_graph(one, tmp_path / "a", devices=1)
     s2, state2, r2 = run_graph(two, tmp_path / "b", devices=2)
     assert s1.exit_code == 0 and s2.exit_code == 0
     a, b = merged(r1, "g"), merged(r2, "g")
-    assert a == b and len(a) == 96
-    assert {r["id"] for r in a} == {f"arith-train-{i:05d}" for i in range(48)} or len({r["id"] for r in a}) == 48
+    # bit for bit: each chunk is sampled in the same batches (keyed by example, fixed chunks) by a
+    # worker at the same thread count (torch's default here), so the same ops on the same inputs;
+    # torch's CPU kernels repeat their results at a fixed thread count (no atomics on CPU)
+    assert a == b and len(a) == 48
+    assert {r["id"] for r in a} == {f"arith-train-{i:05d}" for i in range(24)} or len({r["id"] for r in a}) == 24
     assert {state2["jobs"]["g.s0"]["devices"][0]["ordinal"], state2["jobs"]["g.s1"]["devices"][0]["ordinal"]} == {0, 1}
     assert (r1.job("g.merge").artifacts / "preview.csv").read_text().startswith("completion,correct,extracted")
     res = r1.job("g.merge").read_result()
-    assert res["records"] == 96 and 0.0 < res["accuracy"] < 1.0
+    assert res["records"] == 48 and 0.0 < res["accuracy"] < 1.0
 
 
 def test_a_killed_shard_resumes_after_its_last_chunk(tiny, tmp_path):
@@ -89,7 +92,7 @@ def test_a_killed_shard_resumes_after_its_last_chunk(tiny, tmp_path):
     summary, state, _ = run_graph(jobs, tmp_path / "k", devices=1, run=run)
     assert summary.exit_code == 0
     assert "already done earlier" in run.job("g.s0").log.read_text()
-    assert merged(run, "g") == expected
+    assert merged(run, "g") == expected  # the chunks redone are the same ops on the same inputs: same bits
 
 
 def test_recipes_write_their_documented_records(tiny, tmp_path):
