@@ -166,12 +166,21 @@ sys.exit(run_main(sys.argv[3:], prog="python run_parallel.py"))
 """
 
 
+@pytest.fixture(scope="module")
+def small_run_state(tmp_path_factory):
+    """The final state of the SMALL synthetic run, uninterrupted: what a resumed one must reach."""
+    out = tmp_path_factory.mktemp("ref")
+    ref = cli(["experiment.name=ref", "synthetic.job_seconds=0", *SMALL], out)
+    assert ref.returncode == 0, ref.stderr[-3000:]
+    return final_state(only_run(out, "ref"))
+
+
 @pytest.mark.parametrize("moment,fresh", [
     (("pita.core.logs:setup_logging", "before"), True),  # config.yaml written, no state
     (("pita.core.state:StateStore.update", "connect"), True),  # an empty state database: 0 jobs recorded
     (("pita.core.executor:Executor._launch", "before"), False),  # every job recorded, none started
 ])
-def test_a_run_killed_during_start_up_resumes(tmp_path, moment, fresh):
+def test_a_run_killed_during_start_up_resumes(tmp_path, moment, fresh, small_run_state):
     """SIGKILLed before it recorded its jobs, a run has computed nothing: resume starts it afresh
     with its saved config (and says so) instead of blaming overrides nobody gave."""
     args = ["experiment.name=k", "synthetic.job_seconds=0", *SMALL, "experiment.workload=synthetic",
@@ -188,9 +197,7 @@ def test_a_run_killed_during_start_up_resumes(tmp_path, moment, fresh):
     assert again.returncode == 0, again.stderr[-3000:]
     assert ("starts afresh with its saved config" in again.stderr) == fresh
     assert "differ" not in again.stderr
-    ref = cli(["experiment.name=ref", "synthetic.job_seconds=0", *SMALL], tmp_path / "a")
-    assert ref.returncode == 0
-    assert final_state(run) == final_state(only_run(tmp_path / "a", "ref"))
+    assert final_state(run) == small_run_state
 
 
 def test_a_run_killed_as_its_folder_was_made_says_nothing_was_lost(tmp_path):
@@ -358,20 +365,30 @@ def test_the_smoke_preset_runs_all_six_algorithms_and_writes_the_report(tmp_path
                  for j in (run / "jobs").glob("*.s[0-9]*")  # data collection shards (round 0: data.*)
                  if ".eval" not in j.name and ".val" not in j.name and (j / "result.json").exists())
     assert tokens > 0
-    # the same config gives the same numbers, whether workers fork from the warm process or
-    # start fresh (seeded head initialisation, one thread per job on CPU)
-    again = cli(["experiment=smoke", f"system.cache_dir={tiny_cache}", "executor.worker_start=exec"],
-                tmp_path / "fresh", timeout=600)
-    assert again.returncode == 0, again.stderr[-3000:]
+    # the same config gives the same numbers (seeded head initialisation, the same thread count
+    # per job): the same ops on the same inputs repeat bit for bit on one machine
+    assert _smoke_metrics(tmp_path / "again", tiny_cache) == _metrics(rows)
+
+
+def _metrics(rows):
+    keys = ("algorithm", "round", "eta", "pass@1", "kl", "mean_reward")
+    return sorted(json.dumps({k: x.get(k) for k in keys}, sort_keys=True) for x in rows)
+
+
+def _smoke_metrics(out, cache, *args):
     from pita.report.results import read_results
 
-    rows2 = read_results(only_run(tmp_path / "fresh", "smoke") / "results" / "final_results.json")[0]
+    r = cli(["experiment=smoke", f"system.cache_dir={cache}", *args], out, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return _metrics(read_results(only_run(out, "smoke") / "results" / "final_results.json")[0])
 
-    def metrics(rs):
-        keys = ("algorithm", "round", "eta", "pass@1", "kl", "mean_reward")
-        return sorted(json.dumps({k: x.get(k) for k in keys}, sort_keys=True) for x in rs)
 
-    assert metrics(rows2) == metrics(rows)
+@pytest.mark.slow
+def test_the_smoke_preset_gives_the_same_numbers_with_fresh_workers(tmp_path, tiny_cache):
+    """Workers forked from the warm process or started fresh (a minute more: every attempt imports
+    torch and TRL): the same numbers."""
+    assert _smoke_metrics(tmp_path / "fresh", tiny_cache, "executor.worker_start=exec") == \
+        _smoke_metrics(tmp_path / "forked", tiny_cache)
 
 
 @pytest.mark.parametrize("args,needle", [

@@ -73,6 +73,7 @@ def test_jobs_spread_over_the_logical_gpus_with_their_own_cuda_visible_devices(t
             assert graph[d]["finished"] <= e["started"] + 1e-3, (d, jid)
 
 
+@pytest.mark.slow  # sharing by memory in the default tier: tests/test_scheduler.py, test_memory_learning.py
 def test_small_jobs_share_a_gpu_as_far_as_its_memory_goes(tmp_path):
     """One logical GPU of 1 GiB, jobs of 0.4 GB: two at a time on it, never three."""
     r = cli(["experiment.name=share", "synthetic.job_seconds=0.5", "synthetic.memory_gb=0.4", *SMALL,
@@ -84,6 +85,7 @@ def test_small_jobs_share_a_gpu_as_far_as_its_memory_goes(tmp_path):
     assert most == 2
 
 
+@pytest.mark.slow  # the same rule on the local backend: tests/test_cli_runs.py
 def test_an_exception_fails_the_job_with_its_traceback_and_skips_its_dependents(tmp_path):
     r = cli(["experiment.name=f", "synthetic.job_seconds=0", *SMALL, "synthetic.fail=[PITA.tiny.arith.r0.train]",
              *ray_args(2)], tmp_path, timeout=300)
@@ -105,7 +107,7 @@ def _start(tmp_path, name, extra):
 
 
 def test_a_killed_worker_fails_its_job_and_the_run_goes_on(tmp_path):
-    p = _start(tmp_path, "kill", ["synthetic.job_seconds=3", *SMALL, *ray_args(2)])
+    p = _start(tmp_path, "kill", ["synthetic.job_seconds=1.5", *SMALL, *ray_args(2)])
     assert wait_for(lambda: (tmp_path / "kill").exists() and any((tmp_path / "kill").iterdir()), 60)
     run = only_run(tmp_path, "kill")
     assert wait_for(lambda: len(workers_of(run)) >= 1, 60), "no worker started"
@@ -121,6 +123,7 @@ def test_a_killed_worker_fails_its_job_and_the_run_goes_on(tmp_path):
     assert sum(e["state"] == "COMPLETED" for e in jobs.values()) > 0
 
 
+@pytest.mark.slow  # Ctrl-C on the local backend: tests/test_cli_runs.py
 def test_ctrl_c_cancels_the_ray_work_leaves_no_worker_and_saves_state(tmp_path):
     p = _start(tmp_path, "int", ["synthetic.job_seconds=60", *SMALL, *ray_args(2), "executor.kill_grace_s=2"])
     assert wait_for(lambda: (tmp_path / "int").exists() and any((tmp_path / "int").iterdir()), 60)
@@ -135,7 +138,7 @@ def test_ctrl_c_cancels_the_ray_work_leaves_no_worker_and_saves_state(tmp_path):
     assert not [j for j, e in state["jobs"].items() if e["state"] == "RUNNING"]
 
 
-@pytest.mark.parametrize("first, then", [("local", "ray"), ("ray", "local")])
+@pytest.mark.parametrize("first, then", [("local", "ray"), pytest.param("ray", "local", marks=pytest.mark.slow)])
 def test_a_run_started_on_one_backend_resumes_on_the_other(tmp_path, first, then):
     backend = (lambda b: ray_args(2) if b == "ray" else ["executor.backend=local"])
     p = _start(tmp_path, "res", ["synthetic.job_seconds=0.4", *SMALL, *backend(first), "executor.kill_grace_s=2"])

@@ -91,14 +91,14 @@ def test_the_familys_reference_is_the_same_built_idle_beside_a_neighbour_or_in_p
     """The demo's first artefact: the reference's build job (two CPU devices) run idle and beside a
     2-thread torch matmul loop, and the same part built in this process: the same weights bit for
     bit. (The build used to raise its thread count while the cores were idle, so an idle and a
-    loaded build computed with other thread counts: on Intel's MKL kernels, other weights.) 60
+    loaded build computed with other thread counts: on Intel's MKL kernels, other weights.) 30
     steps: the thread count used to rise after the first second, about 10 steps in."""
     from pita.models import tiny
 
-    idle = _build_reference_as_a_run_does(tmp_path, "idle", steps=60)
+    idle = _build_reference_as_a_run_does(tmp_path, "idle", steps=30)
     with cpu_heavy_neighbour():
-        loaded = _build_reference_as_a_run_does(tmp_path, "loaded", steps=60)
-    tiny.build_part(tmp_path / "inproc", 0, "reference", steps=60)
+        loaded = _build_reference_as_a_run_does(tmp_path, "loaded", steps=30)
+    tiny.build_part(tmp_path / "inproc", 0, "reference", steps=30)
     assert idle == loaded == _weights(tiny.family_dir(tmp_path / "inproc", 0) / "reference")
     assert idle != _weights_of_a_fresh_reference(tmp_path)  # it trained
 
