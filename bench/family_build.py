@@ -51,7 +51,7 @@ def build(root: Path, devices: int, steps: int) -> dict:
     from pita.core.job import Job, Resources
     from pita.core.logs import setup_logging
     from pita.core.paths import RunPaths
-    from pita.models import tiny
+    from pita.models import family_jobs, tiny  # noqa: F401  (registers model.build_tiny)
 
     cache = root / "cache"
     tiny.prepare_tiny_family(cache, 0)
