@@ -138,13 +138,16 @@ def _changed(name, key, value):
     """A different valid value of ``algos.<name>.<key>``."""
     if key == "continuations":
         return value + 2 if name == "PITA" else value + 1
+    if key in ("rollin", "continue_from"):  # null: the algorithm's own, so the other one
+        own = {"rollin": ("greedy", "sampled"), "continue_from": ("policy", "reference")}[key]
+        return own[1] if name == "PITA" else own[0]
     special = {"lr": 1e-3, "max_length": 64, "max_steps": 7, "loss": "mse", "mode": "expectation",
                "ref_policy": "previous", "vllm_mode": "server", "v_min": -5.0, "v_max": 5.0, "loss_type": "dapo",
                "scale_rewards": "none",
                "max_completion_length": 8, "gradient_accumulation_steps": 2, "devices": 2, "lora_r": 4, "num_workers": 2,
                "gradient_checkpointing": True, "lora_target_modules": ["q_proj"], "micro_batch_size": 2,
                "sharding": "fsdp", "offset_shift": "none", "offset_temperature": "after",
-               "normalize_targets": "none", "pair_mode": "sampled"}
+               "normalize_targets": "none", "pair_mode": "sampled", "lr_grid": [1e-3, 1e-2]}
     if key in special:
         return special[key]
     if isinstance(value, bool):
@@ -237,7 +240,8 @@ def test_an_algorithm_from_another_file_plans_runs_and_reaches_the_results_table
     cfg = compose("experiment.name=plug", "experiment.workload=experiment", "experiment.datasets=[arith]",
                   "experiment.algos=[Copycat]", "experiment.rounds=2", "algos.Copycat.note=hello",
                   f"system.cache_dir={tiny_cache}", "datasets.arith.toy_train_size=8", "datasets.arith.toy_test_size=6",
-                  "eval.n=2", "executor.backend=inline", "executor.progress=off", f"system.output_dir={tmp_path}")
+                  "eval.n=2", "executor.backend=inline", "executor.progress=off", f"system.output_dir={tmp_path}",
+                  "eval.controls=[]")
     assert run_experiment(cfg, overrides=[]) == 0
     out = capsys.readouterr().out
     [run] = list((tmp_path / "plug").iterdir())

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 import os
 import signal
 import subprocess
@@ -330,16 +331,37 @@ def test_the_smoke_preset_runs_all_six_algorithms_and_writes_the_report(tmp_path
     from pita.report.results import read_results
 
     rows, extras = read_results(run / "results" / "final_results.json")
-    assert {x["algorithm"] for x in rows} == {"base", "PITA", "QSharp", "QSharp-HF", "DPO", "GRPO", "GRPO-HF"}
+    assert {x["algorithm"] for x in rows} == {"base", "PITA", "QSharp", "QSharp-HF", "DPO", "GRPO", "GRPO-HF",
+                                              "control: temperature", "control: best-of-n"}
     report = (run / "results" / "report.md").read_text()
     # the headline compares at equal KL: every method at every budget, a value or "not reached"
     cells = extras["kl_matched"]["cells"]
-    assert {(c["algorithm"], c["kl_budget"]) for c in cells} == {
-        (a, b) for a in ("PITA", "QSharp", "QSharp-HF", "DPO", "GRPO", "GRPO-HF") for b in (0.05, 0.1, 0.25, 0.5, 1.0)}
-    for c in cells:
-        assert c["reached"] == (max(c["max_kl"]) >= c["kl_budget"]) == (c["value"] is not None)
+    # ... and the two controls computed from the base model alone
+    methods = ("PITA", "QSharp", "QSharp-HF", "DPO", "GRPO", "GRPO-HF", "control: temperature", "control: best-of-n")
+    assert {(c["algorithm"], c["kl_budget"]) for c in cells} == {(a, b) for a in methods
+                                                                 for b in (0.05, 0.1, 0.25, 0.5, 1.0)}
+    for c in cells:  # each cell says what it is, and its value agrees
+        b, top = c["kl_budget"], max(c["max_kl"])
+        assert c["selected_on"] == "validation"
+        assert c["reached"] == (c["kind"] != "not reached") == (c["value"] is not None)
+        assert (c["ci_lo"] is not None) <= (c["kind"] in ("measured", "interpolated"))
+        if c["kind"] in ("interpolated", "chord from base"):
+            assert top >= b
+        elif c["kind"] == "measured":
+            assert top >= 0.9 * b
+        elif c["kind"] == "base only":
+            assert c["gain"] == 0.0 and max(c["method_max_kl"]) >= b
+    bon = [x for x in rows if x["algorithm"] == "control: best-of-n"]
+    assert sorted(x["variant"] for x in bon) == ["n=2", "n=4"]
+    assert all(x["kl_estimator"].startswith("bound") and x["kl"] == pytest.approx(math.log(x["n"]) - (x["n"] - 1) / x["n"])
+               for x in bon)
+    colder = [x for x in rows if x["algorithm"] == "control: temperature"]
+    assert [x["variant"] for x in colder] == ["T=0.6"] and colder[0]["kl"] > 0
+    assert {b["algorithm"] for b in extras["budgets"]} == {"PITA", "QSharp", "QSharp-HF", "DPO", "GRPO", "GRPO-HF"}
+    assert all(b["optimizer_steps"] >= 1 and b["sequences"] > 0 and b["labels"] > 0 for b in extras["budgets"])
+    assert "### What each method received" in report
     assert report.index("Headline: every method at equal KL") < report.index("η chosen on validation")
-    assert all(x["kl"] >= 0 and x["kl_estimator"] == "exact per-step" for x in rows)
+    assert all(x["kl"] >= 0 and x["kl_estimator"] == "exact per-step" for x in rows if x not in bon)
     quality = {q["recipe"]: q for q in extras["label_quality"]}
     assert {"preference_pairs", "value_rollouts", "proxy"} <= set(quality) and "### Label quality" in report
     assert 0 <= quality["preference_pairs"]["ties"] <= 1 and quality["proxy"]["heldout_pairs"] >= 1

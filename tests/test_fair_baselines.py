@@ -82,19 +82,24 @@ def test_each_rounds_preference_pairs_get_draws_of_their_own(tiny_cache):
 
 
 def test_qsharp_reward_targets_are_min_max_normalised_and_the_bounds_stored(tiny_cache, tmp_path):
-    """Q# on sentiment (raw reward-model scores): the value job trains on targets in [0, 1], with
-    bce / bernoulli guidance by default, and its checkpoint records the reward range; with
-    normalize_targets=none it regresses the raw scores over mle atoms, as before."""
+    """Q# on sentiment (raw reward-model scores): the value job trains on targets in [0, 1] with the
+    mle loss over atoms by default, as the PITA reference's Q# on reward datasets (bce on math),
+    and its checkpoint records the reward range; a round whose targets are all equal carries no
+    preference and maps to 0.5, not to "all worst"; with normalize_targets=none it regresses the
+    raw scores over mle atoms, as before."""
     from pita.algos.value_guided import minmax_targets
     from pita.guidance.train import SeqExample
 
     ex, bounds = minmax_targets([SeqExample([1, 2], 1, t) for t in (-3.0, 1.0, 5.0)])
     assert [e.target for e in ex] == [0.0, 0.5, 1.0] and bounds == (-3.0, 5.0)
-    assert [e.target for e in minmax_targets([SeqExample([1], 0, 2.0)] * 2)[0]] == [0.0, 0.0]
+    assert [e.target for e in minmax_targets([SeqExample([1], 0, 2.0)] * 2)[0]] == [0.5, 0.5]
     common = ("experiment.datasets=[sentiment]", "experiment.rounds=1", "experiment.algos=[PITA,QSharp,QSharp-HF]",
               "datasets.sentiment.toy_train_size=40", "datasets.sentiment.toy_test_size=16")
     by, p = _train_params(tiny_cache, "QSharp.tiny.sentiment.r0.train", *common)
-    assert (p["normalize_targets"], p["loss"]) == ("minmax", "bce")
+    assert (p["normalize_targets"], p["loss"]) == ("minmax", "mle")
+    _, on_math = _train_params(tiny_cache, "QSharp.tiny.arith.r0.train", "experiment.algos=[QSharp]",
+                               "experiment.rounds=1")
+    assert on_math["loss"] == "bce"
     assert by["QSharp-HF.tiny.sentiment.r0.train"].params["normalize_targets"] == "minmax"
     assert by["PITA.tiny.sentiment.r0.train"].params["normalize_targets"] == "none"
     _, raw = _train_params(tiny_cache, "QSharp.tiny.sentiment.r0.train", *common,
@@ -128,3 +133,98 @@ def test_proxies_hold_out_a_share_of_prompts_and_a_bad_share_is_refused(tiny_cac
     with pytest.raises(ConfigError) as e:
         build_plan(compose(tiny_cache, "experiment.algos=[GRPO-HF]", "algos.GRPO-HF.proxy_heldout=0.7"), [int(8e9)])
     assert "algos.GRPO-HF.proxy_heldout=0.7" in str(e.value)
+
+
+def test_roll_ins_and_continuations_follow_each_reference_and_switch(tiny_cache):
+    """PITA rolls in greedily and continues from the round's (guided) policy, as the PITA reference
+    code; Q# and Q#-HF roll in sampled and continue from the frozen reference (the returns Q#
+    estimates); algos.<A>.rollin / continue_from switch either, and a bad value names its key."""
+    from pita.plans import build_plan
+
+    def rollouts(*over):
+        jobs = build_plan(compose(tiny_cache, "experiment.rounds=2", "experiment.algos=[PITA,QSharp,QSharp-HF]",
+                                  *over), [int(8e9)])
+        return {j.id.split(".")[0]: j.params["request"]["rollouts"] for j in jobs
+                if j.kind == "generation.shard" and j.params["request"].get("recipe") == "value_rollouts"
+                and ".r1." in j.id}
+
+    got = rollouts()
+    assert (got["PITA"]["rollin"], got["PITA"]["continue_from"]) == ("greedy", "policy")
+    assert (got["QSharp"]["rollin"], got["QSharp"]["continue_from"]) == ("sampled", "reference")
+    assert (got["QSharp-HF"]["rollin"], got["QSharp-HF"]["continue_from"]) == ("sampled", "reference")
+    got = rollouts("algos.PITA.rollin=sampled", "algos.QSharp.continue_from=policy")
+    assert got["PITA"]["rollin"] == "sampled" and got["QSharp"]["continue_from"] == "policy"
+    with pytest.raises(ConfigError) as e:
+        build_plan(compose(tiny_cache, "algos.QSharp.rollin=beam", "experiment.algos=[QSharp]"), [int(8e9)])
+    assert "algos.QSharp.rollin" in str(e.value) and "greedy" in str(e.value)
+
+
+def test_the_value_guided_methods_train_the_same_epochs_by_default(tiny_cache):
+    """One epochs setting for PITA, Q# and Q#-HF (10, as both reference implementations train
+    them); PITA's used to be 10 and the others' 2."""
+    from pita.algos import ALGORITHMS
+
+    assert {ALGORITHMS.get(a).Config().epochs for a in ("PITA", "QSharp", "QSharp-HF")} == {10}
+
+
+def test_a_learning_rate_grid_trains_one_arm_per_rate_chosen_on_validation(tiny_cache):
+    """algos.<A>.lr_grid: every rate is an arm with its own rounds, evaluations and validation
+    rows (variant lr=<rate>), sharing round 0's data and GRPO-HF's round-0 proxy; the default grid
+    on a real model's scale is wide upwards (a 135M model x1, 10, 100 of the 7B recipe's rate), on
+    the tiny family the one measured rate; lr and lr_grid together, or a bad grid, name the keys."""
+    from pita.algos import algorithm
+    from pita.plans import build_plan
+
+    jobs = {j.id: j for j in build_plan(compose(tiny_cache, "experiment.rounds=2", "experiment.algos=[DPO,GRPO-HF]",
+                                                "algos.DPO.lr_grid=[1e-5,1e-4]", "algos.GRPO-HF.lr_grid=[5e-5,5e-4]"),
+                                        [int(8e9)])}
+    for lr, arm in ((1e-5, "lr1e-05"), (1e-4, "lr1e-04")):
+        for r in (0, 1):
+            assert jobs[f"DPO.tiny.arith.{arm}.r{r}.train"].params["lr"] == lr
+            labels = jobs[f"DPO.tiny.arith.{arm}.r{r}.eval.merge"].params["labels"]
+            assert labels["variant"] == f"lr={lr:g}" and labels["algorithm"] == "DPO"
+            assert jobs[f"DPO.tiny.arith.{arm}.r{r}.val.merge"].params["labels"]["variant"] == f"lr={lr:g}"
+    assert "DPO.tiny.arith.r0.train" not in jobs
+    # round 0's pairs are collected once for both arms; GRPO-HF's round-0 proxy is trained once
+    gens = {d for j in jobs.values() if j.kind == "algo.dpo_train" and ".r0." in j.id for d in j.deps}
+    assert len(gens) == 1 and next(iter(gens)).startswith("data.tiny.arith.r0.preference_pairs-")
+    proxies = [k for k in jobs if k.endswith(".r0.proxy") and k.startswith("GRPO-HF.")]
+    assert proxies == ["GRPO-HF.tiny.arith.r0.proxy"]
+    assert {jobs[f"GRPO-HF.tiny.arith.{a}.r0.train"].params["proxy"] for a in ("lr5e-05", "lr5e-04")} == set(proxies)
+    assert "GRPO-HF.tiny.arith.lr5e-05.r1.proxy" in jobs and "GRPO-HF.tiny.arith.lr5e-04.r1.proxy" in jobs
+
+    cfg = compose(tiny_cache)
+    p = SimpleNamespace(policy_params=135_000_000)
+    assert algorithm("DPO", cfg.algos["DPO"]).learning_rates(p) == [5e-7, 5e-6, 5e-5]
+    assert algorithm("GRPO", cfg.algos["GRPO"]).learning_rates(p) == [1e-6, 1e-5, 1e-4]
+    assert algorithm("GRPO", cfg.algos["GRPO"]).learning_rates(SimpleNamespace(policy_params=8_000_000_000)) == \
+        [1e-6, 3e-6, 1e-5]
+    assert algorithm("DPO", cfg.algos["DPO"]).learning_rates(SimpleNamespace(policy_params=1_000_000)) == [1e-5]
+    for over, needle in ((("algos.DPO.lr=1e-5", "algos.DPO.lr_grid=[1e-5]"), "set one"),
+                         (("algos.DPO.lr_grid=[0.0,1e-5]",), "algos.DPO.lr_grid=[0.0, 1e-05] must list")):
+        with pytest.raises(ConfigError) as e:
+            build_plan(compose(tiny_cache, "experiment.algos=[DPO]", *over), [int(8e9)])
+        assert needle in str(e.value)
+
+
+def test_the_reported_arm_and_each_rows_compute_follow_the_validation_choice():
+    """select_eta chooses among the arms of a grid as among etas (the best validation metric), and
+    a row's training compute is its own arm's jobs plus what the arms share."""
+    from pita.report.results import add_compute, method_budgets, select_eta
+
+    lab = {"algorithm": "DPO", "family": "tiny", "train_dataset": "arith", "round": 0, "eval_dataset": "arith",
+           "eta": 0.0}
+    rows = [{**lab, "variant": v, "pass@1": 0.3, "eval_job": f"DPO.tiny.arith.{a}.r0.eval.merge"}
+            for v, a in (("lr=1e-05", "lr1e-05"), ("lr=0.0001", "lr1e-04"))]
+    val = [{**lab, "variant": "lr=1e-05", "pass@1": 0.2}, {**lab, "variant": "lr=0.0001", "pass@1": 0.4}]
+    select_eta(rows, val)
+    assert [r["selected"] for r in rows] == [False, True]
+    att = lambda s: {"state": "COMPLETED", "attempts": [{"duration_s": s, "devices": [0]}]}  # noqa: E731
+    jobs = {"DPO.tiny.arith.lr1e-05.r0.train": {**att(10.0), "kind": "algo.dpo_train", "deps": []},
+            "DPO.tiny.arith.lr1e-04.r0.train": {**att(20.0), "kind": "algo.dpo_train", "deps": []},
+            "DPO.tiny.arith.lr1e-05.r0.eval.merge": {**att(1.0), "kind": "eval.merge"},
+            "DPO.tiny.arith.lr1e-04.r0.eval.merge": {**att(1.0), "kind": "eval.merge"}}
+    add_compute(rows, {"jobs": jobs}, lambda j: {"steps": 3})
+    assert [r["train_device_s"] for r in rows] == [10.0, 20.0]
+    [b] = method_budgets({"jobs": jobs}, lambda j: {"steps": 3, "train_flops": 1.0})
+    assert (b["algorithm"], b["optimizer_steps"], b["device_s"], b["train_flops"]) == ("DPO", 6, 30.0, 2.0)

@@ -214,9 +214,10 @@ def test_top_k_scores_candidates_but_every_token_stays_sampleable_and_log_probs_
 
 
 def test_kl_under_a_sampling_nucleus_is_finite_and_equals_the_brute_force_log_ratio(lm):
-    """eval.top_p < 1 decides which tokens are drawn, not how a sample is scored: logp and logp_ref
-    are the guided policy's and the reference's log-probs with no nucleus (a sample outside the
-    reference's own nucleus (top_p 0.6 here) used to score -inf there, and its row's KL +inf)."""
+    """eval.top_p < 1 is part of the policy, not of the reference: logp is the guided policy's
+    log-prob within its nucleus (renormalised: what was sampled), logp_ref the reference's with
+    no nucleus, so a sample outside the reference's own nucleus (top_p 0.6 here) is finite there
+    (it used to score -inf, and its row's KL +inf)."""
     from pita.guidance.decode import GuidedDecoder
     from pita.models.lm import nucleus
 
@@ -230,7 +231,8 @@ def test_kl_under_a_sampling_nucleus_is_finite_and_equals_the_brute_force_log_ra
         steps = toks + ([EOS] if finish == "eos" else [])
         for t, a in enumerate(steps):
             ref, guided, _ = guided_step(lm, vm, toks[:t], ETA, 4)
-            want += float(guided[a])
+            sampled = torch.log_softmax(guided.masked_fill(~nucleus(guided.unsqueeze(0), 0.6)[0], float("-inf")), -1)
+            want += float(sampled[a])
             want_ref += float(ref[a])
             outside += not bool(nucleus(ref.unsqueeze(0), 0.6)[0, a])
         assert math.isfinite(logp) and math.isfinite(logp_ref)
@@ -340,16 +342,21 @@ def test_offsets_enter_before_the_temperature_as_the_references_do(lm, where):
 
 
 def _step_kl(q: torch.Tensor, r: torch.Tensor) -> float:
-    return float((q.exp() * (q - r)).sum())
+    fin = torch.isfinite(q)
+    return float((q[fin].exp() * (q[fin] - r[fin])).sum())
 
 
-def _guided_policy(lm, vm, k):
-    """{sequence: log π(y)} and {sequence: Σ_t KL(π_t || π_ref,t) along y}, by enumeration."""
+def _guided_policy(lm, vm, k, top_p: float = 1.0):
+    """{sequence: log π(y)} and {sequence: Σ_t KL(π_t || π_ref,t) along y}, by enumeration; π
+    within its ``top_p`` nucleus, renormalised (what is sampled)."""
+    from pita.models.lm import nucleus
+
     logp, path_kl = {}, {}
     for toks, eos in sequences():
         lp, kl = 0.0, 0.0
         for t, a in enumerate(toks + ([EOS] if eos else [])):
             ref, guided, _ = guided_step(lm, vm, toks[:t], ETA, k)
+            guided = torch.log_softmax(guided.masked_fill(~nucleus(guided.unsqueeze(0), top_p)[0], float("-inf")), -1)
             lp += float(guided[a])
             kl += _step_kl(guided, ref)
         logp[tuple(toks)], path_kl[tuple(toks)] = lp, kl
@@ -358,15 +365,16 @@ def _guided_policy(lm, vm, k):
 
 @pytest.mark.parametrize("top_p", [1.0, 0.9])
 def test_exact_per_step_kl_along_each_path_equals_brute_force(lm, top_p):
-    """``kl_out``: per sampled row, Σ_t KL(π_t || π_ref,t) over the steps it took, both at top_p = 1
-    whatever the sampling nucleus (0.9: the references' setting); finite, never negative."""
+    """``kl_out``: per sampled row, Σ_t KL(π_t || π_ref,t) over the steps it took, π_t what was
+    sampled (within its nucleus at top_p 0.9, the references' setting), π_ref never truncated;
+    finite, never negative."""
     from pita.guidance.decode import GuidedDecoder
 
     vm, n = TableVM(), 300
     kls: list[float] = []
     got = lm.generate_ids([PROMPT] * n, H, seeds=list(range(n)), temperature=1.0, top_p=top_p,
                           guide=GuidedDecoder(vm, "bernoulli", ETA, top_k=2), kl_out=kls)
-    _, want = _guided_policy(lm, vm, 2)
+    _, want = _guided_policy(lm, vm, 2, top_p)
     assert len(kls) == n
     for (toks, *_), kl in zip(got, kls):
         assert math.isfinite(kl) and kl >= 0.0
@@ -424,3 +432,47 @@ def test_a_trained_policys_path_kl_to_its_reference_equals_brute_force(lm):
             want += _step_kl(q, r)
         assert kl == pytest.approx(want, rel=1e-4, abs=1e-6)
     assert lm.path_kl(lm, [PROMPT] * 2, [[1], [0, 2]], [EOS, None]) == [0.0, 0.0]
+
+
+def _policy_log_probs(lm, temperature: float, top_p: float) -> dict:
+    """log q(y) of every outcome under the reference sampled at ``temperature`` within its ``top_p``
+    nucleus (what LM.generate_ids draws from), by enumeration."""
+    from pita.models.lm import nucleus
+
+    def step(prefix):
+        with torch.no_grad():
+            logits = lm.model(torch.tensor([PROMPT + prefix])).logits[0, -1].float()
+        lp = torch.log_softmax(logits / temperature, -1)
+        return torch.log_softmax(lp.masked_fill(~nucleus(lp, top_p), float("-inf")), -1)
+
+    out = {}
+    for toks, eos in sequences():
+        lq = sum(float(step(toks[:t])[toks[t]]) for t in range(len(toks)))
+        out[tuple(toks)] = lq + (float(step(toks)[EOS]) if eos else 0.0)
+    return out
+
+
+@pytest.mark.parametrize("temperature,top_p", [(1.0, 0.6), (0.6, 1.0), (0.6, 0.7)])
+def test_the_reported_kl_is_the_sampled_policys_under_a_nucleus_or_a_colder_temperature(lm, temperature, top_p):
+    """The policy is what is sampled: with top_p < 1 (the nucleus renormalised) or a colder
+    temperature against the reference at 1 (the temperature control), each sample's logp is its
+    exact log-probability under that policy and logp_ref under the untruncated reference at 1,
+    and the mean of kl_path estimates the exact sequence KL(q || ref), enumerated here. Before, the
+    untruncated policy's KL was reported under a nucleus (2.219 for 2.544 in one such case) and an
+    unguided row's KL was 0 whatever it sampled from."""
+    q = _policy_log_probs(lm, temperature, top_p)
+    r = {tuple(t): log_ref(lm, t, e) for t, e in sequences()}
+    assert abs(sum(math.exp(v) for v in q.values()) - 1) < 1e-5
+    exact = sum(math.exp(q[y]) * (q[y] - r[y]) for y in q if math.isfinite(q[y]))
+    assert exact > 0.01  # the policy differs from the reference
+    n = 3000
+    kls: list = []
+    got = lm.generate_ids([PROMPT] * n, H, seeds=list(range(n)), temperature=temperature, top_p=top_p, kl_out=kls,
+                          reference_temperature=1.0)
+    for toks, _finish, logp, logp_ref in got:
+        # float32 per step, summed over at most 4 steps in float64
+        assert logp == pytest.approx(q[tuple(toks)], abs=1e-4) and logp_ref == pytest.approx(r[tuple(toks)], abs=1e-4)
+    mean = sum(kls) / n
+    se = (sum((k - mean) ** 2 for k in kls) / (n - 1) / n) ** 0.5
+    assert abs(mean - exact) < 4 * se + 1e-6, (mean, exact, se)
+    assert min(kls) >= 0

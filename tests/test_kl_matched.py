@@ -12,7 +12,7 @@ import pytest
 
 from helpers import cli
 from pita.report.labels import NEAR_TIE_P, gap_quality
-from pita.report.matched import envelope, matched_cells, matched_tables, value_at
+from pita.report.matched import differences, envelope, matched_cells, matched_tables, value_at
 
 
 def test_the_frontier_keeps_the_points_no_cheaper_point_beats():
@@ -32,35 +32,88 @@ def test_values_are_interpolated_along_the_frontier_and_never_extrapolated():
     assert value_at([(0.0, 0.3)], 0.05) is None
 
 
-def _rows(seed_shift: float = 0.0) -> list[dict]:
-    base = {"algorithm": "base", "family": "tiny", "train_dataset": "arith", "eval_dataset": "arith", "round": 0,
-            "eta": 0.0, "pass@1": 0.30 + seed_shift, "kl": 0.0}
-    out = [base]
-    for eta, kl, v in ((0.0, 0.0, 0.30), (1.0, 0.04, 0.34), (2.0, 0.2, 0.42)):
-        out.append({**base, "algorithm": "PITA", "eta": eta, "kl": kl, "pass@1": v + seed_shift})
-    for rnd, kl, v in ((0, 0.3, 0.33), (1, 0.6, 0.36)):
-        out.append({**base, "algorithm": "DPO", "round": rnd, "kl": kl, "pass@1": v + seed_shift})
-    return out
+BASE = {"algorithm": "base", "family": "tiny", "train_dataset": "arith", "eval_dataset": "arith", "round": 0,
+        "eta": 0.0}
 
 
-def test_cells_per_method_and_budget_and_two_seeds_pooled():
-    budgets = [0.1, 0.5]
-    one = {(c["algorithm"], c["kl_budget"]): c for c in matched_cells([(_rows(), None)], budgets)}
-    assert one[("PITA", 0.1)]["value"] == pytest.approx(0.34 + (0.42 - 0.34) * (0.06 / 0.16))
-    assert one[("PITA", 0.1)]["from"] == ["r0 η=1 .. r0 η=2"]
-    assert one[("PITA", 0.5)]["reached"] is False and one[("PITA", 0.5)]["value"] is None
-    assert one[("DPO", 0.1)]["value"] == pytest.approx(0.30 + 0.03 / 3)   # base to round 0
-    assert one[("DPO", 0.5)]["value"] == pytest.approx(0.33 + 0.03 * 2 / 3)
-    assert one[("DPO", 0.5)]["gain"] == pytest.approx(0.05)
-    assert one[("DPO", 0.1)]["ci_lo"] is None  # no per-sample records: no interval, never a made-up one
-    # two seeds: the mean of the seeds' values; a budget only one seed reaches is not reached
-    late = [dict(r, kl=r["kl"] * 3) if r["algorithm"] == "PITA" else r for r in _rows(0.1)]
-    two = {(c["algorithm"], c["kl_budget"]): c for c in matched_cells([(_rows(), None), (late, None)], budgets)}
-    assert two[("DPO", 0.5)]["value"] == pytest.approx(one[("DPO", 0.5)]["value"] + 0.05)
-    assert two[("DPO", 0.5)]["gain"] == pytest.approx(0.05)
+def _rows(shift: float = 0.0) -> tuple[list[dict], list[dict]]:
+    """(test rows, validation rows). Worked out by hand:
+
+    PITA's validation points: base (0, 0.28), η=1 (0.05, 0.33), η=2 (0.22, 0.40), η=4 (0.7, 0.31):
+    the envelope keeps η=1 and η=2 (η=4 scores less than η=2 on validation, whatever its test
+    value). Its test curve: base (0, 0.30), η=1 (0.04, 0.34), η=2 (0.2, 0.42).
+    DPO: both rounds score below the base (0.28) on validation: base only.
+    GRPO: round 0 beats the base on validation (0.35) but scores 0.26 on test, below the base."""
+    base = {**BASE, "pass@1": 0.30 + shift, "kl": 0.0}
+    test, val = [base], [{**base, "pass@1": 0.28 + shift, "split": "validation"}]
+    test.append({**base, "algorithm": "PITA", "reused_from": "base.tiny.arith.eval.merge"})  # η 0: the base itself
+    for eta, kl, v, vkl, vv in ((1.0, 0.04, 0.34, 0.05, 0.33), (2.0, 0.2, 0.42, 0.22, 0.40), (4.0, 0.6, 0.50, 0.7, 0.31)):
+        test.append({**base, "algorithm": "PITA", "eta": eta, "kl": kl, "pass@1": v + shift})
+        val.append({**base, "algorithm": "PITA", "eta": eta, "kl": vkl, "pass@1": vv + shift, "split": "validation"})
+    for algo, rnd, kl, v, vkl, vv in (("DPO", 0, 0.3, 0.25, 0.25, 0.26), ("DPO", 1, 0.6, 0.36, 0.5, 0.27),
+                                      ("GRPO", 0, 0.3, 0.26, 0.3, 0.35)):
+        test.append({**base, "algorithm": algo, "round": rnd, "kl": kl, "pass@1": v + shift})
+        val.append({**base, "algorithm": algo, "round": rnd, "kl": vkl, "pass@1": vv + shift, "split": "validation"})
+    return test, val
+
+
+def test_every_cell_says_what_it_is_and_the_frontier_is_chosen_on_validation():
+    test, val = _rows()
+    budgets = [0.02, 0.04, 0.1, 0.21, 0.3, 0.5, 0.7]
+    c = {(e["algorithm"], e["kl_budget"]): e for e in matched_cells([(test, val, None)], budgets)}
+    expect = {  # (kind, value, from)
+        ("PITA", 0.02): ("chord from base", 0.30 + 0.04 * 0.02 / 0.04, "base .. r0 η=1"),
+        ("PITA", 0.04): ("measured", 0.34, "r0 η=1"),
+        ("PITA", 0.1): ("interpolated", 0.34 + 0.08 * 0.06 / 0.16, "r0 η=1 .. r0 η=2"),
+        ("PITA", 0.21): ("measured", 0.42, "r0 η=2"),  # 0.2 is within 10% of 0.21
+        ("PITA", 0.5): ("not reached", None, ""),  # η=4 (test 0.50) was never chosen: it lost on validation
+        ("DPO", 0.3): ("base only", 0.30, "base"),
+        ("DPO", 0.7): ("not reached", None, ""),  # beyond every DPO row
+        ("GRPO", 0.1): ("chord from base", 0.30 - 0.04 * 0.1 / 0.3, "base .. r0"),
+        ("GRPO", 0.3): ("measured", 0.26, "r0"),
+    }
+    for key, (kind, value, src) in expect.items():
+        e = c[key]
+        assert (e["kind"], e["from"]) == (kind, [src]), key
+        assert e["value"] == (None if value is None else pytest.approx(value)), key
+        assert e["selected_on"] == "validation"
+    assert c[("GRPO", 0.3)]["gain"] == pytest.approx(-0.04)  # a method that hurts shows it
+    assert c[("DPO", 0.3)]["gain"] == 0.0 and c[("DPO", 0.3)]["ci_lo"] is None
+    assert c[("PITA", 0.1)]["frontier"] == [["r0 η=1", "r0 η=2"]]
+    assert c[("PITA", 0.5)]["max_kl"] == [0.2] and c[("PITA", 0.5)]["method_max_kl"] == [0.6]
+    # the test-selected reading, kept for comparison: η=4 is on the test envelope
+    assert c[("PITA", 0.5)]["test_selected"]["value"] == pytest.approx(0.42 + 0.08 * 0.3 / 0.4)
+    text = "\n".join(matched_tables(list(c.values()), ["PITA", "DPO", "GRPO"]))
+    assert "| algorithm | at KL = 0.02 |" in text and "Frontier points chosen on: validation." in text
+    assert "0.320 chord from base" in text and "0.300 base only" in text and "interp." in text
+    assert "not reached (frontier ends at KL 0.2; its rows reach 0.6, none chosen there)" in text
+    assert "-0.040" in text and "the frontier picked on the test split" in text
+
+
+def test_without_validation_rows_the_frontier_is_the_test_envelope_and_says_so():
+    test, _ = _rows()
+    c = {(e["algorithm"], e["kl_budget"]): e for e in matched_cells([(test, [], None)], [0.5])}
+    assert c[("PITA", 0.5)]["selected_on"] == "test" and c[("PITA", 0.5)]["kind"] == "interpolated"
+    assert c[("PITA", 0.5)]["value"] == pytest.approx(0.42 + 0.08 * 0.3 / 0.4)
+    assert "Frontier points chosen on: test." in "\n".join(matched_tables(list(c.values())))
+
+
+def test_two_seeds_pool_their_values_and_take_the_weakest_kind():
+    budgets = [0.04, 0.1, 0.5]
+    one = {(e["algorithm"], e["kl_budget"]): e for e in matched_cells([(*_rows(), None)], budgets)}
+    late_test, late_val = _rows(0.1)
+    late_test = [dict(r, kl=r["kl"] * 3) if r["algorithm"] == "PITA" and r.get("kl") else r for r in late_test]
+    two = {(e["algorithm"], e["kl_budget"]): e
+           for e in matched_cells([(*_rows(), None), (late_test, late_val, None)], budgets)}
+    # seed 2's PITA: η=1 at 0.12, so 0.04 is a chord there: the pooled cell is a chord
+    assert two[("PITA", 0.04)]["kinds"] == ["measured", "chord from base"]
+    assert two[("PITA", 0.04)]["kind"] == "chord from base"
+    assert two[("PITA", 0.04)]["value"] == pytest.approx((0.34 + (0.30 + 0.1 + 0.04 * 0.04 / 0.12)) / 2)
+    assert two[("GRPO", 0.1)]["gain"] == pytest.approx(one[("GRPO", 0.1)]["gain"])
+    # seed 1's PITA frontier ends at 0.2, seed 2's at 0.6: 0.5 is reached by one seed only
     assert two[("PITA", 0.5)]["reached"] is False and two[("PITA", 0.5)]["seeds_reaching"] == 1
-    text = "\n".join(matched_tables(list(two.values()), ["PITA", "DPO"]))
-    assert "mean of 2 seeds" in text and "not reached (max KL 0.6; 1/2 seeds)" in text
+    text = "\n".join(matched_tables(list(two.values()), ["PITA", "DPO", "GRPO"]))
+    assert "mean of 2 seeds" in text
 
 
 class Records:
@@ -95,20 +148,38 @@ def _sampled(rows: list[dict], n_prompts: int = 40) -> tuple[list[dict], Records
     return rows, Records(store)
 
 
-def test_intervals_cover_the_value_and_the_gain_is_paired():
-    rows, store = _sampled(_rows())
-    cells = matched_cells([(rows, store)], [0.1, 0.5], resamples=300)
+def test_intervals_cover_the_value_only_where_measured_or_interpolated_and_differences_are_paired():
+    test, val = _rows()
+    test = [r for r in test if not r.get("reused_from")]
+    test, store = _sampled(test)
+    cells = matched_cells([(test, val, store)], [0.04, 0.1, 0.3], resamples=300, keep_draws=True)
     for c in cells:
-        if c["reached"]:
+        if c["kind"] in ("measured", "interpolated"):
             assert c["ci_lo"] <= c["value"] + 1e-9 and c["value"] - 1e-9 <= c["ci_hi"]
             assert c["gain_ci_lo"] <= c["gain"] + 1e-9 and c["gain"] - 1e-9 <= c["gain_ci_hi"]
             assert 0 < c["draws_reaching"] <= 1
-    # a method identical to the base model gains exactly 0 in every draw
-    same = [r for r in rows if r["algorithm"] == "base"]
-    same.append({**same[0], "algorithm": "PITA", "eta": 1.0, "kl": 0.3})
-    store.recs[(same[1]["eval_job"], 1.0)] = [dict(x, kl_path=0.3) for x in store.recs[(same[0]["eval_job"], 0.0)]]
-    [c] = [c for c in matched_cells([(same, store)], [0.1], resamples=100) if c["algorithm"] == "PITA"]
-    assert (c["gain"], c["gain_ci_lo"], c["gain_ci_hi"]) == (0.0, 0.0, 0.0)
+        else:  # a chord is not measured, a base-only cell is the base: no interval
+            assert c["ci_lo"] is None and c["gain_ci_lo"] is None
+    diffs = differences(cells, ["PITA", "DPO", "GRPO"])
+    [d] = [d for d in diffs if (d["a"], d["b"], d["kl_budget"]) == ("PITA", "GRPO", 0.3)]
+    assert d["diff"] is None  # PITA's frontier ends at 0.2: not reached at 0.3, so no difference there
+    [d] = [d for d in diffs if (d["a"], d["b"], d["kl_budget"]) == ("PITA", "GRPO", 0.1)]
+    assert d["diff"] is None  # GRPO at 0.1 is a chord from base: never compared
+    # a method identical to the base model gains exactly 0 in every draw, and so does the difference of
+    # two identical methods
+    same = [r for r in test if r["algorithm"] == "base"]
+    twin = {**same[0], "algorithm": "PITA", "eta": 1.0, "kl": 0.3}
+    same += [twin, {**twin, "algorithm": "QSharp"}]
+    for r in same[1:]:
+        r["eval_job"] = "twin"
+    store.recs[("twin", 1.0)] = [dict(x, kl_path=0.3) for x in store.recs[(same[0]["eval_job"], 0.0)]]
+    vsame = [{**r, "split": "validation", "pass@1": r["pass@1"] + (0.05 if r["algorithm"] != "base" else 0)}
+             for r in same]
+    cells = matched_cells([(same, vsame, store)], [0.3], resamples=100, keep_draws=True)
+    [c] = [c for c in cells if c["algorithm"] == "PITA"]
+    assert c["kind"] == "measured" and (c["gain"], c["gain_ci_lo"], c["gain_ci_hi"]) == (0.0, 0.0, 0.0)
+    [d] = differences(cells)
+    assert (d["diff"], d["ci_lo"], d["ci_hi"]) == (0.0, 0.0, 0.0)
 
 
 def test_label_quality_figures_by_hand():

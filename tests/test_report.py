@@ -205,7 +205,8 @@ def recorded_run(tmp_path):
         _eval_job(run, f"DPO.tiny.arith.r{r}.eval.merge", lab("DPO", r), {0.0: _records(base_p, 0.0, 0.5, seed=8 + r)})
     jobs = {d.name: {"kind": "eval.merge", "state": "COMPLETED", "attempts": []} for d in run.jobs_dir.iterdir()}
     run.state.write_text(json.dumps({"jobs": jobs}))
-    (run.root / "config.yaml").write_text("experiment:\n  name: exp\n")
+    (run.root / "config.yaml").write_text("experiment:\n  name: exp\n  datasets: [arith]\nsystem:\n  seed: 0\n"
+                                          "datasets:\n  arith:\n    path: null\n")
     return run
 
 
@@ -334,34 +335,71 @@ def test_the_console_table_gives_the_reference_no_round():
     assert base[:3] == ["base", "arith", "-"] and pita[:3] == ["PITA", "arith", "1"]
 
 
+def _twin(run, tmp_path, name: str = "twin", **changes):
+    """A copy of ``run`` whose config.yaml has ``changes`` (dotted keys) applied: another seed of
+    the same experiment by default."""
+    import shutil
+
+    from omegaconf import OmegaConf
+
+    twin = tmp_path / name / run.root.name
+    shutil.copytree(run.root, twin)
+    cfg = OmegaConf.load(twin / "config.yaml")
+    for key, value in {"system.seed": 1, **changes}.items():
+        OmegaConf.update(cfg, key.replace("__", "."), value, force_add=True)
+    OmegaConf.save(cfg, twin / "config.yaml")
+    return twin
+
+
 def test_pita_report_pools_several_seed_runs_at_equal_kl(recorded_run, tmp_path, capsys):
     """``pita report RUN RUN2 --out X``: each run re-rendered, then the KL-matched table pooled
     over them; runs made with other KL budgets are refused (exit 2)."""
-    import shutil
-
     from pita.cli.report import report_main
 
-    twin = tmp_path / "twin" / recorded_run.root.name
-    shutil.copytree(recorded_run.root, twin)
+    twin = _twin(recorded_run, tmp_path)
     out = tmp_path / "pooled"
     assert report_main([str(recorded_run.root), str(twin)], out=str(out)) == 0
     text = (out.parent / "pooled.md").read_text()
     assert "mean of 2 seeds" in text and "| PITA |" in text
     pooled = json.loads((out.parent / "pooled.json").read_text())
     single = json.loads((recorded_run.results / "final_results.json").read_text())["kl_matched"]["cells"]
-    # two identical seeds: the single run's values
+    # two seeds with the same rows: the single run's values
     assert [c["value"] for c in pooled["cells"]] == [c["value"] for c in single]
-    (twin / "config.yaml").write_text("eval:\n  kl_budgets: [0.2]\n")
-    assert report_main([str(recorded_run.root), str(twin)]) == 2
+    twin2 = _twin(recorded_run, tmp_path, "twin2", **{"eval.kl_budgets": [0.2]})
+    assert report_main([str(recorded_run.root), str(twin2)]) == 2
     assert "eval.kl_budgets differ" in capsys.readouterr().err
+
+
+def test_pita_report_refuses_to_pool_one_seed_twice_or_other_experiments(recorded_run, tmp_path, capsys):
+    """Pooled runs are seeds of one experiment: the same system.seed twice, or runs that differ in
+    datasets (names or files), model or algorithms, exit 2 saying which key and which runs, and
+    nothing pooled is written."""
+    from pita.cli.report import report_main
+
+    same = _twin(recorded_run, tmp_path, "same", **{"system.seed": recorded_run_seed(recorded_run)})
+    out = tmp_path / "pooled"
+    assert report_main([str(recorded_run.root), str(same)], out=str(out)) == 2
+    err = capsys.readouterr().err
+    assert "system.seed=" in err and "2 runs" in err and "too narrow" in err and not out.with_suffix(".md").exists()
+    other = _twin(recorded_run, tmp_path, "other", **{"experiment.datasets": ["sentiment"]})
+    assert report_main([str(recorded_run.root), str(other)], out=str(out)) == 2
+    err = capsys.readouterr().err
+    assert "experiment.datasets differs between the runs" in err and "sentiment" in err
+    moved = _twin(recorded_run, tmp_path, "moved", **{"datasets.arith.path": "/elsewhere/arith.jsonl"})
+    assert report_main([str(recorded_run.root), str(moved)]) == 2
+    assert "datasets.arith.path differs" in capsys.readouterr().err
+
+
+def recorded_run_seed(run):
+    from omegaconf import OmegaConf
+
+    return OmegaConf.load(run.config).system.seed
 
 
 def test_pita_report_reads_a_run_at_other_kl_budgets_and_refuses_bad_ones(recorded_run, tmp_path, capsys):
     """``--kl-budgets``: the same rows read at other budgets, said in the report and saved; the
     pooled comparison takes them too (runs of different eval.kl_budgets then pool); a bad list
     exits 2 naming the flag and writes nothing."""
-    import shutil
-
     from pita.cli.report import report_main
 
     assert report_main([str(recorded_run.root)]) == 0
@@ -373,9 +411,7 @@ def test_pita_report_reads_a_run_at_other_kl_budgets_and_refuses_bad_ones(record
     assert sorted({c["kl_budget"] for c in km["cells"]}) == [0.01, 0.3]
     assert got["rows"] == saved["rows"]  # a reading of the same rows
     assert "(`pita report --kl-budgets`)" in (recorded_run.results / "report.md").read_text()
-    twin = tmp_path / "twin" / recorded_run.root.name
-    shutil.copytree(recorded_run.root, twin)
-    (twin / "config.yaml").write_text("eval:\n  kl_budgets: [0.2]\n")
+    twin = _twin(recorded_run, tmp_path, **{"eval.kl_budgets": [0.2]})
     assert report_main([str(recorded_run.root), str(twin)], out=str(tmp_path / "p"), kl_budgets="0.3") == 0
     assert json.loads((tmp_path / "p.json").read_text())["budgets"] == [0.3]
     before = (recorded_run.results / "final_results.json").read_text()

@@ -27,7 +27,7 @@ def compose(tiny_cache, *overrides):
                                                     "datasets.arith.toy_test_size=16", *overrides])
 
 
-SHARED = ("algos.PITA.pair_mode=sampled", "algos.PITA.cut_points=2")  # PITA's roll-outs as Q#'s
+SHARED = ("algos.PITA.pair_mode=sampled", "algos.PITA.cut_points=2", "algos.PITA.rollin=sampled")  # PITA's roll-outs as Q#'s
 
 
 def data_of(jobs, recipe: str) -> str:
@@ -225,7 +225,8 @@ def test_smoke_experiment_writes_results_for_every_algorithm_and_eta(tmp_path, t
              "experiment.rounds=1", f"system.cache_dir={tiny_cache}", "datasets.arith.toy_train_size=24",
              "datasets.arith.toy_test_size=8", "eval.n=2", "algos.PITA.etas=[0.0,2.0]",
              "algos.QSharp.etas=[0.0,2.0]", "algos.QSharp-HF.etas=[0.0,2.0]",
-             "+eval.datasets_by_train.arith=[arith,sentiment]", "datasets.sentiment.toy_test_size=6"],
+             "+eval.datasets_by_train.arith=[arith,sentiment]", "datasets.sentiment.toy_test_size=6",
+             "eval.controls=[]"],
             tmp_path, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     [run] = list((tmp_path / "vg").iterdir())
@@ -422,7 +423,11 @@ def test_validation_prompts_are_carved_from_the_training_split(tiny_cache):
     assert jobs[VR + ".s0"].params["n_examples"] == 30  # the rest train
     assert val["split"] == "held_out" and 0.0 not in val["etas"]
     assert jobs["PITA.tiny.arith.r0.val.merge"].params["base_eval"] == "base.tiny.arith.val.merge"
-    assert not any(j.startswith("DPO") and ".val." in j for j in jobs)  # nothing to choose for DPO
+    # DPO's rounds are evaluated on the same validation prompts: its frontier at equal KL is chosen there
+    dval = jobs["DPO.tiny.arith.r0.val.s0"].params["request"]
+    assert dval["split"] == "held_out" and "etas" not in dval or dval["etas"] == [0.0]
+    assert dval["policy"]["model_from_job"] == "DPO.tiny.arith.r0.train"
+    assert "base_eval" not in jobs["DPO.tiny.arith.r0.val.merge"].params
     off = {j.id for j in build_plan(compose(tiny_cache, "eval.validation_prompts=0"), [int(8e9)])}
     assert not any(".val." in j for j in off)
 

@@ -182,14 +182,19 @@ class PlanContext:
     n_validation: int  # validation prompts (the training dataset's held_out split); 0 = none
     eval_request: Callable[[Any], dict]  # an evaluation request for a dataset config (eval.*)
     shared: dict = dataclasses.field(default_factory=dict)  # request -> merge id of data shared by algorithms
+    # an arm of a grid (e.g. a learning rate): its label on the rows (variant "lr=1e-05") and its
+    # segment in the job ids ("lr1e-05"); empty for an algorithm without arms
+    variant: str = ""
+    variant_id: str = ""
 
     @property
     def family(self) -> str:
         return self.cfg.model.name
 
     def prefix(self, algo: str) -> str:
-        """Job ids of one (algorithm, family, dataset) start with this."""
-        return f"{algo}.{self.family}.{self.ds.name}"
+        """Job ids of one (algorithm, family, dataset) start with this (and of one arm of a grid:
+        ``<algo>.<family>.<dataset>.<arm>``)."""
+        return f"{algo}.{self.family}.{self.ds.name}" + (f".{self.variant_id}" if self.variant_id else "")
 
     def seed(self, r: int) -> int:
         """Round r's seed of data collection and policy training."""
@@ -259,25 +264,28 @@ class PlanContext:
             merge = ev[-1]
             merge.kind = "eval.merge"
             merge.params["labels"] = {"algorithm": algo, "family": self.family, "train_dataset": self.ds.name,
-                                      "round": r, "eval_dataset": eds.name, "task": etask}
+                                      "round": r, "eval_dataset": eds.name, "task": etask,
+                                      **({"variant": self.variant} if self.variant else {})}
             if base:
                 merge.deps.append(base)
                 merge.params["base_eval"] = base
             jobs += ev
-        if etas is not None and self.n_validation:
+        if self.n_validation:
             jobs += self.validation(algo, r, train, policy, etas)
         return jobs
 
-    def validation(self, algo: str, r: int, train: str, policy: dict, etas: list[float]) -> list[Job]:
-        """The same policy at every eta on the training dataset's validation prompts (its held_out
-        split, carved from the training data): the rows each round's eta is chosen on."""
+    def validation(self, algo: str, r: int, train: str, policy: dict, etas: list[float] | None) -> list[Job]:
+        """The same policy (at every eta, for a guided one) on the training dataset's validation
+        prompts (its held_out split, carved from the training data): the rows each round's eta and
+        every method's frontier are chosen on."""
         name = f"{self.prefix(algo)}.r{r}.val"
-        sampled = [e for e in etas if e != 0.0]
+        sampled = [e for e in etas if e != 0.0] if etas is not None else None
         ereq = self.eval_request(self.ds)
         ereq["split"] = "held_out"
         ereq["policy"].update(policy)
-        ereq["etas"] = sampled
-        if sampled:
+        if sampled is not None:
+            ereq["etas"] = sampled
+        if sampled is None or sampled:
             ev = self.gen.plan(ereq, name, self.n_validation, deps=[train], memory_gb=self.eval_memory(policy),
                                group=f"round {r}")
         else:
@@ -286,8 +294,9 @@ class PlanContext:
         merge = ev[-1]
         merge.kind = "eval.merge"
         merge.params["labels"] = {"algorithm": algo, "family": self.family, "train_dataset": self.ds.name,
-                                  "round": r, "eval_dataset": self.ds.name, "task": self.task, "split": "validation"}
-        if 0.0 in etas:
+                                  "round": r, "eval_dataset": self.ds.name, "task": self.task, "split": "validation",
+                                  **({"variant": self.variant} if self.variant else {})}
+        if etas is not None and 0.0 in etas:
             base = base_validation(self.family, self.ds.name) + ".merge"
             merge.deps.append(base)
             merge.params["base_eval"] = base

@@ -237,5 +237,10 @@ def grpo_train(ctx):
         return run_distributed(ctx, "algo.grpo_train", p["devices"])
     trainer, tok = grpo_trainer(ctx, p)
     res, steps = train_and_save(ctx, trainer, tok, p, "reward")
-    return {**res, "reward_first": steps[0]["reward"] if steps else None,
+    # every optimizer step draws batch_size completions online, each scored by the reward
+    # (TRL logs every step: its mean completion length gives the tokens sampled)
+    n = int(res["steps"]) * int(p["batch_size"])
+    return {**res, "sequences": n, "scored": n,
+            "tokens": round(sum(float(h.get("completions/mean_length") or 0.0) for h in steps) * int(p["batch_size"])),
+            "reward_first": steps[0]["reward"] if steps else None,
             "reward_last": steps[-1]["reward"] if steps else None, "kl_last": steps[-1].get("kl") if steps else None}

@@ -33,7 +33,10 @@ class GRPOHF(GRPO):
     def plan_round(self, p, r: int, prev: str | None, merges: list[str], base: dict) -> list[Job]:
         gen, merge = self.collect_pairs(p, r, prev)
         merges.append(merge)
-        proxy = proxy_job(f"{p.prefix(self.name)}.r{r}.proxy", merges, p.paths["guidance"], epochs=self.c.proxy_epochs,
+        # round 0's proxy learns round 0's shared pairs alone: one job for every arm of a grid
+        shared_id = f"{self.name}.{p.family}.{p.ds.name}.r0.proxy"
+        proxy = proxy_job(shared_id if r == 0 else f"{p.prefix(self.name)}.r{r}.proxy", merges, p.paths["guidance"],
+                          epochs=self.c.proxy_epochs,
                           lr=self.c.proxy_lr, labels=preference_labels(p.cfg), seed=p.cfg.system.seed + r,
                           batch_size=self.proxy_batch_size, token_budget=8192, head_dim=128, memory_gb=p.mem[f"proxy.{self.name}"],
                           group=f"round {r}", tokenizer=p.paths["reference"],
@@ -41,4 +44,8 @@ class GRPOHF(GRPO):
                           heldout=self.c.proxy_heldout)
         train = self.train_job(p, r, ([prev] if prev else []) + [proxy.id],
                                {**base, "policy_from": prev, "proxy": proxy.id, "seed": p.seed(r)})
+        if r == 0 and ("planned", shared_id) in p.shared:
+            return gen + [train]
+        if r == 0:
+            p.shared[("planned", shared_id)] = True
         return gen + [proxy, train]

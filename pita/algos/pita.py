@@ -27,9 +27,6 @@ class PITAConfig(ValueGuidedConfig):
     # PITA reference code pairs them (one pair per cut); sampled: continuations paired 1-2, 3-4, ...
     pair_mode: str = "greedy_vs_sampled"
     cut_points: int = 4  # one pair per cut (greedy_vs_sampled): 4 cuts give the 4 pairs of the label budget
-    # chosen on validation prompts over both toy tasks among {2, 10} x lm_prior {0, 1}
-    # (bench/results/pita_defaults_2026-11-26.txt); the PITA reference's IMDB config also uses 10
-    epochs: int = 10
 
 
 @register_algorithm
@@ -53,6 +50,12 @@ class PITA(ValueGuidedAlgorithm):
 
     def rollout_mode(self) -> str:
         return self.c.pair_mode
+
+    def rollin(self) -> str:
+        return self.c.rollin or "greedy"
+
+    def continue_from(self) -> str:
+        return self.c.continue_from or "policy"
 
     def pairs_per_cut(self) -> int:
         return 1 if self.c.pair_mode == "greedy_vs_sampled" else self.c.continuations // 2

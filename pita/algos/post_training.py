@@ -43,6 +43,13 @@ TOY_PARAMS = 50_000_000  # below this a model is a toy (the tiny family), with t
 # were measured on the embedded default
 LEARNING_RATES = {("dpo", "full"): 5e-7, ("dpo", "lora"): 5e-6, ("dpo", "toy"): 1e-5,
                   ("grpo", "full"): 1e-6, ("grpo", "lora"): 1e-5, ("grpo", "toy"): 5e-5}
+# the learning-rate grid a null lr searches, as multiples of the scale's rate: the 7B recipes'
+# rates barely move a small model (DPO 5e-7 for 64 steps moved a 135M model 0.04 nats), so the
+# smaller the model the wider the grid upwards; each rate is an arm of its own, chosen on the
+# validation prompts like η (pita/report/matched.py); the toy rates were measured already
+LR_GRIDS = {"toy": (1.0,), "lora": (1.0, 3.0, 10.0), "small": (1.0, 10.0, 100.0), "mid": (1.0, 3.0, 10.0),
+            "large": (1.0, 3.0)}
+SMALL_PARAMS, LARGE_PARAMS = 1_000_000_000, 20_000_000_000  # full fine-tuning: under 1B small, from 20B large
 
 
 @dataclass
@@ -54,6 +61,11 @@ class PostTrainingConfig(AlgoConfig):
     # parameters, the tiny family) DPO 1e-5 / GRPO 5e-5, as measured on the embedded default
     # (docs/architecture.md, "Why the baselines lose to the reference on arith")
     lr: Optional[float] = None
+    # learning rates to try, each an arm of its own (job ids <algo>.<family>.<dataset>.lr<rate>.r<k>.*,
+    # rows with variant lr=<rate>), the frontier and the reported arm chosen on the validation
+    # prompts; null: the single lr when set, else a grid around the scale's rate (LR_GRIDS): x1,
+    # 10, 100 under 1B parameters, x1, 3, 10 up to 20B and for LoRA, x1, 3 above; one rate for a toy model
+    lr_grid: Optional[List[float]] = None
     beta: float = 0.1  # KL coefficient: DPO's beta, GRPO's beta (KL to the reference); 0 = no KL term
     # the KL reference in rounds after the first: original (the family's reference model, the one
     # every row's KL is measured against) | previous (the round's starting policy)
@@ -78,6 +90,13 @@ class PostTrainingAlgorithm(Algorithm):
         p = check_common(k, c)
         if c.ref_policy not in REF_POLICIES:
             p.append(unknown_name(f"{k}.ref_policy", c.ref_policy, REF_POLICIES))
+        if c.lr_grid is not None:
+            grid = list(c.lr_grid)
+            if c.lr is not None:
+                p.append(f"{k}.lr={c.lr} and {k}.lr_grid={grid} are both set; set one (lr: one rate, lr_grid: the "
+                         f"rates to choose among on validation)")
+            if not grid or any(not x > 0 for x in grid) or len(set(grid)) != len(grid):
+                p.append(f"{k}.lr_grid={grid} must list distinct learning rates > 0, e.g. [1e-6,1e-5,1e-4]")
         if c.beta < 0:
             p.append(f"{k}.beta={c.beta} must be >= 0 (the KL coefficient; 0 = no KL term)")
         for key in ("gradient_accumulation_steps", "devices"):
@@ -160,17 +179,23 @@ class PostTrainingAlgorithm(Algorithm):
 
     lr_family = "dpo"  # which row of LEARNING_RATES a null lr takes
 
-    def learning_rate(self, p: PlanContext) -> float:
-        """``lr``, or when null the default for the policy's scale and the kind of fine-tuning."""
+    def learning_rates(self, p: PlanContext) -> list[float]:
+        """The rates to train with, one arm each: ``lr_grid``; ``lr``; or when both are null the
+        grid around the default for the policy's scale and the kind of fine-tuning."""
+        if self.c.lr_grid is not None:
+            return [float(x) for x in self.c.lr_grid]
         if self.c.lr is not None:
-            return float(self.c.lr)
+            return [float(self.c.lr)]
         n = p.policy_params
         scale = "lora" if self.c.lora_r > 0 else ("toy" if n is not None and n < TOY_PARAMS else "full")
         lr = LEARNING_RATES[(self.lr_family, scale)]
-        log.info("%s.lr=null: %g (%s; reference policy of %s parameters)", self.key, lr,
+        size = ("toy" if n is not None and n < TOY_PARAMS else scale if scale != "full" else
+                "small" if n is None or n < SMALL_PARAMS else "mid" if n < LARGE_PARAMS else "large")
+        grid = [float(f"{lr * f:.3g}") for f in LR_GRIDS[size]]
+        log.info("%s.lr=null: %s (%s; reference policy of %s parameters)", self.key, ", ".join(f"{x:g}" for x in grid),
                  {"lora": "LoRA", "toy": "a toy model", "full": "full fine-tuning"}[scale],
                  f"{n / 1e6:.0f}M" if n else "unknown")
-        return lr
+        return grid
 
     # ---------------------------------------------------------------- planning
     def accumulation_steps(self, cfg) -> int:
@@ -189,7 +214,7 @@ class PostTrainingAlgorithm(Algorithm):
         c, cfg = self.c, p.cfg
         return {
             "algo": self.name, "task": p.task, "dataset": dataclasses.asdict(p.ds),
-            "reference": p.paths["reference"], "lr": self.learning_rate(p), "beta": c.beta, "batch_size": c.batch_size,
+            "reference": p.paths["reference"], "lr": self.learning_rates(p)[0], "beta": c.beta, "batch_size": c.batch_size,
             "gradient_accumulation_steps": self.accumulation_steps(cfg), "devices": c.devices, "sharding": c.sharding,
             "lora_r": c.lora_r, "lora_alpha": c.lora_alpha, "lora_target_modules": self.lora_targets(p),
             **training_settings(cfg, c, whole=c.batch_size // (c.devices * self.accumulation_steps(cfg))),
@@ -225,7 +250,19 @@ class PostTrainingAlgorithm(Algorithm):
         raise NotImplementedError(f"{type(self).__name__}.plan_round")
 
     def plan(self, p: PlanContext) -> list[Job]:
-        base = self.train_params(p)
+        import dataclasses
+
+        rates = self.learning_rates(p)
+        if len(rates) == 1:
+            return self.plan_arm(p, rates[0])
+        jobs: list[Job] = []
+        for lr in rates:  # one arm per rate: its own rounds and evaluations, rows with variant lr=<rate>
+            arm = dataclasses.replace(p, variant=f"lr={lr:g}", variant_id=f"lr{lr:.0e}")
+            jobs += self.plan_arm(arm, lr)
+        return jobs
+
+    def plan_arm(self, p: PlanContext, lr: float) -> list[Job]:
+        base = {**self.train_params(p), "lr": lr}
         jobs: list[Job] = []
         prev, merges = None, []
         for r in range(p.cfg.experiment.rounds):
@@ -609,7 +646,10 @@ def train_and_save(ctx, trainer, tok, p: dict, key: str) -> tuple[dict, list[dic
     ckpt = _save_policy(ctx, trainer, tok, p["lora_r"] > 0)
     if is_rank0():  # the job is done: its resume points (weights and optimizer state) would only fill the disk
         _remove_checkpoints(Path(trainer.args.output_dir))
+    # total_flos: transformers' own estimate of the training FLOPs (6 x parameters x tokens)
     return ({"checkpoint": ckpt, "train_loss": out.training_loss, "steps": out.global_step, "rank_params": held,
+             "train_flops": float(getattr(trainer.state, "total_flos", 0.0) or 0.0) or None,
+             "train_tokens": next((int(h["num_tokens"]) for h in reversed(hist) if "num_tokens" in h), None),
              "resumed_from_step": resumed}, [h for h in hist if key in h])
 
 

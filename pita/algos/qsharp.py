@@ -2,9 +2,11 @@
 
 Targets: 0/1 correctness on math, the reward model's score on reward tasks, min-max normalised to
 [0, 1] over each round's training data (``normalize_targets``, the bounds stored with the model),
-as the PITA reference code does: bce loss and bernoulli guidance, so that eta means the same tilt
-for Q# and PITA. With ``normalize_targets=none`` (raw rewards) reward tasks default to mle over
-atoms spanning the data, with mle guidance.
+as the PITA reference code does. The loss per task kind follows the PITA reference's Q#: bce with
+bernoulli guidance on math (0/1 targets), mle over atoms spanning the data with mle guidance on
+reward tasks. Roll-ins are sampled from the round's policy and every cut is continued by the
+frozen reference (``continue_from=reference``): the targets are the reference's returns, the
+quantity Q# estimates; ``algos.QSharp.rollin`` / ``continue_from`` switch either.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ class QSharp(ValueGuidedAlgorithm):
     Config = QSharpConfig
 
     def default_loss(self, task: str) -> str:
-        return "mle" if task == "reward" and self.normalization() == "none" else "bce"
+        return "mle" if task == "reward" else "bce"
 
     @classmethod
     def value_examples(cls, ctx, records: list[dict], device: str) -> list:

@@ -28,7 +28,7 @@ add_kind_module("pita.algos.value_guided")
 class ValueGuidedConfig(AlgoConfig):
     """Keys of every value-guided algorithm (PITA, QSharp, QSharp-HF)."""
 
-    loss: Optional[str] = None  # value-model loss: bce | mse | mle; null: the algorithm's own (PITA bce, QSharp bce (mle on reward tasks with normalize_targets=none), QSharp-HF mle)
+    loss: Optional[str] = None  # value-model loss: bce | mse | mle; null: the algorithm's own (PITA bce, QSharp bce on math and mle on reward tasks as the PITA reference's Q#, QSharp-HF mle)
     mode: Optional[str] = None  # guidance offset from the value head: null = bernoulli for bce/mse, mle for mle
     eta: float = 2.0  # guidance strength when round r+1 collects data with round r's model
     # evaluation sweep; eta 0 is the reference itself (its row is the base model's evaluation)
@@ -53,14 +53,28 @@ class ValueGuidedConfig(AlgoConfig):
     v_min: Optional[float] = None  # mle: null = from the data (min over round-0 returns)
     v_max: Optional[float] = None  # mle: null = from the data (max over round-0 returns)
     continuations: int = 4  # sampled continuations per cut (PITA: an even number, paired 1-2, 3-4, ...)
+    # how each prompt's roll-in (the path the cuts are taken from) is drawn from the round's policy:
+    # greedy | sampled; null: the algorithm's own (PITA greedy, as the PITA reference code;
+    # QSharp, QSharp-HF sampled, so that the cuts cover the states the policy visits)
+    rollin: Optional[str] = None
+    # which model continues from each cut: policy (the round's policy, guided by the previous
+    # round's value model from round 1 on, as the PITA reference code) | reference (the frozen
+    # reference: the returns are the reference's, Q#'s target); null: PITA policy, QSharp and
+    # QSharp-HF reference
+    continue_from: Optional[str] = None
     cut_points: int = 2  # roll-in cut positions (the prompt itself is cut 0)
     token_budget: int = 8192  # padded tokens per training step at most (batch_size: sequences at most)
-    epochs: int = 2  # passes over the data per round
+    # passes over the data per round, the same for the three value-guided methods (as both reference
+    # implementations train them); PITA's value was chosen on validation prompts
+    # (bench/results/pita_defaults_2026-11-26.txt)
+    epochs: int = 10
     head_dim: int = 128  # hidden width of the value head
     lm_prior: float = 1.0  # initial weight of the backbone's LM log-prob in the head; 0 = none
 
 
 NORMALIZATIONS = ("minmax", "none")
+ROLLINS = ("greedy", "sampled")
+CONTINUE_FROM = ("policy", "reference")
 
 
 class ValueGuidedAlgorithm(Algorithm):
@@ -74,6 +88,14 @@ class ValueGuidedAlgorithm(Algorithm):
 
     def default_loss(self, task: str) -> str:
         return "bce"
+
+    def rollin(self) -> str:
+        """How the roll-in is drawn: the configured ``rollin`` or the algorithm's own."""
+        return self.c.rollin or "sampled"
+
+    def continue_from(self) -> str:
+        """Which model continues from the cuts: the configured ``continue_from`` or the algorithm's own."""
+        return self.c.continue_from or "reference"
 
     def losses(self, task: str) -> tuple[str, str]:
         """(value-model loss, guidance mode) on a task: the configured ones, or the algorithm's."""
@@ -107,6 +129,10 @@ class ValueGuidedAlgorithm(Algorithm):
         elif c.normalize_targets == "minmax" and not self.has_reward_targets:
             p.append(f"{k}.normalize_targets=minmax: {self.name} has no reward targets to normalise (its value model "
                      f"learns preference labels, already in [0, 1]); leave {k}.normalize_targets unset or none")
+        if c.rollin is not None and c.rollin not in ROLLINS:
+            p.append(unknown_name(f"{k}.rollin", c.rollin, ROLLINS))
+        if c.continue_from is not None and c.continue_from not in CONTINUE_FROM:
+            p.append(unknown_name(f"{k}.continue_from", c.continue_from, CONTINUE_FROM))
         if c.num_atoms < 2:
             p.append(f"{k}.num_atoms={c.num_atoms} must be >= 2")
         if c.v_min is not None and c.v_max is not None and c.v_min >= c.v_max:
@@ -184,7 +210,10 @@ class ValueGuidedAlgorithm(Algorithm):
         for r in range(p.cfg.experiment.rounds):
             req = p.data_request()
             req["recipe"] = "value_rollouts"
-            req["rollouts"] = {"cut_points": c.cut_points, "continuations": c.continuations, "mode": self.rollout_mode()}
+            # round 0's policy is the reference: continuing from either is the same, and the
+            # collection stays shareable between methods
+            req["rollouts"] = {"cut_points": c.cut_points, "continuations": c.continuations, "mode": self.rollout_mode(),
+                               "rollin": self.rollin(), "continue_from": self.continue_from() if prev_train else "reference"}
             req["seed"] = p.seed(r)
             if prev_train:
                 req["policy"]["guidance"] = {"from_job": prev_train, "mode": mode, "eta": c.eta, "top_k": c.top_k,
@@ -234,13 +263,15 @@ def returns_examples(records: list[dict], targets: list[float] | None = None, ta
 
 
 def minmax_targets(examples: list) -> tuple[list, tuple[float, float]]:
-    """The examples with targets mapped to [0, 1] by (t - min) / (max - min), and (min, max);
-    all-equal targets carry no information and map to 0."""
+    """The examples with targets mapped to [0, 1] by (t - min) / (max - min), and (min, max).
+    All-equal targets carry no information about which continuation is better: they map to 0.5,
+    the middle of the range, so that the head learns no preference (mapped to 0 they would read as
+    "every continuation is the worst")."""
     import dataclasses
 
     lo, hi = min(e.target for e in examples), max(e.target for e in examples)
     scale = hi - lo
-    return ([dataclasses.replace(e, target=(e.target - lo) / scale if scale > 0 else 0.0) for e in examples],
+    return ([dataclasses.replace(e, target=(e.target - lo) / scale if scale > 0 else 0.5) for e in examples],
             (float(lo), float(hi)))
 
 
@@ -292,6 +323,11 @@ def value_train(ctx):
     out = ctx.paths.artifacts / "model"
     vm.save(out)
     ctx.paths.write_metrics(curve)
-    return {"checkpoint": str(out), "examples": len(examples), "loss": p["loss"], "loss_first": curve[0]["loss"],
+    # training compute: tokens through the model per epoch (prompt, roll-in and continuation), and
+    # 6 x trainable parameters x tokens FLOPs (forward and backward), the usual estimate
+    tokens = sum(len(e.ids) for e in examples) * int(p["epochs"])
+    trainable = sum(w.numel() for w in vm.parameters() if w.requires_grad)
+    return {"checkpoint": str(out), "examples": len(examples), "steps": len(curve), "train_tokens": tokens,
+            "train_flops": 6.0 * trainable * tokens, "loss": p["loss"], "loss_first": curve[0]["loss"],
             "loss_last": curve[-1]["loss"], "v_min": vm.spec.v_min, "v_max": vm.spec.v_max,
             "target_min": vm.spec.target_min, "target_max": vm.spec.target_max}

@@ -71,8 +71,55 @@ def report_main(run_dirs: str | list[str], out: str | None = None, kl_budgets: s
         print(render(run, rows or None, roster))
         written.append(rows)
     if len(runs) > 1:
+        problems = pooling_problems(runs)
+        if problems:
+            print("error: " + "\n  ".join(problems), file=sys.stderr)
+            return 2
         return pooled_report(runs, written, roster, out, budgets)
     return 0
+
+
+# what must be equal for runs to be seeds of one experiment (the seed itself must differ)
+SAME_IN_POOLED = ("model.name", "experiment.algos", "experiment.datasets", "experiment.rounds", "eval.split")
+
+
+def pooling_problems(runs) -> list[str]:
+    """Why ``runs`` cannot be pooled as seeds of one experiment: two runs with the same
+    ``system.seed`` are one draw counted twice (their intervals would be too narrow), and runs
+    that differ in model, algorithms, datasets (or their files), rounds or split are not one
+    experiment. Empty when they can."""
+    from omegaconf import OmegaConf
+
+    def get(cfg, key):
+        v = OmegaConf.select(cfg, key)
+        return OmegaConf.to_container(v, resolve=True) if OmegaConf.is_config(v) else v
+
+    cfgs = []
+    for run in runs:
+        if not run.config.exists():
+            return [f"{run.root} has no config.yaml, so it cannot be checked to be a seed of the same experiment"]
+        cfgs.append(OmegaConf.load(run.config))
+    problems = []
+    seeds: dict = {}
+    for run, cfg in zip(runs, cfgs):
+        seeds.setdefault(get(cfg, "system.seed"), []).append(str(run.root))
+    for seed, roots in seeds.items():
+        if len(roots) > 1:
+            problems.append(f"system.seed={seed} in {len(roots)} runs ({', '.join(roots)}): one draw counted "
+                            f"{len(roots)} times makes the pooled intervals too narrow; pool runs of the experiment "
+                            f"made with different seeds (pita run ... system.seed=1, =2, ...)")
+    for key in SAME_IN_POOLED:
+        vals = [get(c, key) for c in cfgs]
+        if any(v != vals[0] for v in vals):
+            problems.append(f"{key} differs between the runs ({'; '.join(f'{r.root}: {v}' for r, v in zip(runs, vals))}); "
+                            f"pool only runs of one experiment that differ in system.seed")
+    names = get(cfgs[0], "experiment.datasets") or []
+    for name in names:
+        files = [get(c, f"datasets.{name}.path") for c in cfgs]
+        if any(f != files[0] for f in files):
+            problems.append(f"datasets.{name}.path differs between the runs ({'; '.join(map(str, files))}): "
+                            f"the runs were not evaluated on the same data")
+    return problems
 
 
 def pooled_report(runs, rows_per_run: list[list[dict]], roster, out: str | None,
@@ -82,8 +129,8 @@ def pooled_report(runs, rows_per_run: list[list[dict]], roster, out: str | None,
     from pathlib import Path
 
     from pita.report.intervals import RecordStore
-    from pita.report.matched import matched_cells, matched_tables, public
-    from pita.report.results import kl_budgets
+    from pita.report.matched import differences, matched_cells, matched_tables, public
+    from pita.report.results import kl_budgets, read_validation
 
     budgets = [kl_budgets(r) for r in runs] if override is None else [override] * len(runs)
     if any(b != budgets[0] for b in budgets):
@@ -94,17 +141,20 @@ def pooled_report(runs, rows_per_run: list[list[dict]], roster, out: str | None,
     if empty:
         print(f"error: no evaluation finished in {', '.join(empty)}; pool runs that have results", file=sys.stderr)
         return 2
-    cells = matched_cells([(rows, RecordStore(r)) for r, rows in zip(runs, rows_per_run)], budgets[0])
+    cells = matched_cells([(rows, read_validation(r), RecordStore(r)) for r, rows in zip(runs, rows_per_run)],
+                          budgets[0], keep_draws=True)
+    order = roster.order({c["algorithm"] for c in cells})
+    diffs = differences(cells, order)
     lines = [f"# KL-matched comparison over {len(runs)} runs", "", *[f"- `{r.root}`" for r in runs], "",
              "Values: the mean over the runs of each run's value at the budget (reached only when every run reaches "
-             "it). Intervals: 95%, each draw resampling the runs and each run's test prompts.", "",
-             *matched_tables(cells, roster.order({c["algorithm"] for c in cells}))]
+             "it; a cell's kind is the weakest of the runs'). Intervals: 95%, each draw resampling the runs and each "
+             "run's test prompts.", "", *matched_tables(cells, order, diffs)]
     text = "\n".join(lines)
     print(text)
     if out:
         Path(f"{out}.md").write_text(text)
         Path(f"{out}.json").write_text(json.dumps({"runs": [str(r.root) for r in runs], "budgets": budgets[0],
-                                                   "cells": public(cells)}, indent=1))
+                                                   "cells": public(cells), "differences": diffs}, indent=1))
         print(f"written: {out}.md, {out}.json")
     return 0
 

@@ -166,9 +166,21 @@ class EvalConfig:
     # per sequence, read off its own frontier of rounds and etas (pita/report/matched.py); each > 0
     kl_budgets: List[float] = field(default_factory=lambda: [0.05, 0.1, 0.25, 0.5, 1.0])
     # training prompts set aside per training dataset (its held_out split, unless
-    # datasets.<name>.held_out is set) to choose each value-guided row's eta on, never on the test
-    # split; at most a quarter of the training prompts; 0: no validation, eta is not chosen
+    # datasets.<name>.held_out is set): every method's rows are evaluated on them too, and each
+    # round's eta and every method's frontier at equal KL are chosen on them, never on the test
+    # split; at most a quarter of the training prompts; 0: no validation (eta is not chosen, the
+    # equal-KL frontiers are the test envelope, labelled so)
     validation_prompts: int = 32
+    # rows on every equal-KL frontier computed from the base model with no training
+    # (pita/eval/controls.py): temperature (the base model sampled colder, its KL exact per step)
+    # and best_of_n (the best of n base samples by a score available at test time: the reward
+    # model on reward tasks, the run's Q#-HF / GRPO-HF proxy on verifier tasks; KL: the bound
+    # log n - (n-1)/n); [] for none
+    controls: List[str] = field(default_factory=lambda: ["temperature", "best_of_n"])
+    # the temperature control's temperatures, each below eval.temperature; null: 0.85, 0.7, 0.55
+    # and 0.4 x eval.temperature
+    control_temperatures: Optional[List[float]] = None
+    best_of_n: List[int] = field(default_factory=lambda: [2, 4, 8, 16])  # the best-of-n control's n (pool: max n per prompt)
     # cross-dataset evaluation: training dataset -> the datasets its models are evaluated on
     # (default: itself), e.g. {gsm8k: [gsm8k, math500]}; each needs a datasets.<name> entry
     datasets_by_train: Dict[str, List[str]] = field(default_factory=dict)

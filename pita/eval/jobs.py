@@ -36,5 +36,6 @@ def eval_merge(ctx):
     for eta in sorted(by_eta):
         groups = [sorted(g, key=lambda x: x["sample"]) for _, g in sorted(by_eta[eta].items())]
         m = summarize(groups, labels["task"], kl_fraction=ctx.params.get("kl_fraction", 1.0))
-        results.append({**labels, "eta": eta, **m})
+        variant = ctx.params.get("variant")  # a sweep other than eta's: e.g. "T={:g}" of the temperature control
+        results.append({**labels, "eta": eta, **({"variant": variant.format(eta)} if variant else {}), **m})
     return {"labels": labels, "results": sorted(results, key=lambda x: float(x["eta"]))}

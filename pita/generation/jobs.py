@@ -88,7 +88,8 @@ def shard(ctx):
         atomic_write(_chunk_file(ctx.paths, k), "".join(json.dumps(r, sort_keys=True) + "\n" for r in records))
         ctx.log.info("chunk %d: %d examples -> %d records", k, len(chunk), len(records))
     # tokens sampled by this attempt (chunks finished by an earlier attempt are not counted again)
-    return {"chunks": [a, b], "records": _count(ctx.paths, a, b), "tokens": getattr(lm, "tokens_generated", 0)}
+    return {"chunks": [a, b], "records": _count(ctx.paths, a, b), "tokens": getattr(lm, "tokens_generated", 0),
+            "sequences": getattr(lm, "sequences_generated", 0), "scored": getattr(scorer, "calls", 0)}
 
 
 def _count(paths, a: int, b: int) -> int:

@@ -7,11 +7,12 @@ preference_pairs  n >= 2 samples per prompt from the policy, scored (reward mode
     {id, prompt, chosen, rejected, chosen_reward, rejected_reward, p_chosen, chosen_finish, rejected_finish}
 prompts           the prompt set itself, no model (GRPO generates online).
     {id, prompt, answer, task}
-value_rollouts    value-guided collection: a roll-in from the policy, ``cut_points`` cut
-                  positions in it (distinct token offsets drawn uniformly, seeded per example),
-                  and continuations of the reference from each cut: either ``continuations``
-                  sampled roll-outs (reward labels, Q#) or a greedy-vs-sampled pair (preference,
-                  PITA); every continuation is scored on the full text prefix + continuation.
+value_rollouts    value-guided collection: a roll-in from the policy (``rollin``: greedy or
+                  sampled), ``cut_points`` cut positions in it (distinct token offsets drawn
+                  uniformly, seeded per example), and continuations from each cut by the policy
+                  or the frozen reference (``continue_from``): either ``continuations`` sampled
+                  roll-outs (reward labels, Q#) or a greedy-vs-sampled pair (preference, PITA);
+                  every continuation is scored on the full text prefix + continuation.
     {id, prompt, cut, prefix, continuation, kind, reward, correct,
      prompt_ids, prefix_ids, continuation_ids}  (kind: sampled | greedy; ids are the exact tokens,
      the chat-formatted prompt, and the continuation ends with EOS when it finished)
@@ -47,9 +48,12 @@ class Scorer:
     bonus: float = 1.0
     rm: Any = None  # RewardModelScorer or None
 
+    calls: int = 0  # completions scored so far (the labels a data collection paid for)
+
     def __call__(self, examples: list[Example], completions: list[str]) -> list[dict]:
         from pita.rewards.verifier import verify
 
+        self.calls += len(completions)
         rm_scores = self.rm.score([e.prompt for e in examples], completions) if self.rm is not None else None
         out = []
         for i, (e, c) in enumerate(zip(examples, completions)):
@@ -119,9 +123,13 @@ def cut_offsets(length: int, cut_points: int, seed: int, key: str) -> list[int]:
 def run_value_rollouts(lm, examples, req, scorer) -> list[dict]:
     g, ro = req["sampling"], req["rollouts"]
     prompts = [e.prompt for e in examples]
+    guide = req.get("_guide")
+    greedy_rollin = ro.get("rollin", "sampled") == "greedy"
     rollin = lm.generate(prompts, n=1, max_new_tokens=g["max_new_tokens"], seed=req["seed"],
-                         keys=[f"{e.id}/rollin" for e in examples], temperature=g["temperature"],
-                         top_p=g["top_p"], top_k=g["top_k"], batch_size=g["batch_size"], guide=req.get("_guide"))
+                         keys=[f"{e.id}/rollin" for e in examples], temperature=0.0 if greedy_rollin else g["temperature"],
+                         top_p=g["top_p"], top_k=g["top_k"], batch_size=g["batch_size"], guide=guide)
+    # continuations from the round's policy (guided from round 1 on) or from the frozen reference
+    cont_guide = guide if ro.get("continue_from", "reference") == "policy" else None
     # (example, cut offset, prefix ids) for every cut of every roll-in
     cuts = []
     for e, [s] in zip(examples, rollin):
@@ -148,7 +156,7 @@ def run_value_rollouts(lm, examples, req, scorer) -> list[dict]:
             got = lm.generate_ids([chunk[i][0] for i in idx], [chunk[i][1] for i in idx],
                                   [row_seed(req["seed"], chunk[i][2], 0) for i in idx],
                                   0.0 if kind == "greedy" else g["temperature"], g["top_p"], g["top_k"],
-                                  return_stop=True)
+                                  guide=cont_guide, return_stop=True)
             for i, (ids, _fin, _lp, _lr, eos_id) in zip(idx, got):
                 # the EOS the continuation actually ended on (a model may have several); none at the limit
                 texts.append((s + i, ids + ([eos_id] if eos_id is not None else [])))
@@ -173,12 +181,17 @@ def run_eval(lm, examples, req, scorer) -> list[dict]:
 
     g, vm, gd = req["sampling"], req.get("_vm"), req["policy"].get("guidance") or {}
     recs = []
+    # a temperature sweep (the temperature control): each "eta" is a sampling temperature of the
+    # unguided policy, its KL measured against the policy at the evaluation's temperature
+    by_temperature = req.get("sweep") == "temperature"
     for eta in req.get("etas", [0.0]):
+        temp, ref_temp = (float(eta), g["temperature"]) if by_temperature else (g["temperature"], None)
         guide = GuidedDecoder(vm, gd["mode"], eta, gd.get("top_k", 20), gd.get("offset_shift", "none"),
                               gd.get("offset_temperature", "after")) if vm is not None else None
         outs = lm.generate([e.prompt for e in examples], n=req["n"], max_new_tokens=g["max_new_tokens"],
-                           seed=req["seed"], keys=[e.id for e in examples], temperature=g["temperature"],
-                           top_p=g["top_p"], top_k=g["top_k"], batch_size=g["batch_size"], guide=guide)
+                           seed=req["seed"], keys=[e.id for e in examples], temperature=temp,
+                           top_p=g["top_p"], top_k=g["top_k"], batch_size=g["batch_size"], guide=guide,
+                           reference_temperature=ref_temp)
         flat_ex = [e for e, samples in zip(examples, outs) for _ in samples]
         flat = [smp for samples in outs for smp in samples]
         scores = scorer(flat_ex, [smp.text for smp in flat])
@@ -192,13 +205,14 @@ def run_eval(lm, examples, req, scorer) -> list[dict]:
             # logp in LM.generate_ids)
             lrs: list[float] = []
             kls = lm.path_kl(ref, prompts, paths, ends, temperature=g["temperature"], batch_size=g["batch_size"],
-                             logp_ref_out=lrs)
+                             logp_ref_out=lrs, top_p=g["top_p"])
             for smp, kl, lr in zip(flat, kls, lrs, strict=True):
                 smp.meta["kl_path"], smp.meta["logp_ref"] = kl, lr
         for e, smp, sc, j in zip(flat_ex, flat, scores, [j for samples in outs for j in range(len(samples))]):
             recs.append({"id": e.id, "eta": float(eta), "sample": j, "completion": smp.text, "finish": smp.finish,
                          "n_tokens": len(smp.token_ids), **sc, "logp": smp.meta["logp"],
-                         "logp_ref": smp.meta["logp_ref"], "kl_path": smp.meta.get("kl_path")})
+                         "logp_ref": smp.meta["logp_ref"], "kl_path": smp.meta.get("kl_path"),
+                         **({"prompt": e.prompt} if req.get("with_prompt") else {})})
     return recs
 
 

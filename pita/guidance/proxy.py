@@ -156,7 +156,10 @@ def proxy_train(ctx):
     ctx.paths.write_metrics(curve)
     batch = max(1, int(p.get("micro_batch_size") or 64))
     acc = pair_accuracy(vm, examples, dev, batch=batch)
+    tokens = sum(len(e.chosen) + len(e.rejected) for e in examples) * int(p["epochs"])
+    trainable = sum(w.numel() for w in vm.parameters() if w.requires_grad)
     res = {"checkpoint": str(out), "pairs": len(examples), "pair_accuracy": acc, "heldout_pairs": len(heldout),
+           "steps": len(curve), "train_tokens": tokens, "train_flops": 6.0 * trainable * tokens,
            "loss_first": curve[0]["loss"], "loss_last": curve[-1]["loss"]}
     if heldout:
         res["heldout_accuracy"] = pair_accuracy(vm, [e for e, _ in heldout], dev, batch=batch)

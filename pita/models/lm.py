@@ -176,6 +176,15 @@ def step_kl_of(logq: torch.Tensor, logr: torch.Tensor) -> torch.Tensor:
     return terms.sum(-1, dtype=torch.float64).clamp(min=0.0)
 
 
+def _tempered(logits: torch.Tensor, temperature: float, top_k: int) -> torch.Tensor:
+    """Normalised log-probs of ``logits`` at ``temperature``, restricted to their top ``top_k``."""
+    lp = torch.log_softmax(logits.float() / temperature, -1)
+    if top_k and 0 < top_k < lp.shape[-1]:
+        kth = torch.topk(lp, top_k, dim=-1).values[..., -1:]
+        lp = lp.masked_fill(lp < kth, float("-inf"))
+    return lp
+
+
 def sample_from(logits: torch.Tensor, u: torch.Tensor, temperature: float, top_p: float, top_k: int) -> torch.Tensor:
     """Inverse-CDF sampling with one uniform per row (``u``: [B]); temperature 0 means greedy.
 
@@ -261,18 +270,24 @@ class LM:
     @torch.no_grad()
     def generate_ids(self, prompt_ids: list[list[int]], max_new_tokens: int | Sequence[int], seeds: Sequence[int],
                      temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0,
-                     guide=None, return_stop: bool = False, kl_out: list | None = None) -> list[tuple]:
+                     guide=None, return_stop: bool = False, kl_out: list | None = None,
+                     reference_temperature: float | None = None) -> list[tuple]:
         """One completion per row: ([token ids without EOS], "eos" | "length", logp, logp_ref), and
         with ``return_stop`` a fifth item: the EOS id the row stopped on (None at the length limit).
-        ``kl_out``, a list, receives one number per row: the exact KL of the policy's next-token
-        distribution to the reference's at every sampled step, summed along the row's path (both at
-        top_p = 1, as ``logp``); without a guide the policy is the reference and it is 0.
+        ``kl_out``, a list, receives one number per row: the exact KL of the distribution each step
+        was drawn from (the policy's, after the nucleus, renormalised) to the reference's at every
+        sampled step, summed along the row's path; it is 0 when the two are the same distribution
+        (no guide, ``top_p`` = 1, the reference's own temperature).
 
-        ``logp`` is the sample's log-probability under the policy's distribution at ``temperature``
-        (and ``top_k``) with no nucleus, ``logp_ref`` under the reference's, processed the same way
-        (never the guide's candidate set): the nucleus (``top_p``) only decides which tokens are
-        drawn, so a sample outside the reference's nucleus still has a finite ``logp_ref``, and
-        their difference is exactly 0 without guidance. Greedy rows (temperature 0) report 0 for both.
+        The policy is what is sampled: the reference's logits at ``temperature`` (and ``top_k``),
+        reshaped by ``guide``, restricted to the nucleus (``top_p``) and renormalised. ``logp`` is
+        the sample's log-probability under it; ``logp_ref`` under the reference: its logits at
+        ``reference_temperature`` (default ``temperature``) and ``top_k``, no nucleus and never the
+        guide's candidate set, so a token outside the reference's nucleus still has a finite
+        ``logp_ref``. With ``top_p`` < 1 the policy differs from the reference even without a guide,
+        and both the log-ratio and ``kl_out`` say by how much. ``reference_temperature`` lets the
+        reference sampled at a lower temperature be measured against itself at the evaluation's.
+        Greedy rows (temperature 0) report 0 for both.
 
         ``guide`` (see pita/guidance/decode.py) reshapes each step: it sees the same tokens as the
         reference (``begin`` with the prompt, ``advance`` with each fed token) and ``adjust``
@@ -285,6 +300,8 @@ class LM:
         if len(budgets) != B or any(b < 0 for b in budgets):
             raise ValueError(f"max_new_tokens must be >= 0 per row (got {budgets[:4]}... for {B} rows)")
         T = max(budgets)
+        other_temp = (None if reference_temperature is None or float(reference_temperature) == float(temperature or 1.0)
+                      else float(reference_temperature))
         lens = [len(p) for p in prompt_ids]
         L = max(lens)
         dev = self.device
@@ -333,18 +350,19 @@ class LM:
                 if temperature == 0:
                     tok = final.argmax(-1)
                 else:
-                    support = nucleus(final, top_p)
-                    q = torch.log_softmax(final.masked_fill(~support, float("-inf")), -1)
+                    truncated = top_p < 1.0
+                    if truncated:  # the nucleus is part of the policy: what is drawn from
+                        q = torch.log_softmax(final.masked_fill(~nucleus(final, top_p), float("-inf")), -1)
+                    else:
+                        q = torch.log_softmax(final, -1)
                     tok = sample_from(q, U[:, step], 1.0, 1.0, 0)
-                    # log-probs under top_p = 1, whatever the nucleus drew from: the policy's
-                    # (guided) distribution and the reference's, the same π_ref for guided and
-                    # trained rows; a token outside the reference's nucleus is not -inf here
-                    step_q = torch.log_softmax(final, -1).gather(-1, tok.unsqueeze(-1)).squeeze(-1).double()
-                    step_r = torch.log_softmax(ref_lp, -1).gather(-1, tok.unsqueeze(-1)).squeeze(-1).double()
+                    r_lp = ref_lp if other_temp is None else _tempered(logits, other_temp, top_k)
+                    step_q = q.gather(-1, tok.unsqueeze(-1)).squeeze(-1).double()
+                    step_r = torch.log_softmax(r_lp, -1).gather(-1, tok.unsqueeze(-1)).squeeze(-1).double()
                     logp.index_add_(0, rows, torch.where(active, step_q, torch.zeros_like(step_q)))
                     logp_ref.index_add_(0, rows, torch.where(active, step_r, torch.zeros_like(step_r)))
-                    if guide is not None and kl_out is not None:
-                        step_kl = step_kl_of(torch.log_softmax(final, -1), torch.log_softmax(ref_lp, -1))
+                    if kl_out is not None and (guide is not None or truncated or other_temp is not None):
+                        step_kl = step_kl_of(q, torch.log_softmax(r_lp, -1))
                         kl_path.index_add_(0, rows, torch.where(active, step_kl, torch.zeros_like(step_kl)))
             is_eos = torch.isin(tok, eos_t)
             tok_list, eos_list, act_list = tok.tolist(), is_eos.tolist(), active.tolist()
@@ -383,13 +401,15 @@ class LM:
         # compute accounting: tokens sampled by this model (EOS included), read by the generation job
         self.tokens_generated = getattr(self, "tokens_generated", 0) + sum(
             len(o) + (f == "eos") for o, f in zip(out, finish))
+        self.sequences_generated = getattr(self, "sequences_generated", 0) + B
         if return_stop:
             return [(out[i], finish[i], lp[i], lr[i], stop[i]) for i in range(B)]
         return [(out[i], finish[i], lp[i], lr[i]) for i in range(B)]
 
     def generate(self, prompts: Sequence[str], n: int = 1, max_new_tokens: int | Sequence[int] = 64,
                  seed: int = 0, keys: Sequence[str] | None = None, temperature: float = 1.0, top_p: float = 1.0,
-                 top_k: int = 0, batch_size: int = 16, chat: bool = True, guide=None) -> list[list[Sample]]:
+                 top_k: int = 0, batch_size: int = 16, chat: bool = True, guide=None,
+                 reference_temperature: float | None = None) -> list[list[Sample]]:
         """``n`` samples for each prompt; ``keys`` (default: the prompt index) make sampling reproducible
         per example whatever the batching. ``max_new_tokens`` may be one budget per prompt."""
         if n < 1 or batch_size < 1:
@@ -405,7 +425,8 @@ class LM:
             kls: list[float] = []
             got = self.generate_ids([enc[i] for i, _ in chunk], [budgets[i] for i, _ in chunk],
                                     [row_seed(seed, keys[i], j) for i, j in chunk], temperature, top_p, top_k,
-                                    guide=guide, return_stop=True, kl_out=kls)
+                                    guide=guide, return_stop=True, kl_out=kls,
+                                    reference_temperature=reference_temperature)
             for (i, j), (tok_ids, fin, lp, lr, eos_id), kl in zip(chunk, got, kls):
                 results[i][j] = Sample(self.tok.decode(tok_ids, skip_special_tokens=True), tok_ids, fin,
                                        {"logp": lp, "logp_ref": lr, "eos_id": eos_id, "kl_path": kl})
@@ -480,12 +501,13 @@ class LM:
     @torch.no_grad()
     def path_kl(self, ref: "LM", prompt_ids: list[list[int]], completion_ids: list[list[int]],
                 eos_ids: Sequence[int | None], temperature: float = 1.0, batch_size: int = 16,
-                logp_ref_out: list | None = None) -> list[float]:
+                logp_ref_out: list | None = None, top_p: float = 1.0) -> list[float]:
         """Per row, the exact KL of this model's next-token distribution to ``ref``'s at every step
         of the given path (the completion, then its EOS where ``eos_ids`` names one), summed: the
         KL of a sampled sequence without the noise of a single log-ratio. Both models see the same
-        token ids and divide their logits by ``temperature``; no nucleus (as ``generate_ids``'s
-        ``logp``). A path drawn from this model makes the mean over rows an unbiased, never
+        token ids and divide their logits by ``temperature``; this model's distribution is
+        restricted to its nucleus when ``top_p`` < 1 (what it was sampled from, as in
+        ``generate_ids``), the reference's never is. A path drawn from this model makes the mean over rows an unbiased, never
         negative, estimate of KL(this model || ref) over sequences. ``logp_ref_out``, when given,
         receives each row's log ref(path) from the same forward pass of ``ref`` (what
         ``ref.sequence_logprobs(..., eos_ids=eos_ids, temperature=temperature)`` returns), so an
@@ -502,6 +524,8 @@ class LM:
             for a in range(0, r_t.numel(), SCORE_CHUNK):
                 sl = slice(a, a + SCORE_CHUNK)
                 q = torch.log_softmax(self.logits_of(h[r_t[sl], p_t[sl]]).float() / t, -1)
+                if top_p < 1.0:
+                    q = torch.log_softmax(q.masked_fill(~nucleus(q, top_p), float("-inf")), -1)
                 r = torch.log_softmax(ref.logits_of(h_ref[r_t[sl].to(ref.device), p_t[sl].to(ref.device)]).float() / t, -1)
                 r = r.to(q.device)
                 sums.index_add_(0, r_t[sl], step_kl_of(q, r))

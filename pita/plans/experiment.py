@@ -71,6 +71,9 @@ def experiment_plan(cfg, device_totals: list[int], cuda: bool, plan_only: bool =
         problems.append(f"eval.validation_prompts={ev.validation_prompts} must be >= 0 (0: eta is not chosen)")
     if not 0 < ev.kl_fraction <= 1:
         problems.append(f"eval.kl_fraction={ev.kl_fraction} must be in (0, 1]")
+    from pita.eval import controls
+
+    problems += controls.check(ev)
     datasets, configs = [], {}
     for name in cfg.experiment.datasets:
         try:
@@ -120,8 +123,8 @@ def experiment_plan(cfg, device_totals: list[int], cuda: bool, plan_only: bool =
     policy_params = model_shape(paths["reference"], "model.reference").n_params
     eval_request = eval_request_factory(cfg, paths)
     eval_names = {ds.name: by_train.get(ds.name, [ds.name]) for ds in datasets}
-    tunes = any(alg.tunes_eta for alg in algos.values())
-    n_val = {ds.name: carve_validation(ds, ev.validation_prompts, plan_only) if tunes else 0 for ds in datasets}
+    # every method's frontier (its rounds, η and variants) is chosen on validation prompts, never on test
+    n_val = {ds.name: carve_validation(ds, ev.validation_prompts, plan_only) if algos else 0 for ds in datasets}
     tests, tasks = {}, {}
 
     def task_of(name: str, split: str) -> str:
@@ -165,12 +168,18 @@ def experiment_plan(cfg, device_totals: list[int], cuda: bool, plan_only: bool =
                           mem=plan_memory(cfg, paths, cuda, device_totals, algos, [ds.name, *eval_names[ds.name]]),
                           policy_params=policy_params, eval_request=eval_request,
                           data_request=lambda ds=ds, rm=rm: request_for(cfg, ds, paths["reference"], rm))
+        ids = set()
         for algo in cfg.experiment.algos:
             algo_jobs = algos[algo].plan(ctx)
             for j in algo_jobs:
                 if j.kind == "eval.merge":
                     j.params["kl_fraction"] = ev.kl_fraction
             jobs += algo_jobs
+            ids |= {j.id for j in algo_jobs}
+        if ev.controls and algos and ds.name in tests:
+            proxies = {a: f"{ctx.prefix(a)}.r0.proxy" for a in controls.PROXY_OF if f"{ctx.prefix(a)}.r0.proxy" in ids}
+            jobs += controls.plan(cfg, ds, gen, eval_request, tests[ds.name], n_val[ds.name], tasks[ds.name],
+                                  mem_of[ds.name]["eval"], proxies)
     if batches:
         fit_sampling_batches(jobs, batches)
         log.info("system.fit_batches: sampling batches lowered to fit the smallest device: %s",
@@ -192,7 +201,7 @@ def carve_validation(ds, wanted: int, plan_only: bool = False) -> int:
     n = count_examples(ds, "train", plan_only)[0]
     ds.held_out = min(wanted, n // 4)
     if ds.held_out < wanted:
-        log.info("eval.validation_prompts=%d: %s has %d training prompts, so %d are set aside to choose eta on",
+        log.info("eval.validation_prompts=%d: %s has %d training prompts, so %d are set aside to choose on",
                  wanted, ds.name, n, ds.held_out)
     return count_examples(ds, "held_out", plan_only)[0] if ds.held_out else 0
 

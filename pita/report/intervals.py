@@ -56,7 +56,8 @@ def prompt_columns(records: list[dict], kl_fraction: float = 1.0) -> dict[str, d
     out: dict[str, dict] = {}
     flat = [s for _, g in groups for s in g]
     if flat and all(s.get("correct") is not None for s in flat):
-        out["pass@1"] = {i: (sum(bool(s["correct"]) for s in g) / len(g), 1.0) for i, g in groups}
+        # correct is a bool, or (best-of-n control) the expected correctness of the prompt's best of n
+        out["pass@1"] = {i: (math.fsum(float(s["correct"]) for s in g) / len(g), 1.0) for i, g in groups}
     if flat and all(_usable(s.get("reward")) for s in flat):
         out["mean_reward"] = {i: (math.fsum(float(s["reward"]) for s in g), float(len(g))) for i, g in groups}
     if any("logp" in s for s in flat):

@@ -1,24 +1,45 @@
-"""Methods compared at equal KL: each method's metric at common KL budgets, read off its own frontier.
+"""Methods compared at equal KL: each method's metric at common KL budgets, read off a frontier
+chosen on the validation prompts and read on the test prompts.
 
-    cells = matched_cells([(rows, store)], budgets)             one run
-    cells = matched_cells([(rows0, store0), (rows1, store1)])   one run per seed, pooled
+    cells = matched_cells([(rows, val, store)], budgets)                  one run
+    cells = matched_cells([(rows0, val0, store0), (rows1, val1, store1)])  one run per seed, pooled
+    diffs = differences(cells_with_draws)                                 method minus method
 
-A method's points, per evaluation dataset, family and training dataset, are all of its test rows
-(every round, every η) as (KL, metric), plus the base model at (0, its metric): η 0 and "no
-training" are the reference itself. Its frontier is the upper envelope of those points: sorted
-by KL, a point stays when its metric beats every point of smaller KL. At a budget b its value is
-the frontier linearly interpolated at b (the best it reaches with KL ≤ b, where b falls between
-two frontier points); a budget beyond the method's largest KL is not reached and has no value:
-nothing is extrapolated. KL is the rows' ``kl``, per sequence, in nats (the exact per-step KL
-summed along the sampled paths where the records carry it, pita/eval/metrics.py).
+**Points.** A method's points, per evaluation dataset, family and training dataset, are its rows:
+every round, η and variant (a learning rate of a grid, a control's setting) it ran, each
+evaluated on the test prompts and on the training dataset's validation prompts (rows of split
+``validation``). η = 0 rows are the base model's own evaluation, reused: they are the base point,
+not a point of the method. The base model is the point (KL 0, its metric).
 
-Intervals: the prompts are resampled as for the rows' own intervals (pita/report/intervals.py;
-the same draws for every row of a dataset, so a method and the base move together), every row's
-metric and KL recomputed per draw, the frontier rebuilt and read at each budget: the interval
-covers both the metric's and the KL's noise. Over several seeds the value is the mean of the
-seeds' values (a budget counts as reached only when every seed reaches it), and each draw also
-resamples the seeds with replacement, so the interval covers seed-to-seed variation too. The gain
-over base is paired: method minus the base model of the same seed, per draw.
+**Frontier, chosen on validation.** The rows on the upper envelope of the *validation* points
+(sorted by validation KL, a row stays when its validation metric beats every point of smaller
+KL, the base model's included) form the method's frontier. Their *test* values are then read:
+the test curve runs from the base model through the frontier rows, sorted by test KL. No test
+metric chooses a point, so a method that hurts on test shows a negative gain, and a method with
+many points (one per η) gains nothing from their number. Without validation rows the frontier is
+the envelope of the test points (``selected_on: test``, the optimistic reading, labelled so).
+
+**What each cell is** (``kind``), at budget b, read as "at KL = b":
+
+    measured         a frontier row's test KL is within 10% of b: the row's own test value
+                     and interval
+    interpolated     b falls between two frontier rows: the line between their test values
+    chord from base  b falls between the base model (KL 0) and the first frontier row: a line
+                     assumed from the base, never measured; no interval
+    base only        no row of the method beats the base model on validation: the base's value,
+                     gain 0, no interval
+    not reached      b is above the frontier's largest test KL; nothing is extrapolated
+
+``from`` names the row(s) a value comes from (``base .. r0 η=1``, ``r0 η=1 .. r1 η=2``, ``r1 η=2``).
+
+**Intervals.** The test prompts are resampled (the same draws for every row of a dataset, so
+methods and the base move together), every frontier row's metric and KL recomputed per draw and
+the curve read at b: the interval covers the metric's and the KL's noise. A draw whose curve ends
+below b does not count; ``draws_reaching`` says what share did (shown when under 1). Over several
+seeds the value is the mean of the seeds' values (a budget counts as reached only when every seed
+reaches it; the pooled kind is the weakest of the seeds'), and each draw also resamples the seeds.
+The gain over base is paired: method minus the base model of the same seed, per draw; the
+difference of two methods likewise (:func:`differences`).
 """
 
 from __future__ import annotations
@@ -31,20 +52,26 @@ import numpy as np
 from pita.eval.metrics import KL_BUDGETS as BUDGETS, bootstrap_ratios, percentile_interval
 from pita.report.intervals import RESAMPLES, SEED, RecordStore, columns_of, metric_of
 
-def envelope(points: Sequence[tuple[float, float]]) -> list[tuple[float, float]]:
-    """The upper-left frontier of (kl, value) points: by KL (ties: best value first), each point
-    whose value beats every point of smaller KL. nan points are left out."""
-    out: list[tuple[float, float]] = []
-    for k, v in sorted(((float(k), float(v)) for k, v in points if not (math.isnan(k) or math.isnan(v))),
-                       key=lambda p: (p[0], -p[1])):
-        if not out or v > out[-1][1]:
-            out.append((k, v))
+KINDS = ("measured", "interpolated", "chord from base", "base only", "not reached")  # weakest last
+WITH_INTERVAL = ("measured", "interpolated")
+MEASURED_TOLERANCE = 0.1  # a row whose test KL is within 10% of b is the measured value at b
+
+
+def envelope(points: Sequence[tuple]) -> list[tuple]:
+    """The upper-left frontier of (kl, value, ...) points: by KL (ties: best value first), each
+    point whose value beats every point of smaller KL. nan points are left out."""
+    out: list[tuple] = []
+    for p in sorted((p for p in points if not (math.isnan(float(p[0])) or math.isnan(float(p[1])))),
+                    key=lambda p: (float(p[0]), -float(p[1]))):
+        if not out or float(p[1]) > float(out[-1][1]):
+            out.append(p)
     return out
 
 
 def value_at(points: Sequence[tuple[float, float]], budget: float) -> float | None:
-    """The frontier's value at ``budget``: interpolated between the frontier points around it, the
-    best value below it past the last frontier point; None when no point has KL ≥ ``budget``."""
+    """The upper envelope of test points at ``budget`` (the test-selected reading, kept as a
+    labelled secondary table): interpolated between the envelope points around it, the best
+    value below it past the last one; None when no point has KL >= ``budget``."""
     pts = [(float(k), float(v)) for k, v in points if not (math.isnan(k) or math.isnan(v))]
     if not pts or max(k for k, _ in pts) < budget:
         return None
@@ -59,36 +86,78 @@ def value_at(points: Sequence[tuple[float, float]], budget: float) -> float | No
     return best
 
 
-def _label(r: dict) -> str:
+def curve_at(curve: Sequence[tuple[float, float]], budget: float) -> float:
+    """The test curve (base first at KL 0, then the frontier rows by test KL) at ``budget``: the
+    line between the two points around it; nan past its last point."""
+    pts = sorted((float(k), float(v)) for k, v in curve)
+    if not pts or math.isnan(pts[-1][0]) or budget > pts[-1][0]:
+        return math.nan
+    for (k0, v0), (k1, v1) in zip(pts, pts[1:]):
+        if k0 <= budget <= k1:
+            return v0 + (v1 - v0) * (budget - k0) / (k1 - k0) if k1 > k0 else v1
+    return pts[0][1] if budget <= pts[0][0] else math.nan
+
+
+def label(r: dict) -> str:
+    """How a row is named in a cell's ``from``: ``r1``, ``r1 η=2``, ``r0 lr=1e-05``, ``T=0.7``."""
     if r["algorithm"] == "base":
         return "base"
     eta = float(r.get("eta") or 0.0)
-    return f"r{r['round']}" + (f" η={eta:g}" if eta else "")
+    variant = r.get("variant") or ""
+    parts = [] if r.get("control") else [f"r{r['round']}"]
+    parts += [variant] if variant else []
+    parts += [f"η={eta:g}"] if eta and not r.get("control") else []  # a control's eta holds its setting
+    return " ".join(parts)
 
 
-def _bracket(points: list[tuple[float, float, str]], budget: float) -> str:
-    """Which rows the value at ``budget`` comes from, for the reader: ``r1 η=2 .. r1 η=4``."""
-    env = envelope([(k, v) for k, v, _ in points])
-    names = {(float(k), float(v)): n for k, v, n in points}
-    for (k0, v0), (k1, v1) in zip(env, env[1:]):
-        if k0 <= budget <= k1:
-            return f"{names[(k0, v0)]} .. {names[(k1, v1)]}"
-    below = [(k, v) for k, v in env if k <= budget]
-    return names[below[-1]] if below else ""
+def _key(r: dict) -> tuple:
+    return int(r.get("round") or 0), r.get("variant") or "", float(r.get("eta") or 0.0)
 
 
-def seed_cells(rows: list[dict], store: RecordStore | None, budgets: Sequence[float],
+def classify(curve: list[tuple[float, float, str]], budget: float,
+             any_point_beyond: bool) -> tuple[str, float | None, str, int | None]:
+    """(kind, value, from, index of the measured point among the frontier rows by KL) of a test
+    curve at ``budget``. ``curve``: [(test kl, test value, name)], the base model first;
+    ``any_point_beyond``: whether some row of the method (chosen or not) has a test KL of at
+    least ``budget`` (a method none of whose rows beats the base on validation is then "base only")."""
+    base = curve[0]
+    rest = sorted(curve[1:], key=lambda p: p[0])
+    if not rest:
+        return ("base only", base[1], "base", None) if any_point_beyond else ("not reached", None, "", None)
+    close = [(abs(k - budget), i) for i, (k, _v, _n) in enumerate(rest) if abs(k - budget) <= MEASURED_TOLERANCE * budget]
+    if close:
+        i = min(close)[1]
+        return "measured", rest[i][1], rest[i][2], i
+    if budget > rest[-1][0]:
+        return "not reached", None, "", None
+    pts = [base] + rest
+    for a, b in zip(pts, pts[1:]):
+        if a[0] <= budget <= b[0]:
+            v = a[1] + (b[1] - a[1]) * (budget - a[0]) / (b[0] - a[0]) if b[0] > a[0] else b[1]
+            return ("chord from base" if a is base else "interpolated"), v, f"{a[2]} .. {b[2]}", None
+    return "not reached", None, "", None
+
+
+def seed_cells(rows: list[dict], val: list[dict], store: RecordStore | None, budgets: Sequence[float],
                resamples: int = RESAMPLES, seed: int = SEED) -> dict[tuple, dict]:
-    """One run: {(eval dataset, family, training dataset, algorithm): cell}; a cell holds the
-    method's ``points`` [(kl, value, label)], ``values`` (one per budget, None when not reached),
-    ``draws`` [resamples x budgets] (nan where a draw does not reach), the base's value and draws,
-    and ``max_kl``. ``store``: the run's per-sample records (None: no intervals)."""
+    """One run: {(eval dataset, family, training dataset, algorithm): cell}. A cell holds per
+    budget ``kinds``, ``values``, ``from`` and (with per-sample records) ``draws`` [resamples x
+    budgets] (nan where a draw does not reach, or the kind has no interval), the base's value and
+    draws, ``max_kl`` (the frontier's largest test KL), ``selected_on`` and ``frontier`` (the
+    chosen rows' names); and the test-selected reading in ``test_values`` / ``test_draws``."""
     budgets = [float(b) for b in budgets]
     out: dict[tuple, dict] = {}
     groups: dict[tuple, list[dict]] = {}
     for r in rows:
         if r.get("split", "test") == "test":
             groups.setdefault((r["eval_dataset"], r["family"]), []).append(r)
+    vals: dict[tuple, dict] = {}
+    base_val: dict[tuple, dict] = {}
+    for v in val or []:
+        if v["algorithm"] == "base":
+            base_val[(v["family"], v["train_dataset"])] = v
+        elif float(v.get("eta") or 0.0) != 0.0 or not v.get("reused_from"):
+            vals.setdefault((v["family"], v["train_dataset"], v["algorithm"]), {})[_key(v)] = v
     for (eds, fam), rs in groups.items():
         base = next((r for r in rs if r["algorithm"] == "base"), None)
         if base is None:
@@ -96,25 +165,71 @@ def seed_cells(rows: list[dict], store: RecordStore | None, budgets: Sequence[fl
         m = metric_of(base)
         methods: dict[tuple, list[dict]] = {}
         for r in rs:
-            if r["algorithm"] != "base" and r.get(m) is not None and r.get("kl") is not None:
-                methods.setdefault((r["train_dataset"], r["algorithm"]), []).append(r)
-        draws = _draws([base] + [r for ms in methods.values() for r in ms], m, store, resamples, seed)
+            if r["algorithm"] == "base" or r.get(m) is None or r.get("kl") is None:
+                continue
+            if r.get("reused_from") and float(r.get("eta") or 0.0) == 0.0:
+                continue  # η 0: the base model's own evaluation, the base point
+            methods.setdefault((r["train_dataset"], r["algorithm"]), []).append(r)
+        flat = [base] + [r for ms in methods.values() for r in ms]
+        draws = _draws(flat, m, store, resamples, seed)
+        index = {id(r): j for j, r in enumerate(flat)}
         base_draws = draws[0][0] if draws is not None else None
-        i = 1
         for (train, algo), ms in methods.items():
-            points = [(0.0, float(base[m]), "base")] + [(float(r["kl"]), float(r[m]), _label(r)) for r in ms]
-            cell = {"metric": m, "points": points, "base": float(base[m]), "base_draws": base_draws,
-                    "max_kl": max(k for k, _, _ in points),
-                    "values": [value_at([(k, v) for k, v, _ in points], b) for b in budgets],
-                    "from": [_bracket(points, b) for b in budgets]}
-            if draws is not None:
-                kd = np.stack([np.zeros(resamples)] + [draws[j][1] for j in range(i, i + len(ms))])
-                vd = np.stack([base_draws] + [draws[j][0] for j in range(i, i + len(ms))])
-                cell["draws"] = np.array([[_nan(value_at(list(zip(kd[:, d], vd[:, d])), b)) for b in budgets]
-                                          for d in range(resamples)])
-            i += len(ms)
+            cell = _cell(base, ms, m, budgets, vals.get((fam, train, algo), {}), base_val.get((fam, train)),
+                         draws, index, base_draws, resamples)
             out[(eds, fam, train, algo)] = cell
     return out
+
+
+def _cell(base: dict, ms: list[dict], m: str, budgets: list[float], val_of: dict, base_val: dict | None,
+          draws, index: dict, base_draws, resamples: int) -> dict:
+    vm = metric_of(base_val) if base_val is not None else m
+    paired = [(r, val_of.get(_key(r))) for r in ms]
+    if base_val is not None and any(v is not None and v.get(vm) is not None and v.get("kl") is not None
+                                    for _, v in paired):
+        pts = [(0.0, float(base_val[vm]), None)] + [(float(v["kl"]), float(v[vm]), r) for r, v in paired
+                                                     if v is not None and v.get(vm) is not None and v.get("kl") is not None]
+        chosen = [p[2] for p in envelope(pts) if p[2] is not None]
+        selected_on = "validation"
+    else:  # no validation rows: the envelope of the test points (optimistic)
+        chosen = [p[2] for p in envelope([(0.0, float(base[m]), None)] + [(float(r["kl"]), float(r[m]), r) for r in ms])
+                  if p[2] is not None]
+        selected_on = "test"
+    curve = [(0.0, float(base[m]), "base")] + [(float(r["kl"]), float(r[m]), label(r)) for r in chosen]
+    chosen_by_kl = sorted(chosen, key=lambda r: float(r["kl"]))
+    top = max(float(r["kl"]) for r in ms)
+    cell = {"metric": m, "base": float(base[m]), "base_draws": base_draws, "selected_on": selected_on,
+            "frontier": [label(r) for r in chosen_by_kl], "max_kl": max([0.0] + [float(r["kl"]) for r in chosen]),
+            "method_max_kl": top, "kinds": [], "values": [], "from": []}
+    test_pts = [(0.0, float(base[m]))] + [(float(r["kl"]), float(r[m])) for r in ms]
+    cell["test_values"] = [value_at(test_pts, b) for b in budgets]
+    for b in budgets:
+        kind, v, src, _ = classify(curve, b, top >= b)
+        cell["kinds"].append(kind)
+        cell["values"].append(v)
+        cell["from"].append(src)
+    if draws is not None:
+        kd = {id(r): draws[index[id(r)]][1] for r in ms}
+        vd = {id(r): draws[index[id(r)]][0] for r in ms}
+        d = np.full((resamples, len(budgets)), np.nan)
+        for bi, b in enumerate(budgets):
+            kind = cell["kinds"][bi]
+            if kind not in WITH_INTERVAL:
+                continue
+            if kind == "measured":
+                r = chosen_by_kl[classify(curve, b, True)[3]]
+                d[:, bi] = vd[id(r)]
+                continue
+            for j in range(resamples):
+                d[j, bi] = curve_at([(0.0, base_draws[j])] + [(kd[id(r)][j], vd[id(r)][j]) for r in chosen], b)
+        cell["draws"] = d
+        td = np.full((resamples, len(budgets)), np.nan)
+        for j in range(resamples):
+            pts_j = [(0.0, base_draws[j])] + [(kd[id(r)][j], vd[id(r)][j]) for r in ms]
+            for bi, b in enumerate(budgets):
+                td[j, bi] = _nan(value_at(pts_j, b))
+        cell["test_draws"] = td
+    return cell
 
 
 def _nan(v: float | None) -> float:
@@ -123,77 +238,167 @@ def _nan(v: float | None) -> float:
 
 def _draws(rows: list[dict], m: str, store: RecordStore | None, resamples: int, seed: int):
     """Per row (metric draws, KL draws), all rows on the same resampled prompts; None when a row
-    has no per-sample records (a run made before they were saved) or covers other prompts."""
+    has no per-sample records (a run made before they were saved) or covers other prompts. A row
+    whose KL is a bound (``kl_estimator`` starting with "bound": best-of-n) keeps it in every draw."""
     if store is None:
         return None
     cols = [columns_of(r, store) for r in rows]
-    if any(c is None or m not in c for c in cols) or any("kl" not in c for c in cols[1:]):
+    if any(c is None or m not in c for c in cols):
+        return None
+    fixed = [j for j, r in enumerate(rows) if j and str(r.get("kl_estimator") or "").startswith("bound")]
+    if any("kl" not in c for j, c in enumerate(cols) if j and j not in fixed):
         return None
     ids = sorted(cols[0][m])
-    if any(set(ids) - set(c[m]) or set(ids) - set(c.get("kl", c[m])) for c in cols[1:]):
+    if any(set(ids) - set(c[m]) or (j not in fixed and set(ids) - set(c.get("kl", c[m])))
+           for j, c in enumerate(cols) if j):
         return None
     columns = {}
     for j, c in enumerate(cols):
         columns[f"{j}:m"] = ([c[m][i][0] for i in ids], [c[m][i][1] for i in ids])
-        if j:
+        if j and j not in fixed:
             columns[f"{j}:kl"] = ([c["kl"][i][0] for i in ids], [c["kl"][i][1] for i in ids])
     d = bootstrap_ratios(columns, resamples, seed)
-    return [(np.asarray(d[f"{j}:m"]), np.asarray(d[f"{j}:kl"]) if j else np.zeros(resamples))
-            for j in range(len(cols))]
+    out = []
+    for j, r in enumerate(rows):
+        kl = (np.full(resamples, float(r["kl"])) if j in fixed else np.asarray(d[f"{j}:kl"])) if j else np.zeros(resamples)
+        out.append((np.asarray(d[f"{j}:m"]), kl))
+    return out
 
 
-def matched_cells(runs: Sequence[tuple[list[dict], RecordStore | None]], budgets: Sequence[float] = BUDGETS,
-                  resamples: int = RESAMPLES, seed: int = SEED) -> list[dict]:
+def _worst(kinds: Sequence[str]) -> str:
+    return max(kinds, key=KINDS.index)
+
+
+def matched_cells(runs: Sequence[tuple], budgets: Sequence[float] = BUDGETS, resamples: int = RESAMPLES,
+                  seed: int = SEED, keep_draws: bool = False) -> list[dict]:
     """One entry per (evaluation dataset, family, training dataset, algorithm, budget), pooled over
-    ``runs`` (one per seed; a method missing from a seed is left out of the pool); see the module."""
+    ``runs``: (test rows, validation rows, record store) per seed (a method missing from a seed is
+    left out of the pool); see the module. ``keep_draws``: each entry keeps its pooled draws
+    (``_draws``, ``_gain_draws``) for :func:`differences`."""
     budgets = sorted({float(b) for b in budgets})
-    per_run = [seed_cells(rows, store, budgets, resamples, seed) for rows, store in runs]
+    per_run = [seed_cells(rows, val, store, budgets, resamples, seed) for rows, val, store in runs]
     keys = sorted({k for cells in per_run for k in cells})
-    rng = np.random.default_rng(seed + 1)
+    picks: dict[tuple, np.ndarray] = {}  # one seed resampling per dataset group: differences stay paired
     out = []
     for key in keys:
         cells = [c[key] for c in per_run if key in c]
         k = len(cells)
-        pick = rng.integers(0, k, size=(resamples, k))
+        group = key[:3]
+        if group not in picks:
+            picks[group] = np.random.default_rng([seed + 1, k, *map(ord, "|".join(map(str, group)))]).integers(
+                0, k, size=(resamples, k))
+        pick = picks[group] if picks[group].shape[1] == k else np.random.default_rng(seed + 1).integers(
+            0, k, size=(resamples, k))
+        rows_ = np.arange(resamples)[:, None]
         have_draws = all("draws" in c for c in cells)
         for bi, b in enumerate(budgets):
+            kinds = [c["kinds"][bi] for c in cells]
+            kind = _worst(kinds)
             vals = [c["values"][bi] for c in cells]
-            reached = sum(v is not None for v in vals)
+            reached = sum(kd != "not reached" for kd in kinds)
             e = {"eval_dataset": key[0], "family": key[1], "train_dataset": key[2], "algorithm": key[3],
-                 "metric": cells[0]["metric"], "kl_budget": b, "seeds": k, "seeds_reaching": reached,
-                 "reached": reached == k, "max_kl": [round(c["max_kl"], 6) for c in cells],
+                 "metric": cells[0]["metric"], "kl_budget": b, "kind": kind, "kinds": kinds,
+                 "selected_on": _worst_selection([c["selected_on"] for c in cells]),
+                 "seeds": k, "seeds_reaching": reached, "reached": kind != "not reached",
+                 "max_kl": [round(c["max_kl"], 6) for c in cells],
+                 "method_max_kl": [round(c["method_max_kl"], 6) for c in cells],
+                 "frontier": [c["frontier"] for c in cells],
                  "value": None, "ci_lo": None, "ci_hi": None, "gain": None, "gain_ci_lo": None, "gain_ci_hi": None,
-                 "base": float(np.mean([c["base"] for c in cells])),
-                 "from": [c["from"][bi] for c in cells]}
-            if reached == k:
+                 "base": float(np.mean([c["base"] for c in cells])), "from": [c["from"][bi] for c in cells]}
+            tv = [c["test_values"][bi] for c in cells]
+            e["test_selected"] = {"value": None}
+            if all(v is not None for v in tv):
+                e["test_selected"] = {"value": float(np.mean(tv)),
+                                      "gain": float(np.mean([v - c["base"] for v, c in zip(tv, cells)]))}
+            if kind != "not reached":
                 e["value"] = float(np.mean(vals))
-                e["gain"] = float(np.mean([v - c["base"] for v, c in zip(vals, cells)]))
-                if have_draws:
-                    v = np.stack([c["draws"][:, bi] for c in cells], 1)        # [resamples x seeds]
-                    g = v - np.stack([c["base_draws"] for c in cells], 1)
-                    rows_ = np.arange(resamples)[:, None]
+                e["gain"] = 0.0 if kind == "base only" else float(np.mean([v - c["base"] for v, c in zip(vals, cells)]))
+            if have_draws:
+                base_d = np.stack([c["base_draws"] for c in cells], 1)
+                if e["test_selected"]["value"] is not None:
+                    tvd = np.stack([c["test_draws"][:, bi] for c in cells], 1)
                     with np.errstate(invalid="ignore"):
-                        e["ci_lo"], e["ci_hi"] = percentile_interval(v[rows_, pick].mean(1).tolist())
-                        e["gain_ci_lo"], e["gain_ci_hi"] = percentile_interval(g[rows_, pick].mean(1).tolist())
-                    e["draws_reaching"] = float(np.mean(~np.isnan(v[rows_, pick].mean(1))))
+                        e["test_selected"]["ci_lo"], e["test_selected"]["ci_hi"] = percentile_interval(
+                            tvd[rows_, pick].mean(1).tolist())
+                        e["test_selected"]["gain_ci_lo"], e["test_selected"]["gain_ci_hi"] = percentile_interval(
+                            (tvd - base_d)[rows_, pick].mean(1).tolist())
+            if kind in WITH_INTERVAL and have_draws:
+                v = np.stack([c["draws"][:, bi] for c in cells], 1)        # [resamples x seeds]
+                g = v - base_d
+                pv, pg = v[rows_, pick].mean(1), g[rows_, pick].mean(1)
+                with np.errstate(invalid="ignore"):
+                    e["ci_lo"], e["ci_hi"] = percentile_interval(pv.tolist())
+                    e["gain_ci_lo"], e["gain_ci_hi"] = percentile_interval(pg.tolist())
+                e["draws_reaching"] = float(np.mean(~np.isnan(pv)))
+                if keep_draws:
+                    e["_draws"] = pv
             out.append(e)
     return out
 
 
+def _worst_selection(sel: Sequence[str]) -> str:
+    return "test" if "test" in sel else "validation"
+
+
+def differences(cells: list[dict], order: Sequence[str] = ()) -> list[dict]:
+    """Paired differences of two methods at each budget, per (evaluation dataset, family,
+    training dataset): method a minus method b where both cells were measured or interpolated
+    (``matched_cells(..., keep_draws=True)``), with a 95% interval from the same draws."""
+    rank = {a: i for i, a in enumerate(order)}
+    groups: dict[tuple, dict] = {}
+    for e in cells:
+        groups.setdefault((e["eval_dataset"], e["family"], e["train_dataset"], e["kl_budget"]), {})[e["algorithm"]] = e
+    out = []
+    for (eds, fam, train, b), by_algo in sorted(groups.items()):
+        algos = sorted(by_algo, key=lambda a: (rank.get(a, len(rank)), a))
+        for i, a in enumerate(algos):
+            for bb in algos[i + 1:]:
+                ea, eb = by_algo[a], by_algo[bb]
+                d = {"eval_dataset": eds, "family": fam, "train_dataset": train, "kl_budget": b, "a": a, "b": bb,
+                     "diff": None, "ci_lo": None, "ci_hi": None}
+                if ea["kind"] in WITH_INTERVAL and eb["kind"] in WITH_INTERVAL:
+                    d["diff"] = ea["value"] - eb["value"]
+                    if "_draws" in ea and "_draws" in eb:
+                        with np.errstate(invalid="ignore"):
+                            d["ci_lo"], d["ci_hi"] = percentile_interval((ea["_draws"] - eb["_draws"]).tolist())
+                out.append(d)
+    return out
+
+
+# ---------------------------------------------------------------- markdown
 def _cell_text(e: dict, what: str = "value") -> str:
-    if not e["reached"]:
+    kind = e.get("kind") or ("measured" if e["reached"] else "not reached")
+    if kind == "not reached":
         top = max(e["max_kl"])
+        most = max(e.get("method_max_kl") or e["max_kl"])
         seeds = f"; {e['seeds_reaching']}/{e['seeds']} seeds" if e["seeds"] > 1 and e["seeds_reaching"] else ""
-        return f"not reached (max KL {top:.3g}{seeds})"
+        beyond = f"; its rows reach {most:.3g}, none chosen there" if most > top + 1e-12 else ""
+        return f"not reached (frontier ends at KL {top:.3g}{beyond}{seeds})"
     signed = what == "gain"
     f = (lambda x: f"{x:+.3f}") if signed else (lambda x: f"{x:.3f}")
-    v, lo, hi = e[what], e[f"{'gain_' if signed else ''}ci_lo"], e[f"{'gain_' if signed else ''}ci_hi"]
-    return f(v) + (f" [{f(lo)}, {f(hi)}]" if lo is not None and hi is not None else "")
+    v = e[what]
+    if kind == "base only":
+        return f"{f(v)} base only"
+    if kind == "chord from base":
+        return f"{f(v)} chord from base"
+    lo, hi = e[f"{'gain_' if signed else ''}ci_lo"], e[f"{'gain_' if signed else ''}ci_hi"]
+    text = f(v) + (f" [{f(lo)}, {f(hi)}]" if _finite(lo) and _finite(hi) else "")
+    if kind == "interpolated":
+        text += " interp."
+    share = e.get("draws_reaching")
+    if share is not None and share < 1:
+        text += f" (reached in {share:.0%} of draws)"
+    return text
 
 
-def matched_tables(cells: list[dict], order: Sequence[str] = ()) -> list[str]:
+def _finite(x) -> bool:
+    return x is not None and not (isinstance(x, float) and math.isnan(x))
+
+
+def matched_tables(cells: list[dict], order: Sequence[str] = (), diffs: list[dict] | None = None) -> list[str]:
     """Markdown: per evaluation dataset (and family, training dataset when several), one table of
-    value [95% CI] per algorithm and KL budget, base first, then one of the gains over base."""
+    value [95% CI] per algorithm at each KL, base first, one of the gains over base, the paired
+    differences of two methods where given, and the test-selected reading, labelled as such."""
     lines: list[str] = []
     groups: dict[tuple, list[dict]] = {}
     for e in cells:
@@ -207,14 +412,44 @@ def matched_tables(cells: list[dict], order: Sequence[str] = ()) -> list[str]:
         at = {(e["algorithm"], e["kl_budget"]): e for e in es}
         seeds = max(e["seeds"] for e in es)
         title = f"{eds}" + (f" [{fam}]" if many_fam else "") + (f" (trained on {train})" if cross else "")
-        head = ["algorithm"] + [f"KL ≤ {b:g}" for b in budgets]
+        head = ["algorithm"] + [f"at KL = {b:g}" for b in budgets]
         base = es[0]["base"]
         tab = [["base (KL 0)"] + [f"{base:.3f}"] * len(budgets)]
         tab += [[a] + [_cell_text(at[(a, b)]) if (a, b) in at else "" for b in budgets] for a in algos]
         gains = [[a] + [_cell_text(at[(a, b)], "gain") if (a, b) in at else "" for b in budgets] for a in algos]
+        on = sorted({e.get("selected_on", "test") for e in es})
         lines += [f"#### {title}: {es[0]['metric']} at equal KL" + (f", mean of {seeds} seeds" if seeds > 1 else ""),
-                  "", _md(head, tab), "", f"Gain over base at equal KL ({title}):", "", _md(head, gains), ""]
+                  "", f"Frontier points chosen on: {', '.join(on)}.", "", _md(head, tab), "",
+                  f"Gain over base at equal KL ({title}):", "", _md(head, gains), ""]
+        ds = [d for d in diffs or [] if (d["eval_dataset"], d["family"], d["train_dataset"]) == (eds, fam, train)]
+        pairs = sorted({(d["a"], d["b"]) for d in ds if d["diff"] is not None},
+                       key=lambda p: (rank.get(p[0], len(rank)), rank.get(p[1], len(rank)), p))
+        if pairs:
+            by = {(d["a"], d["b"], d["kl_budget"]): d for d in ds}
+            dtab = [[f"{a} − {b}"] + [_diff_text(by.get((a, b, kb))) for kb in budgets] for a, b in pairs]
+            lines += [f"Difference of two methods at equal KL ({title}; both measured or interpolated, paired "
+                      f"on the same draws):", "", _md(["methods"] + head[1:], dtab), ""]
+        if any(e.get("selected_on") == "validation" for e in es):
+            ttab = [[a] + [_test_text(at[(a, b)]) if (a, b) in at else "" for b in budgets] for a in algos]
+            lines += [f"For comparison only, the frontier picked on the test split ({title}: every row's test "
+                      f"point, the upper envelope; optimistic, never below base): gain over base", "",
+                      _md(head, ttab), ""]
     return lines
+
+
+def _diff_text(d: dict | None) -> str:
+    if d is None or d["diff"] is None:
+        return "—"
+    lo, hi = d.get("ci_lo"), d.get("ci_hi")
+    return f"{d['diff']:+.3f}" + (f" [{lo:+.3f}, {hi:+.3f}]" if _finite(lo) and _finite(hi) else "")
+
+
+def _test_text(e: dict) -> str:
+    t = e.get("test_selected") or {}
+    if t.get("value") is None:
+        return "not reached"
+    lo, hi = t.get("gain_ci_lo"), t.get("gain_ci_hi")
+    return f"{t['gain']:+.3f}" + (f" [{lo:+.3f}, {hi:+.3f}]" if _finite(lo) and _finite(hi) else "")
 
 
 def _md(header: list[str], rows: list[list]) -> str:
@@ -224,7 +459,7 @@ def _md(header: list[str], rows: list[list]) -> str:
 
 def public(cells: list[dict]) -> list[dict]:
     """The cells as saved in final_results.json (rounded, no draws)."""
-    keep = ("eval_dataset", "family", "train_dataset", "algorithm", "metric", "kl_budget", "value", "ci_lo", "ci_hi",
-            "gain", "gain_ci_lo", "gain_ci_hi", "base", "reached", "seeds", "seeds_reaching", "max_kl", "from",
-            "draws_reaching")
+    keep = ("eval_dataset", "family", "train_dataset", "algorithm", "metric", "kl_budget", "kind", "kinds",
+            "selected_on", "value", "ci_lo", "ci_hi", "gain", "gain_ci_lo", "gain_ci_hi", "base", "reached", "seeds",
+            "seeds_reaching", "max_kl", "method_max_kl", "frontier", "from", "draws_reaching", "test_selected")
     return [{k: e[k] for k in keep if k in e} for e in cells]

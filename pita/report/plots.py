@@ -118,8 +118,9 @@ def plot_frontier(rows: list[dict], eval_ds: str, out: Path, roster: Roster = Ro
     """One panel per round (same y axis): each algorithm's points of that round, value-guided
     ones joined across eta with eta written beside each point (eta 0 is the base model's star).
     ``matched`` (the KL-matched cells of this dataset, pita/report/matched.py): the KL budgets as
-    dotted vertical lines on every panel, and each method's value at each budget it reaches (over
-    all its rounds) as a hollow diamond on the last panel."""
+    dotted vertical lines on every panel, and each method's value at each budget where it was
+    measured or interpolated between two frontier rows (over all its rounds; never a chord from
+    the base) as a hollow diamond on the last panel."""
     from matplotlib.lines import Line2D
 
     plt = _plt()
@@ -161,7 +162,8 @@ def plot_frontier(rows: list[dict], eval_ds: str, out: Path, roster: Roster = Ro
             ax.plot([max(c["kl_budget"] for c in matched)], [rows[0][m]], alpha=0.0)
         if rnd == rounds[-1]:
             for c in matched or []:
-                if c.get("reached") and c.get("value") is not None:
+                if c.get("kind", "measured" if c.get("reached") else "") in ("measured", "interpolated") \
+                        and c.get("value") is not None:
                     ax.plot([c["kl_budget"]], [c["value"]], marker="D", ms=6, mfc="none", mec=roster.colour(c["algorithm"]),
                             mew=1.2, ls="none")
         scale = _x_scale(ax, xs_all + [c["kl_budget"] for c in matched or []])
@@ -176,7 +178,7 @@ def plot_frontier(rows: list[dict], eval_ds: str, out: Path, roster: Roster = Ro
     if matched:
         extra.append(Line2D([], [], color="grey", ls=":", label="KL budgets"))
         extra.append(Line2D([], [], marker="D", ms=6, mfc="none", mec="black", ls="none",
-                            label="value at a budget (all rounds)"))
+                            label="value at a KL (frontier chosen on validation)"))
     _legends(axes[0][-1], plt, order, rounds, roster, extra)
     fig.suptitle(f"{eval_ds}: {m} vs KL to the reference (value-guided: one line across η)", fontsize=10)
     fig.tight_layout()

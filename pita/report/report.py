@@ -143,6 +143,8 @@ def sort_rows(rows: list[dict], roster: Roster = Roster()) -> list[dict]:
 
 def eta_cell(r: dict, swept: set) -> str:
     """The eta of an algorithm that sweeps it (the chosen one marked), blank for every other."""
+    if r.get("variant"):  # a control's setting (T=0.7, n=4) or a grid's
+        return str(r["variant"]) + (" (chosen)" if r.get("selected") else "")
     if r["algorithm"] not in swept:
         return ""
     return f"{float(r['eta']):g}" + (" (chosen)" if r.get("selected") else "")
@@ -238,13 +240,45 @@ def matched_section(extras: dict, roster: Roster) -> list[str]:
         return []
     est = ", ".join(km.get("estimator") or []) or "exact per-step"
     return ["### Headline: every method at equal KL", "",
-            f"Each method's {cells[0]['metric']} at KL budgets of {', '.join(f'{b:g}' for b in km['budgets'])} "
-            f"{km.get('unit', 'nats per sequence')} (`{km.get('budgets_from', 'eval.kl_budgets')}`), read off its own frontier: all its rounds and "
-            f"η values plus the base model at KL 0, the upper envelope linearly interpolated at the budget, never "
-            f"extrapolated (\"not reached\": the method's largest KL is below the budget). KL estimator: {est}. "
-            "Intervals: 95%, the prompts resampled and every row's metric and KL recomputed per draw, so they cover "
-            "the KL's noise too; the gain is paired with the base model on the same draws.", ""] + \
-        matched_tables(cells, roster.order({c["algorithm"] for c in cells}))
+            f"Each method's {cells[0]['metric']} at KL = {', '.join(f'{b:g}' for b in km['budgets'])} "
+            f"{km.get('unit', 'nats per sequence')} (`{km.get('budgets_from', 'eval.kl_budgets')}`), read off its "
+            "frontier: the rows (every round, η and variant) on the upper envelope of their *validation* KL and "
+            "metric, the base model at KL 0 included, then read on the test prompts along the line through them; "
+            "no test metric chooses a point, so a method that hurts shows a negative gain. Each cell says what it "
+            "is: a value with an interval is measured (a frontier row within 10% of the KL) or, marked interp., "
+            "between two frontier rows; 'chord from base' is a line from the base model to the first frontier "
+            "row, never measured, with no interval; 'base only': no row beat the base model on validation; "
+            f"'not reached': the frontier ends below the KL, nothing is extrapolated. KL estimator: {est}. "
+            "Intervals: 95%, the test prompts resampled and every frontier row's metric and KL recomputed per "
+            "draw, so they cover the KL's noise too; a share of draws that fall short of the KL is stated; the "
+            "gain, and the difference of two methods, are paired on the same draws. Two rows need no training "
+            "(`eval.controls`): `control: temperature`, the base model sampled colder (its KL exact, as every "
+            "row's), and `control: best-of-n`, the best of n base samples by a score available at test time "
+            "(the reward model, or on a verifier task the run's learned proxy; its KL is the bound "
+            "log n − (n−1)/n): a method that does not beat them at equal KL is not shown to do more than "
+            "sharpen or rerank the base model.", ""] + \
+        matched_tables(cells, roster.order({c["algorithm"] for c in cells}), km.get("differences"))
+
+
+def budget_section(budgets: list[dict], roster: Roster | None = None) -> list[str]:
+    """What each method received (results/final_results.json ``budgets``): samples, labels,
+    optimizer steps and training compute, over all its rounds."""
+    if not budgets:
+        return []
+    order = roster.order({b["algorithm"] for b in budgets}) if roster else sorted({b["algorithm"] for b in budgets})
+    rank = {a: i for i, a in enumerate(order)}
+    rows = sorted(budgets, key=lambda b: (b["family"], b["train_dataset"], rank.get(b["algorithm"], len(rank))))
+    flops = lambda x: "" if x is None else f"{x:.3g}"  # noqa: E731
+    return ["### What each method received", "",
+            "Over all its rounds: completions sampled for training (roll-ins and GRPO's online samples included) "
+            "and their tokens, completions scored by the task's reward (the labels it paid for), optimizer steps "
+            "of its training jobs (value, proxy and policy models), training FLOPs (6 x trainable parameters x "
+            "tokens) and device-seconds. Unequal budgets are part of a comparison's reading.", "",
+            _md_table(["algorithm", "family", "dataset", "rounds", "samples", "tokens", "labels", "optimizer steps",
+                       "train FLOPs", "device-s"],
+                      [[b["algorithm"], b["family"], b["train_dataset"], b["rounds"], b["sequences"], b["tokens"],
+                        b["labels"], b["optimizer_steps"], flops(b.get("train_flops")), _f(b.get("device_s"), 1)]
+                       for b in rows]), ""]
 
 
 def render(run: RunPaths, rows: list[dict] | None = None, roster: Roster | None = None,
@@ -296,6 +330,7 @@ def render(run: RunPaths, rows: list[dict] | None = None, roster: Roster | None 
         lines.append("")
         lines += _fairness_notes(run, rows, swept, roster) + [""]
         lines += matched_section(extras, roster)
+        lines += budget_section(extras.get("budgets") or [], roster)
         from pita.report.labels import label_table
 
         quality = label_table(extras.get("label_quality") or [])
@@ -308,8 +343,9 @@ def render(run: RunPaths, rows: list[dict] | None = None, roster: Roster | None 
         lines += [f"### Every row ({len(rows)})", "", full_table(rows, swept, roster), ""]
         lines.append("KL is KL(pi || pi_ref) per sequence in nats, the mean over the evaluated samples of the exact "
                      "KL of the two next-token distributions at every step, summed along the sampled path (never "
-                     "negative; 0 for the base model), against the same untruncated reference for every row at "
-                     "top_p 1. KL/token divides the summed KL by the steps taken (tokens and EOS); \"KL log-ratio\" "
+                     "negative): the distribution each token was drawn from (after the nucleus when eval.top_p < 1) "
+                     "against the same untruncated reference at the evaluation's temperature for every row, so the "
+                     "base model's KL is 0 at top_p 1 and what its nucleus removes below it. KL/token divides the summed KL by the steps taken (tokens and EOS); \"KL log-ratio\" "
                      "is the older single-sample estimate, the mean of log pi(y|x) - log pi_ref(y|x). Value-guided "
                      "rows at η 0 are the reference itself: the base model's evaluation, reused. η is blank for "
                      "algorithms that do not sweep it.")

@@ -26,10 +26,13 @@ from pita.tracking import open_tracker, settings_for
 
 log = logging.getLogger(__name__)
 
-COLUMNS = ["algorithm", "family", "train_dataset", "round", "eval_dataset", "eta", "selected", "pass@1", "pass@1_stderr",
+COLUMNS = ["algorithm", "family", "train_dataset", "round", "eval_dataset", "eta", "variant", "selected", "pass@1", "pass@1_stderr",
            "maj@n", "first_sample_acc", "mean_reward", "mean_reward_stderr", "kl", "kl_stderr", "kl_per_token",
            "kl_logratio", "kl_logratio_stderr", "kl_estimator", "n", "prompts",
            "train_device_s", "eval_device_s", "tokens", *CI_COLUMNS, "eval_job", "reused_from"]
+
+
+EVAL_KINDS = ("eval.merge", "control.best_of_n")  # the jobs whose results are rows of the table
 
 
 def collect(run: RunPaths) -> tuple[list[dict], list[dict]]:
@@ -37,7 +40,7 @@ def collect(run: RunPaths) -> tuple[list[dict], list[dict]]:
     state = json.loads(run.state.read_text())
     rows = []
     for jid, e in sorted(state["jobs"].items()):
-        if e.get("kind") == "eval.merge" and e.get("state") == "COMPLETED":
+        if e.get("kind") in EVAL_KINDS and e.get("state") == "COMPLETED":
             rows += [{**r, "eval_job": jid} for r in run.job(jid).read_result().get("results", [])]
     val = [r for r in rows if r.get("split") == "validation"]
     rows = [r for r in rows if r.get("split") != "validation"]
@@ -49,22 +52,23 @@ def collect(run: RunPaths) -> tuple[list[dict], list[dict]]:
 
 def select_eta(rows: list[dict], val: list[dict]) -> None:
     """Mark the test row of each (algorithm, family, training dataset, round, eval dataset) at the
-    eta that scored best on the validation prompts (ties: the smaller eta, closer to the
-    reference). A cell with one eta is its own choice; a sweep without validation rows has no
+    eta, and the arm of a grid (``variant``: a learning rate, a control's setting), that scored
+    best on the validation prompts (ties: the smaller eta, closer to the reference, then the
+    first arm). A cell with one row is its own choice; a sweep without validation rows has no
     choice (``selected`` false everywhere, the report says so)."""
-    best: dict[tuple, float] = {}
+    best: dict[tuple, tuple] = {}
     for v in val:
         key = (v["algorithm"], v["family"], v["train_dataset"], v["round"])
         score = (v[_metric(v)], -float(v["eta"]))
         if key not in best or score > best[key][0]:
-            best[key] = (score, float(v["eta"]))
+            best[key] = (score, (v.get("variant") or "", float(v["eta"])))
     cells: dict[tuple, list[dict]] = {}
     for r in rows:
         cells.setdefault((r["algorithm"], r["family"], r["train_dataset"], r["round"], r["eval_dataset"]), []).append(r)
     for key, cell in cells.items():
         chosen = best.get(key[:4])
         for r in cell:
-            r["selected"] = len(cell) == 1 or (chosen is not None and float(r["eta"]) == chosen[1])
+            r["selected"] = len(cell) == 1 or (chosen is not None and (r.get("variant") or "", float(r["eta"])) == chosen[1])
 
 
 def _device_s(e: dict) -> float:
@@ -87,15 +91,76 @@ def add_compute(rows: list[dict], state: dict, result_of) -> None:
         if a == "base":
             eval_prefix, train_ids = f"base.{fam}.{ev}.eval.", []
         else:
-            eval_prefix = f"{a}.{fam}.{tr}.r{rnd}.eval{'' if ev == tr else '-' + ev}."
-            train_ids = [j for j in jobs if j.startswith(f"{a}.{fam}.{tr}.r") and ".eval" not in j
-                         and ".val" not in j and int(j[len(f"{a}.{fam}.{tr}.r"):].split(".", 1)[0]) <= int(rnd)]
+            # the method's (or its arm's: <algo>.<family>.<dataset>.<arm>) job-id prefix, read off its evaluation
+            own = str(r.get("eval_job") or "").split(f".r{rnd}.eval", 1)[0] or f"{a}.{fam}.{tr}"
+            eval_prefix = f"{own}.r{rnd}.eval{'' if ev == tr else '-' + ev}."
+            train_ids = [j for pre in dict.fromkeys([own, f"{a}.{fam}.{tr}"]) for j in jobs  # an arm's, and shared ones
+                         if j.startswith(f"{pre}.r") and ".eval" not in j and ".val" not in j
+                         and j[len(f"{pre}.r"):].split(".", 1)[0].isdigit()
+                         and int(j[len(f"{pre}.r"):].split(".", 1)[0]) <= int(rnd)]
             train_ids += shared_data(train_ids, jobs, f"data.{fam}.{tr}.")
         r["train_device_s"] = round(sum(_device_s(jobs[j]) for j in train_ids), 1)
         r["tokens"] = sum(int((result_of(j) or {}).get("tokens") or 0) for j in train_ids
                           if jobs[j].get("kind") == "generation.shard" and jobs[j].get("state") == "COMPLETED")
         ev_s = sum(_device_s(e) for j, e in jobs.items() if j.startswith(eval_prefix))
         r["eval_device_s"] = round(ev_s / etas[(a, fam, tr, rnd, ev)], 1)
+
+
+TRAIN_KINDS = ("algo.value_train", "algo.proxy_train", "algo.dpo_train", "algo.grpo_train")
+
+
+def method_budgets(state: dict, result_of) -> list[dict]:
+    """What each (algorithm, family, training dataset) received, over all its rounds: one entry
+    each, so that a reader sees whether the methods were compared on equal terms.
+
+        sequences       completions sampled to make training data (data collection, roll-ins
+                        included, and GRPO's online samples)
+        tokens          tokens of those samples
+        labels          completions scored by the task's reward (verifier or reward model):
+                        what the method paid its labeller
+        optimizer_steps optimizer steps of every training job (value, proxy and policy models)
+        train_tokens    tokens through the trained models, summed over epochs
+        train_flops     training FLOPs: 6 x trainable parameters x tokens (transformers' own
+                        estimate for DPO / GRPO); null where a job did not record it
+        device_s        device-seconds of those jobs
+
+    Counted from the jobs' results (the attempts that finished; shared data collections count
+    for every method that used them). Evaluation is not part of a method's budget."""
+    jobs = state.get("jobs", {})
+    out: dict[tuple, dict] = {}
+    for jid, e in sorted(jobs.items()):
+        if ".eval" in jid or ".val" in jid or e.get("state") != "COMPLETED":
+            continue
+        parts = jid.split(".")
+        at = next((i for i in (3, 4) if len(parts) > i and parts[i][:1] == "r" and parts[i][1:].isdigit()), None)
+        if at is None or parts[0] in ("data", "control", "model", "base"):
+            continue  # not a method's job (shared data collections count for the methods that used them)
+        key = tuple(parts[:3])  # every arm of a grid counts towards its method
+        own = [jid] + shared_data([jid], jobs, f"data.{key[1]}.{key[2]}.")
+        b = out.setdefault(key, {"algorithm": key[0], "family": key[1], "train_dataset": key[2], "rounds": 0,
+                                 "sequences": 0, "tokens": 0, "labels": 0, "optimizer_steps": 0, "train_tokens": 0,
+                                 "train_flops": 0.0, "device_s": 0.0, "_seen": set()})
+        b["rounds"] = max(b["rounds"], int(parts[at][1:]) + 1)
+        for j in own:
+            if j in b["_seen"] or jobs.get(j, {}).get("state") != "COMPLETED":
+                continue
+            b["_seen"].add(j)
+            res, kind = result_of(j) or {}, jobs[j].get("kind")
+            b["device_s"] += _device_s(jobs[j])
+            if kind == "generation.shard" or kind in TRAIN_KINDS:
+                b["sequences"] += int(res.get("sequences") or 0)
+                b["tokens"] += int(res.get("tokens") or 0)
+                b["labels"] += int(res.get("scored") or 0)
+            if kind in TRAIN_KINDS:
+                b["optimizer_steps"] += int(res.get("steps") or 0)
+                b["train_tokens"] = None if b["train_tokens"] is None or res.get("train_tokens") is None else \
+                    b["train_tokens"] + int(res["train_tokens"])
+                b["train_flops"] = None if b["train_flops"] is None or res.get("train_flops") is None else \
+                    b["train_flops"] + float(res["train_flops"])
+    for b in out.values():
+        b.pop("_seen")
+        b["device_s"] = round(b["device_s"], 1)
+    return list(out.values())
 
 
 def shared_data(ids: list[str], jobs: dict, prefix: str) -> list[str]:
@@ -111,7 +176,8 @@ def shared_data(ids: list[str], jobs: dict, prefix: str) -> list[str]:
 
 
 def cell_name(r: dict) -> str:
-    return (f"{r['algorithm']}.{r['family']}.{r['train_dataset']}.r{r['round']}.{r['eval_dataset']}"
+    algo = r["algorithm"].replace(": ", "-").replace(" ", "_")  # control: best-of-n -> control-best-of-n
+    return (f"{algo}.{r['family']}.{r['train_dataset']}.r{r['round']}.{r['eval_dataset']}"
             f".eta{float(r['eta']):g}")
 
 
@@ -137,17 +203,28 @@ def kl_budgets(run: RunPaths) -> list[float]:
     return [float(b) for b in got] if got else list(BUDGETS)
 
 
-def kl_matched(run: RunPaths, rows: list[dict], budgets: list[float] | None = None) -> dict:
-    """The KL-matched comparison of one run (pita/report/matched.py), as saved; ``budgets`` (from
-    ``pita report --kl-budgets``) replace the run's ``eval.kl_budgets``, a reading of the same rows."""
+def kl_matched(run: RunPaths, rows: list[dict], budgets: list[float] | None = None,
+               val: list[dict] | None = None, order=()) -> dict:
+    """The KL-matched comparison of one run (pita/report/matched.py), as saved: the cells and the
+    paired differences of two methods. ``val``: the validation rows each frontier is chosen on
+    (default: the run's results/validation.json); ``budgets`` (from ``pita report --kl-budgets``)
+    replace the run's ``eval.kl_budgets``, a reading of the same rows."""
     from pita.report.intervals import RecordStore
-    from pita.report.matched import matched_cells, public
+    from pita.report.matched import differences, matched_cells, public
 
     source = "eval.kl_budgets" if budgets is None else "pita report --kl-budgets"
     budgets = kl_budgets(run) if budgets is None else [float(b) for b in budgets]
+    val = read_validation(run) if val is None else val
+    cells = matched_cells([(rows, val, RecordStore(run))], budgets, keep_draws=True)
     return {"budgets": budgets, "budgets_from": source, "unit": "nats per sequence",
             "estimator": sorted({r.get("kl_estimator") or "log-ratio" for r in rows if r["algorithm"] != "base"}),
-            "cells": public(matched_cells([(rows, RecordStore(run))], budgets))}
+            "cells": public(cells), "differences": differences(cells, order)}
+
+
+def read_validation(run: RunPaths) -> list[dict]:
+    """The validation rows a run's results were chosen on (results/validation.json; none before it)."""
+    path = run.results / "validation.json"
+    return json.loads(path.read_text()) if path.exists() else []
 
 
 def write(run: RunPaths, roster: Roster | None = None, budgets: list[float] | None = None) -> list[dict]:
@@ -163,10 +240,12 @@ def write(run: RunPaths, roster: Roster | None = None, budgets: list[float] | No
             w.writeheader()
             for r in val:
                 w.writerow(r)
-    extras = {"kl_matched": kl_matched(run, rows, budgets)}
+    extras = {"kl_matched": kl_matched(run, rows, budgets, val,
+                                       roster.order({r["algorithm"] for r in rows}) if roster else ())}
     from pita.report.labels import label_quality
 
     extras["label_quality"] = label_quality(run, roster.preference_pairs if roster and roster.preference_pairs else None)
+    extras["budgets"] = method_budgets(json.loads(run.state.read_text()), lambda jid: run.job(jid).read_result())
     atomic_write_json(run.results / "final_results.json", {"rows": rows, **extras})
     for r in rows:
         atomic_write_json(run.results / "cells" / f"{cell_name(r)}.json", r)

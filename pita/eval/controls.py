@@ -1,0 +1,219 @@
+"""Controls: what the base model gets at a given KL with no training, on every equal-KL frontier.
+
+A method's gain at equal KL may come from something far simpler than the method: a value head
+that starts from the LM's own log-probabilities tilts towards likely tokens, which is what a
+lower temperature does, and any policy that reranks the base model's samples by a reward gains
+as best-of-n does. Two controls make those explanations visible, computed from the base model
+alone (no training job), evaluated on the test prompts and on the validation prompts like every
+method, their frontier chosen on validation:
+
+``control: temperature``  the base model sampled at ``eval.control_temperatures`` (lower than
+    ``eval.temperature``), its KL measured exactly per step against the base model at the
+    evaluation's temperature, as every other row's (``reference_temperature`` of
+    ``LM.generate_ids``). One row per temperature (``variant`` ``T=0.7``).
+
+``control: best-of-n``    for n in ``eval.best_of_n``: the completion with the highest score
+    among n base-model samples. The score is one a user would have at test time, never the gold
+    answer: the reward model on reward tasks; on verifier tasks the proxy reward model the run
+    trains anyway (Q#-HF's or GRPO-HF's, round 0), so the control exists on a verifier task only
+    when one of them runs. From a pool of N = max(n) samples per prompt the value is the
+    unbiased estimate of the expected metric of the best of n drawn without replacement: with the
+    pool sorted by score, the i-th lowest of N is the best of a random n-subset with probability
+    C(i-1, n-1) / C(N, n). Its KL is not measured: the standard bound
+    KL(best-of-n || base) <= log n - (n-1)/n, labelled ``bound: log n - (n-1)/n`` (exact in the
+    limit of distinct scores); one row per n (``variant`` ``n=4``).
+
+Job ids: ``control.temperature.<family>.<dataset>.{eval,val}.*`` and
+``control.best_of_n.<family>.<dataset>.{pool,valpool}.*`` (the last of each is the merge).
+"""
+
+from __future__ import annotations
+
+import math
+
+from pita.core.errors import JobError
+from pita.core.job import Resources, add_kind_module, job_kind
+
+add_kind_module("pita.eval.controls")
+
+CONTROLS = ("temperature", "best_of_n")
+TEMPERATURE = "control: temperature"
+BEST_OF_N = "control: best-of-n"
+DEFAULT_FACTORS = (0.85, 0.7, 0.55, 0.4)  # of eval.temperature, when eval.control_temperatures is null
+PROXY_OF = ("QSharp-HF", "GRPO-HF")  # algorithms whose round-0 proxy reward model scores best-of-n on verifier tasks
+
+
+def temperatures(ev) -> list[float]:
+    """The control's temperatures: ``eval.control_temperatures`` or fractions of ``eval.temperature``."""
+    if ev.control_temperatures is not None:
+        return [float(t) for t in ev.control_temperatures]
+    return [round(f * float(ev.temperature), 4) for f in DEFAULT_FACTORS]
+
+
+def check(ev) -> list[str]:
+    """Problems with the ``eval`` keys of the controls."""
+    from pita.core.names import unknown_name
+
+    p = [unknown_name("eval.controls", c, CONTROLS) for c in ev.controls if c not in CONTROLS]
+    if "temperature" in ev.controls:
+        if not ev.temperature > 0:
+            p.append(f"eval.controls lists temperature but eval.temperature={ev.temperature} is greedy; lower "
+                     f"temperatures need a sampling one (or drop temperature from eval.controls)")
+        else:
+            bad = [t for t in temperatures(ev) if not 0 < t < float(ev.temperature)]
+            if bad or not temperatures(ev):
+                p.append(f"eval.control_temperatures={list(ev.control_temperatures or [])} must list temperatures in "
+                         f"(0, eval.temperature={ev.temperature}): the control is the base model sampled colder; "
+                         f"e.g. [{0.7 * ev.temperature:g}, {0.5 * ev.temperature:g}], or null for "
+                         f"{', '.join(f'{f:g}' for f in DEFAULT_FACTORS)} x eval.temperature")
+    if "best_of_n" in ev.controls:
+        ns = list(ev.best_of_n)
+        if not ns or any(int(n) != n or n < 2 for n in ns):
+            p.append(f"eval.best_of_n={ns} must list integers >= 2 (e.g. [2, 4, 8, 16]); the pool holds max(n) "
+                     f"samples per prompt")
+        if ev.temperature <= 0 and ns:
+            p.append(f"eval.controls lists best_of_n but eval.temperature={ev.temperature} is greedy: n greedy samples "
+                     f"are one; drop best_of_n from eval.controls")
+    return p
+
+
+def plan(cfg, ds, gen, eval_request, n_test: int, n_val: int, task: str, memory_gb: float,
+         proxies: dict[str, str]) -> list:
+    """The control jobs of one training dataset's own evaluation (``eval_request(ds)``), on its
+    test and validation prompts. ``proxies``: algorithm -> its round-0 proxy job id in this run
+    (the best-of-n score on a verifier task)."""
+    import logging
+
+    ev, fam = cfg.eval, cfg.model.name
+    jobs = []
+    labels = {"family": fam, "train_dataset": ds.name, "round": 0, "eval_dataset": ds.name, "task": task,
+              "control": True}
+    splits = [("test", n_test, None)] + ([("validation", n_val, "held_out")] if n_val else [])
+    if "temperature" in ev.controls:
+        for split, n, held in splits:
+            req = eval_request(ds)
+            if held:
+                req["split"] = held
+            req["etas"] = temperatures(ev)  # the sweep's key: each row's temperature
+            req["sweep"] = "temperature"
+            name = f"control.temperature.{fam}.{ds.name}.{'eval' if split == 'test' else 'val'}"
+            sub = gen.plan(req, name, n, memory_gb=memory_gb, group="base")
+            sub[-1].kind = "eval.merge"
+            sub[-1].params.update(labels={"algorithm": TEMPERATURE, **labels,
+                                          **({"split": "validation"} if held else {})},
+                                  variant="T={:g}", kl_fraction=ev.kl_fraction)
+            jobs += sub
+    if "best_of_n" in ev.controls:
+        proxy = next((proxies[a] for a in PROXY_OF if a in proxies), None)
+        if task != "reward" and proxy is None:
+            logging.getLogger("pita").info(
+                "eval.controls: no best-of-n control on %s: a verifier task is scored by a learned proxy at test "
+                "time, and no algorithm of the run trains one (add QSharp-HF or GRPO-HF)", ds.name)
+            return jobs
+        for split, n, held in splits:
+            req = eval_request(ds)
+            if held:
+                req["split"] = held
+            req["n"] = max(int(x) for x in ev.best_of_n)
+            req["with_prompt"] = True
+            name = f"control.best_of_n.{fam}.{ds.name}.{'pool' if split == 'test' else 'valpool'}"
+            sub = gen.plan(req, name, n, memory_gb=memory_gb, group="base")
+            sub[-1].kind = "control.best_of_n"
+            sub[-1].params.update(labels={"algorithm": BEST_OF_N, **labels, **({"split": "validation"} if held else {})},
+                                  ns=sorted(int(x) for x in ev.best_of_n),
+                                  proxy=proxy if task != "reward" else None, reference=req["policy"]["model"],
+                                  micro_batch_size=64)
+            if task != "reward":  # scored by the proxy, on a device like the pool's
+                sub[-1].deps.append(proxy)
+                sub[-1].resources = Resources(1, memory_gb)
+            jobs += sub
+    return jobs
+
+
+def best_of_n_weights(N: int, n: int) -> list[float]:
+    """w[i] (i = 0..N-1, the pool sorted by score ascending): the probability that the i-th lowest
+    of N is the best of a uniformly random n-subset, C(i, n-1) / C(N, n). Sums to 1."""
+    if not 1 <= n <= N:
+        raise ValueError(f"best-of-{n} needs a pool of at least {n} samples per prompt, not {N}")
+    total = math.comb(N, n)
+    return [math.comb(i, n - 1) / total for i in range(N)]
+
+
+def kl_bound(n: int) -> float:
+    """The standard bound on KL(best-of-n || base): log n - (n - 1) / n."""
+    return math.log(n) - (n - 1) / n
+
+
+def best_of_n_value(scores: list[float], values: list[float], n: int) -> float:
+    """The unbiased estimate, from one prompt's pool, of the metric of its best-of-n completion:
+    the pool sorted by score (ties by pool order), each value weighted by the chance that it is
+    the best of a random n-subset."""
+    order = sorted(range(len(scores)), key=lambda i: (scores[i], -i))
+    w = best_of_n_weights(len(scores), n)
+    return math.fsum(w[k] * float(values[i]) for k, i in enumerate(order))
+
+
+@job_kind("control.best_of_n")
+def best_of_n_merge(ctx):
+    """Gather the pool's samples, score each (the reward model's score on a reward task, the run's
+    proxy on a verifier task), save per prompt and n the estimate as a record (``correct`` /
+    ``reward`` then hold the expected value, ``eta`` holds n) and return one row per n."""
+    import statistics
+
+    from pita.generation.jobs import gather, save_records
+
+    p = ctx.params
+    labels, ns = p["labels"], [int(n) for n in p["ns"]]
+    records = gather(ctx)
+    if not records:
+        raise JobError("the best-of-n pool produced no samples")
+    by_id: dict[str, list[dict]] = {}
+    for r in records:
+        by_id.setdefault(r["id"], []).append(r)
+    groups = [sorted(g, key=lambda x: x["sample"]) for _, g in sorted(by_id.items())]
+    if p.get("proxy"):
+        scores = _proxy_scores(ctx, p, groups)
+        scored_by = f"proxy reward model of {p['proxy']}"
+    else:
+        scores = [[float(s["reward"]) for s in g] for g in groups]
+        scored_by = "the task's reward model"
+    math_task = labels["task"] == "math"
+    metric = "correct" if math_task else "reward"
+    out, results = [], []
+    for n in ns:
+        per = []
+        for g, sc in zip(groups, scores):
+            v = best_of_n_value(sc, [float(bool(s["correct"])) if math_task else float(s["reward"]) for s in g], n)
+            per.append(v)
+            out.append({"id": g[0]["id"], "eta": float(n), "sample": 0, metric: v,
+                        **({"reward": v} if not math_task else {}), "n_tokens": None, "finish": None})
+        se = statistics.stdev(per) / math.sqrt(len(per)) if len(per) > 1 else 0.0
+        key = "pass@1" if math_task else "mean_reward"
+        results.append({**labels, "eta": float(n), "variant": f"n={n}", key: statistics.fmean(per),
+                        f"{key}_stderr": se, "kl": kl_bound(n), "kl_stderr": 0.0,
+                        "kl_estimator": "bound: log n - (n-1)/n", "n": n, "pool": len(groups[0]),
+                        "prompts": len(groups), "scored_by": scored_by})
+    save_records(ctx, out)
+    ctx.log.info("best-of-n over a pool of %d samples x %d prompts, scored by %s: %s", len(groups[0]), len(groups),
+                 scored_by, ", ".join(f"n={r['n']} {r.get('pass@1', r.get('mean_reward')):.4f}" for r in results))
+    return {"labels": labels, "results": results}
+
+
+def _proxy_scores(ctx, p: dict, groups: list[list[dict]]) -> list[list[float]]:
+    from transformers import AutoTokenizer
+
+    from pita.guidance.proxy import score_sequences, text_ids
+    from pita.guidance.value_model import ValueModel
+    from pita.models.lm import default_device
+
+    dev = default_device()
+    vm = ValueModel.load(ctx.dep_result(p["proxy"])["checkpoint"], device=dev).eval()
+    tok = AutoTokenizer.from_pretrained(p["reference"])
+    flat = [s for g in groups for s in g]
+    seqs = [text_ids(tok, s["prompt"], s["completion"], s.get("finish") == "eos") for s in flat]
+    got = score_sequences(vm, seqs, dev, batch=max(1, int(p.get("micro_batch_size") or 64)))
+    out, k = [], 0
+    for g in groups:
+        out.append([float(x) for x in got[k:k + len(g)]])
+        k += len(g)
+    return out
