@@ -201,3 +201,13 @@ def test_a_kl_budget_that_is_not_positive_exits_2_naming_the_key(tmp_path, value
     assert "eval.kl_budgets=" in r.stderr and "must be a finite number of nats per sequence > 0" in r.stderr
     assert bad in r.stderr.split("eval.kl_budgets=")[1]
     assert not (tmp_path / "kb").exists()
+
+
+def test_a_cell_some_draws_do_not_reach_says_in_what_share_it_did():
+    """A share that rounds to 100% is not printed as 100%: one decimal near the top."""
+    from pita.report.matched import _cell_text
+
+    cell = {"kind": "interpolated", "value": 0.4, "ci_lo": 0.3, "ci_hi": 0.5, "draws_reaching": 0.998}
+    assert _cell_text(cell).endswith("(reached in 99.8% of draws)")
+    assert _cell_text({**cell, "draws_reaching": 0.91}).endswith("(reached in 91% of draws)")
+    assert "reached in" not in _cell_text({**cell, "draws_reaching": 1.0})

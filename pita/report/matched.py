@@ -387,7 +387,7 @@ def _cell_text(e: dict, what: str = "value") -> str:
         text += " interp."
     share = e.get("draws_reaching")
     if share is not None and share < 1:
-        text += f" (reached in {share:.0%} of draws)"
+        text += f" (reached in {share:.1%} of draws)" if share >= 0.995 else f" (reached in {share:.0%} of draws)"
     return text
 
 
