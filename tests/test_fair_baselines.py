@@ -170,8 +170,8 @@ def test_the_value_guided_methods_train_the_same_epochs_by_default(tiny_cache):
 def test_a_learning_rate_grid_trains_one_arm_per_rate_chosen_on_validation(tiny_cache):
     """algos.<A>.lr_grid: every rate is an arm with its own rounds, evaluations and validation
     rows (variant lr=<rate>), sharing round 0's data and GRPO-HF's round-0 proxy; the default grid
-    on a real model's scale is wide upwards (a 135M model x1, 10, 100 of the 7B recipe's rate), on
-    the tiny family the one measured rate; lr and lr_grid together, or a bad grid, name the keys."""
+    under 1B parameters is wide upwards (a 135M model x1, 10, 100 of the 7B recipe's rate), from 1B
+    the recipe's one rate, on the tiny family the one measured rate; lr and lr_grid together, or a bad grid, name the keys."""
     from pita.algos import algorithm
     from pita.plans import build_plan
 
@@ -197,8 +197,7 @@ def test_a_learning_rate_grid_trains_one_arm_per_rate_chosen_on_validation(tiny_
     p = SimpleNamespace(policy_params=135_000_000)
     assert algorithm("DPO", cfg.algos["DPO"]).learning_rates(p) == [5e-7, 5e-6, 5e-5]
     assert algorithm("GRPO", cfg.algos["GRPO"]).learning_rates(p) == [1e-6, 1e-5, 1e-4]
-    assert algorithm("GRPO", cfg.algos["GRPO"]).learning_rates(SimpleNamespace(policy_params=8_000_000_000)) == \
-        [1e-6, 3e-6, 1e-5]
+    assert algorithm("GRPO", cfg.algos["GRPO"]).learning_rates(SimpleNamespace(policy_params=8_000_000_000)) == [1e-6]
     assert algorithm("DPO", cfg.algos["DPO"]).learning_rates(SimpleNamespace(policy_params=1_000_000)) == [1e-5]
     for over, needle in ((("algos.DPO.lr=1e-5", "algos.DPO.lr_grid=[1e-5]"), "set one"),
                          (("algos.DPO.lr_grid=[0.0,1e-5]",), "algos.DPO.lr_grid=[0.0, 1e-05] must list")):

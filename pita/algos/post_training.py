@@ -43,13 +43,15 @@ TOY_PARAMS = 50_000_000  # below this a model is a toy (the tiny family), with t
 # were measured on the embedded default
 LEARNING_RATES = {("dpo", "full"): 5e-7, ("dpo", "lora"): 5e-6, ("dpo", "toy"): 1e-5,
                   ("grpo", "full"): 1e-6, ("grpo", "lora"): 1e-5, ("grpo", "toy"): 5e-5}
-# the learning-rate grid a null lr searches, as multiples of the scale's rate: the 7B recipes'
-# rates barely move a small model (DPO 5e-7 for 64 steps moved a 135M model 0.04 nats), so the
-# smaller the model the wider the grid upwards; each rate is an arm of its own, chosen on the
-# validation prompts like η (pita/report/matched.py); the toy rates were measured already
-LR_GRIDS = {"toy": (1.0,), "lora": (1.0, 3.0, 10.0), "small": (1.0, 10.0, 100.0), "mid": (1.0, 3.0, 10.0),
-            "large": (1.0, 3.0)}
-SMALL_PARAMS, LARGE_PARAMS = 1_000_000_000, 20_000_000_000  # full fine-tuning: under 1B small, from 20B large
+# the learning-rate grid a null lr searches, as multiples of the scale's rate: the full
+# fine-tuning rates come from 7B recipes and barely move a small model (DPO 5e-7 for 64 steps
+# moved a 135M model 0.04 nats), so under 1B parameters the grid reaches 100x upwards; the LoRA
+# rates are this project's choice, so they get a grid too; from 1B the recipes' own scale keeps
+# its one rate (a grid there multiplies the costliest jobs of a paper grid: paper_math on qwen3
+# 8xH100 plans 85.5 h with x1, 3, 10 against 35.9 h). Each rate is an arm of its own, chosen on
+# the validation prompts like η; the toy rates were measured already
+LR_GRIDS = {"toy": (1.0,), "lora": (1.0, 3.0, 10.0), "small": (1.0, 10.0, 100.0), "recipe": (1.0,)}
+SMALL_PARAMS = 1_000_000_000  # full fine-tuning under 1B parameters: the 7B recipes' rates are too small
 
 
 @dataclass
@@ -64,7 +66,8 @@ class PostTrainingConfig(AlgoConfig):
     # learning rates to try, each an arm of its own (job ids <algo>.<family>.<dataset>.lr<rate>.r<k>.*,
     # rows with variant lr=<rate>), the frontier and the reported arm chosen on the validation
     # prompts; null: the single lr when set, else a grid around the scale's rate (LR_GRIDS): x1,
-    # 10, 100 under 1B parameters, x1, 3, 10 up to 20B and for LoRA, x1, 3 above; one rate for a toy model
+    # 10, 100 for full fine-tuning under 1B parameters, x1, 3, 10 for LoRA; one rate from 1B (the
+    # recipes' own scale) and for a toy model
     lr_grid: Optional[List[float]] = None
     beta: float = 0.1  # KL coefficient: DPO's beta, GRPO's beta (KL to the reference); 0 = no KL term
     # the KL reference in rounds after the first: original (the family's reference model, the one
@@ -190,7 +193,7 @@ class PostTrainingAlgorithm(Algorithm):
         scale = "lora" if self.c.lora_r > 0 else ("toy" if n is not None and n < TOY_PARAMS else "full")
         lr = LEARNING_RATES[(self.lr_family, scale)]
         size = ("toy" if n is not None and n < TOY_PARAMS else scale if scale != "full" else
-                "small" if n is None or n < SMALL_PARAMS else "mid" if n < LARGE_PARAMS else "large")
+                "small" if n is None or n < SMALL_PARAMS else "recipe")
         grid = [float(f"{lr * f:.3g}") for f in LR_GRIDS[size]]
         log.info("%s.lr=null: %s (%s; reference policy of %s parameters)", self.key, ", ".join(f"{x:g}" for x in grid),
                  {"lora": "LoRA", "toy": "a toy model", "full": "full fine-tuning"}[scale],
