@@ -95,21 +95,26 @@ def aggregate(runs: list[Path]) -> dict:
     return {"runs": [str(r) for r in runs], "rows": out, "chosen": chosen, **matched(runs)}
 
 
+ORDER = ("PITA", "QSharp", "QSharp-HF", "DPO", "GRPO", "GRPO-HF", "control: temperature", "control: best-of-n")
+
+
 def matched(runs: list[Path]) -> dict:
     """The KL-matched comparison pooled over the runs (pita/report/matched.py: each seed's frontier
     read at the budgets, the mean over seeds, intervals resampling seeds and test prompts), and
     each run's label quality."""
     from pita.core.paths import RunPaths
     from pita.report.intervals import RecordStore
-    from pita.report.matched import matched_cells, public
-    from pita.report.results import kl_budgets
+    from pita.report.matched import differences, matched_cells, public
+    from pita.report.results import kl_budgets, read_validation
 
     paths = [RunPaths.open_existing(str(r)) for r in runs]
     budgets = kl_budgets(paths[0])
-    cells = matched_cells([(read_results(p.results / "final_results.json")[0], RecordStore(p)) for p in paths],
-                          budgets)
+    # each seed's frontier chosen on its validation rows, read on its test rows
+    cells = matched_cells([(read_results(p.results / "final_results.json")[0], read_validation(p), RecordStore(p))
+                           for p in paths], budgets, keep_draws=True)
     quality = [read_results(p.results / "final_results.json")[1].get("label_quality") or [] for p in paths]
-    return {"kl_budgets": budgets, "kl_matched": public(cells), "label_quality": quality}
+    return {"kl_budgets": budgets, "kl_matched": public(cells), "differences": differences(cells, ORDER),
+            "label_quality": quality}
 
 
 def render(res: dict) -> str:
@@ -129,7 +134,7 @@ def render(res: dict) -> str:
         from pita.report.matched import matched_tables
 
         lines += ["", "at equal KL (nats per sequence), mean over seeds [95% interval resampling seeds and prompts]:", ""]
-        lines += matched_tables(res["kl_matched"], ["PITA", "QSharp", "QSharp-HF", "DPO", "GRPO", "GRPO-HF"])
+        lines += matched_tables(res["kl_matched"], ORDER, res.get("differences"))
     for i, q in enumerate(res.get("label_quality") or []):
         from pita.report.labels import label_table
 

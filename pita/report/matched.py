@@ -312,7 +312,8 @@ def matched_cells(runs: Sequence[tuple], budgets: Sequence[float] = BUDGETS, res
                                       "gain": float(np.mean([v - c["base"] for v, c in zip(tv, cells)]))}
             if kind != "not reached":
                 e["value"] = float(np.mean(vals))
-                e["gain"] = 0.0 if kind == "base only" else float(np.mean([v - c["base"] for v, c in zip(vals, cells)]))
+                # a pooled "base only" cell may hold other seeds' chords: its gain is still the mean of the seeds'
+                e["gain"] = float(np.mean([v - c["base"] for v, c in zip(vals, cells)]))
             if have_draws:
                 base_d = np.stack([c["base_draws"] for c in cells], 1)
                 if e["test_selected"]["value"] is not None:
