@@ -342,10 +342,7 @@ class LM:
             if temperature == 0 and guide is None:
                 tok = logits.argmax(-1)
             else:
-                ref_lp = torch.log_softmax(logits.float() / (temperature or 1.0), -1)
-                if top_k and top_k > 0 and top_k < ref_lp.shape[-1]:
-                    kth = torch.topk(ref_lp, top_k, dim=-1).values[..., -1:]
-                    ref_lp = ref_lp.masked_fill(ref_lp < kth, float("-inf"))
+                ref_lp = _tempered(logits, temperature or 1.0, top_k)
                 final = guide.adjust(ref_lp) if guide is not None else ref_lp
                 if temperature == 0:
                     tok = final.argmax(-1)

@@ -82,6 +82,11 @@ def _base(ax, rows: list[dict], m: str, with_point: bool):
     return out
 
 
+def point_label(r: dict) -> str:
+    """A point's label: its variant (a control's T=0.7 or n=4, a grid's lr=1e-05), else its η."""
+    return str(r["variant"]) if r.get("variant") else f"η={float(r['eta']):g}"
+
+
 def swept_algorithms(rows: list[dict]) -> set:
     """Algorithms whose rows sweep eta (value-guided): eta is meaningful only for them."""
     return {r["algorithm"] for r in rows if r["algorithm"] != "base" and float(r["eta"]) != 0.0}
@@ -152,7 +157,7 @@ def plot_frontier(rows: list[dict], eval_ds: str, out: Path, roster: Roster = Ro
             if algo in swept:
                 for r, x, y in zip(pts, xs, ys):
                     if float(r["eta"]) != 0.0:
-                        ax.annotate(f"η={float(r['eta']):g}", (x, y), textcoords="offset points", xytext=(4, 3),
+                        ax.annotate(point_label(r), (x, y), textcoords="offset points", xytext=(4, 3),
                                     fontsize=6.5, color=c)
                     if r.get("selected"):
                         ax.plot([x], [y], marker="o", ms=12, mfc="none", mec=c, mew=1.4, ls="none")
@@ -213,7 +218,7 @@ def plot_rounds(rows: list[dict], eval_ds: str, out: Path, roster: Roster = Rost
             ax.errorbar([x], [y], yerr=_err([y], [r.get(f"{m}_ci_lo")], [r.get(f"{m}_ci_hi")]), color=c,
                         marker=marker, ms=5, capsize=2, elinewidth=0.8, ls="none")
             if algo in swept:
-                ax.annotate(f"η={float(r['eta']):g}", (x, y), textcoords="offset points", xytext=(5, 3), fontsize=6,
+                ax.annotate(point_label(r), (x, y), textcoords="offset points", xytext=(5, 3), fontsize=6,
                             color=c)
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     if all_rounds:
