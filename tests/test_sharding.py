@@ -58,6 +58,10 @@ def test_fsdp_on_two_gloo_ranks_splits_the_parameters_and_follows_the_unsharded_
     held = sharded["rank_params"]
     assert len(held) == 2 and sum(held) == total, (held, total)
     assert all(0.4 * total <= h <= 0.6 * total for h in held), (held, total)  # about half each
+    # TRL's frozen reference is sharded per decoder layer like the policy (TRL alone shards its root
+    # only, and each reference forward then gathers the whole model on every rank)
+    layers = AutoModelForCausalLM.from_pretrained(tiny["reference"]).config.num_hidden_layers
+    assert sharded["reference_units"] == sharded["policy_units"] > layers + 1, sharded
     # the policy rank 0 saved is the whole model, gathered from both ranks, and it moved
     saved = AutoModelForCausalLM.from_pretrained(sharded["checkpoint"])
     ref = AutoModelForCausalLM.from_pretrained(tiny["reference"])

@@ -166,7 +166,22 @@ def test_a_sharded_job_killed_mid_training_resumes_on_both_ranks(tiny_cache, tmp
     whole = [c for c in trainer_dir.glob("checkpoint-*") if (c / "trainer_state.json").exists()]
     last = max(int(c.name.split("-")[1]) for c in whole)
     assert 4 <= last < 8
+    # each rank wrote its own shard of the weights and of the AdamW state; nothing was gathered whole
+    ckpt = trainer_dir / f"checkpoint-{last}"
+    for part in ("pytorch_model_fsdp_0", "optimizer_0"):
+        shards = sorted(f.name for f in (ckpt / part).glob("*.distcp"))
+        assert shards == ["__0_0.distcp", "__1_0.distcp"], (part, shards)
+        sizes = [(ckpt / part / f).stat().st_size for f in shards]
+        assert abs(sizes[0] - sizes[1]) <= 0.25 * max(sizes), (part, sizes)
+        print(f"{ckpt.name}/{part}: bytes per rank {sizes}")  # shown with pytest -s
+    assert not list(ckpt.glob("pytorch_model_fsdp.bin")) and not list(ckpt.glob("*.safetensors"))
+    assert not list(ckpt.glob("optimizer.bin"))
     res = dpo.dpo_train(ctx)
     assert res["resumed_from_step"] == last and res["steps"] == 8
     held = res["rank_params"]
     assert len(held) == 2 and abs(held[0] - held[1]) <= 0.2 * held[0]
+    # the final policy is one whole folder that loads as a plain model
+    from transformers import AutoModelForCausalLM
+
+    saved = AutoModelForCausalLM.from_pretrained(res["checkpoint"])
+    assert sum(w.numel() for w in saved.parameters()) == sum(held)

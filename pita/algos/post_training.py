@@ -17,6 +17,8 @@ device per micro-step. The divisibility rules TRL imposes are checked when the p
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import importlib.util
 import json
 import logging
@@ -339,7 +341,10 @@ def fsdp_settings(p: dict) -> dict:
     import transformers
 
     config = {"version": 2, "reshard_after_forward": True, "auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
-              "state_dict_type": "FULL_STATE_DICT", "cpu_ram_efficient_loading": False,
+              # mid-training checkpoints: each rank writes its own shard of the weights and the AdamW
+              # state (torch.distributed.checkpoint), read back on the same world size; the final
+              # policy is gathered whole by _save_policy, whatever this says
+              "state_dict_type": "SHARDED_STATE_DICT", "cpu_ram_efficient_loading": False,
               "activation_checkpointing": bool(p["gradient_checkpointing"])}
     # transformers 5 takes fsdp=True with the options in fsdp_config; 4.x the option string
     legacy = int(transformers.__version__.split(".")[0]) < 5
@@ -353,6 +358,10 @@ def sharded_trainer(cls):
     (FSDP2's fully_shard runs there), so the job's code path is the one a GPU node runs."""
 
     class Sharded(cls):
+        def __init__(self, *args, **kw):
+            with layered_reference_sharding(cls):
+                super().__init__(*args, **kw)
+
         def create_accelerator_and_postprocess(self):
             super().create_accelerator_and_postprocess()
             from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin
@@ -390,6 +399,63 @@ def sharded_trainer(cls):
     return Sharded
 
 
+@contextlib.contextmanager
+def layered_reference_sharding(cls):
+    """While ``cls`` (a TRL trainer) is built, its frozen reference is sharded one decoder layer per
+    FSDP unit, as accelerate shards the policy. TRL's ``prepare_fsdp`` calls ``fully_shard`` on the
+    reference's root alone, so every reference forward all-gathers the whole model on every rank
+    beside the policy's live activations (8B in bf16: 16 GB per rank, where the plan counts 16/k);
+    per layer, one layer is gathered at a time. TRL resolves ``prepare_fsdp`` from its trainer
+    modules, so it is replaced there for the duration of the constructor (TRL is bounded < 1.17)."""
+    import sys
+
+    mods = {sys.modules[k.__module__] for k in cls.__mro__ if hasattr(sys.modules.get(k.__module__), "prepare_fsdp")}
+    saved = {m: m.prepare_fsdp for m in mods}
+    try:
+        for m, original in saved.items():
+            m.prepare_fsdp = functools.partial(_shard_reference_layers, original)
+        yield
+    finally:
+        for m, original in saved.items():
+            m.prepare_fsdp = original
+
+
+def _shard_reference_layers(prepare, model, accelerator):
+    """Shard ``model`` into the units accelerate gives the policy (FSDP2, TRANSFORMER_BASED_WRAP):
+    each decoder layer (the ``_no_split_modules`` classes), the input embeddings when they are not
+    tied to the head, and the tail (final norm, head, and the tied embeddings) as one group; then
+    TRL's ``prepare`` shards the root. The reference runs forward passes only, so every unit is
+    resharded after its forward."""
+    from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+
+    plugin = accelerator.state.fsdp_plugin
+    if plugin is not None and plugin.fsdp_version == 2 and not isinstance(model, FSDPModule):
+        names = set(getattr(model, "_no_split_modules", None) or [])
+        mesh = getattr(accelerator, "torch_device_mesh", None)
+        if mesh is not None:
+            mesh = mesh[tuple(accelerator.parallelism_config.fsdp_dim_names)]
+        kw = {"reshard_after_forward": True, "offload_policy": plugin.cpu_offload,
+              "mp_policy": plugin.mixed_precision_policy or MixedPrecisionPolicy(), "mesh": mesh}
+        for layer in [m for m in model.modules() if type(m).__name__ in names]:
+            fully_shard(layer, **kw)
+        embed, head = model.get_input_embeddings(), model.get_output_embeddings()
+        tied = embed is not None and head is not None and embed.weight is head.weight
+        if embed is not None and not tied:
+            fully_shard(embed, **kw)
+        norm = getattr(getattr(model, "base_model", None), "norm", None)
+        tail = [m for m in (norm, *((embed, head) if tied else (head,))) if m is not None]
+        if tail:
+            fully_shard(tail, **kw)
+    return prepare(model, accelerator)
+
+
+def fsdp_units(model) -> int:
+    """How many FSDP units ``model`` is sharded into (0: not sharded)."""
+    from torch.distributed.fsdp import FSDPModule
+
+    return sum(isinstance(m, FSDPModule) for m in model.modules()) if model is not None else 0
+
+
 CHECKPOINT_SHARE = 0.05  # training.save_steps=auto: checkpoints take at most this share of a job's time
 CHECKPOINT_WRITE_BPS = 0.5e9  # bytes a second assumed for the first checkpoint, before one was timed
 
@@ -425,6 +491,10 @@ def checkpoint_pacer(p: dict, n_params: int):
             self.interval = None  # steps between checkpoints, once agreed
             self.last_step, self.t_step, self.t_save = 0, None, None
             self.step_s = None
+
+        def on_train_begin(self, args, state, control, **kw):
+            self.last_step = state.global_step  # a resumed job starts at its checkpoint: no save there
+            return control
 
         def on_step_begin(self, args, state, control, **kw):
             self.t_step = time.monotonic()
@@ -516,11 +586,8 @@ def training_args(cls, p: dict, out: str, cuda: bool, tracker=None, **extra):
     if p.get("sharding") == "fsdp":
         extra.update(fsdp_settings(p))
         checkpointing = False  # FSDP's own (fsdp_config.activation_checkpointing)
-    if cuda and p["dtype"] in ("bfloat16", "float16") and "model_init_kwargs" not in extra:
-        # TRL builds its frozen reference in the policy's dtype (fp32 master weights here) unless told:
-        # the reference only runs forward passes under autocast, so model.dtype halves it
-        extra["model_init_kwargs"] = {"dtype": p["dtype"]}
-    return cls(output_dir=out, use_cpu=not cuda, bf16=bf16, fp16=cuda and not bf16 and p["dtype"] == "float16",
+    extra.setdefault("model_init_kwargs", reference_init_kwargs(p, cuda))
+    args = cls(output_dir=out, use_cpu=not cuda, bf16=bf16, fp16=cuda and not bf16 and p["dtype"] == "float16",
                tf32=bool(p["tf32"]) if cuda else None, torch_compile=bool(p["compile"]),
                per_device_train_batch_size=per_device,
                gradient_accumulation_steps=accumulation, learning_rate=p["lr"], beta=p["beta"],
@@ -528,6 +595,30 @@ def training_args(cls, p: dict, out: str, cuda: bool, tracker=None, **extra):
                logging_steps=1, **prepare_trl(tracker), **checkpoint_args(p), disable_tqdm=True,
                dataloader_num_workers=int(p.get("num_workers", 0)),
                ddp_find_unused_parameters=False if p["devices"] > 1 else None, **extra)
+    if args.fsdp_plugin_args is not None and (args.bf16 or args.fp16):
+        # accelerate's FSDP2 policy for bf16 / fp16 reduces the gradients in that dtype too; reduced
+        # in fp32 they match what sharding=none's DDP all-reduce gives (fp32 gradients of fp32
+        # master weights). The forward and backward still run in the half dtype
+        half = torch.bfloat16 if args.bf16 else torch.float16
+        args.fsdp_plugin_args["mixed_precision_policy"] = {"param_dtype": half, "reduce_dtype": torch.float32,
+                                                          "output_dtype": half}
+    return args
+
+
+def reference_init_kwargs(p: dict, cuda: bool) -> dict:
+    """The ``from_pretrained`` keywords TRL builds its frozen reference with (``model_init_kwargs``).
+
+    ``device_map=None``: the reference is loaded whole on the CPU and the trainer moves it to the
+    rank's device (or shards it). TRL's own default on a GPU is ``"auto"``, which it overrides
+    only for DDP and DeepSpeed: under FSDP, and on a GPU shared with other jobs, accelerate would
+    spread the reference over every visible GPU (or offload it to the CPU) and attach hooks that
+    send activations there after the trainer has moved it to ``cuda:<rank>``: a device mismatch
+    at the first reference forward. ``dtype``: the reference only runs forward passes under
+    autocast, so on CUDA it is held in ``model.dtype`` (TRL otherwise copies the policy's fp32)."""
+    kw = {"device_map": None}
+    if cuda and p["dtype"] in ("bfloat16", "float16"):
+        kw["dtype"] = p["dtype"]
+    return kw
 
 
 def load_policy(ctx, p: dict, cuda: bool):
@@ -643,9 +734,14 @@ def train_and_save(ctx, trainer, tok, p: dict, key: str) -> tuple[dict, list[dic
     if is_rank0():
         ctx.paths.write_metrics(hist)
     held = rank_parameters(trainer.model)
+    units = {}
     if len(held) > 1:
         ctx.log.info("parameters held per rank: %s (%s)", ", ".join(f"{n:,}" for n in held),
                      "sharded" if is_sharded(trainer.model) else "each rank a whole copy")
+    if is_sharded(trainer.model):
+        units = {"policy_units": fsdp_units(trainer.model), "reference_units": fsdp_units(getattr(trainer, "ref_model", None))}
+        ctx.log.info("FSDP units: policy %d, reference %d (one per decoder layer and the root)", units["policy_units"],
+                     units["reference_units"])
     ckpt = _save_policy(ctx, trainer, tok, p["lora_r"] > 0)
     if is_rank0():  # the job is done: its resume points (weights and optimizer state) would only fill the disk
         _remove_checkpoints(Path(trainer.args.output_dir))
@@ -653,7 +749,7 @@ def train_and_save(ctx, trainer, tok, p: dict, key: str) -> tuple[dict, list[dic
     return ({"checkpoint": ckpt, "train_loss": out.training_loss, "steps": out.global_step, "rank_params": held,
              "train_flops": float(getattr(trainer.state, "total_flos", 0.0) or 0.0) or None,
              "train_tokens": next((int(h["num_tokens"]) for h in reversed(hist) if "num_tokens" in h), None),
-             "resumed_from_step": resumed}, [h for h in hist if key in h])
+             "resumed_from_step": resumed, **units}, [h for h in hist if key in h])
 
 
 def user(text: str) -> list[dict]:
