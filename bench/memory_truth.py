@@ -2,6 +2,7 @@
 
     python -m bench.memory_truth                       # every preset family, paper_math and paper_reward
     python -m bench.memory_truth --families llama,qwen3 --json
+    python -m bench.memory_truth --families '' --experiments '' --sharded-families qwen3   # FSDP rows only
 
 No GPU and no memory: the models are built from their shipped config.json (pita/models/shapes.py)
 under torch's ``FakeTensorMode`` (CPU fake tensors, built under the job's dtype), and a dispatch
@@ -27,6 +28,11 @@ What runs, per family (the code the job calls where it can run on fake tensors):
                         completions (GRPO, with its sampling KV cache), TRL's frozen reference forward
                         in model.dtype, per-token log-probs over the vocabulary in fp32
 
+    DPO / GRPO          the jobs gpu=auto shards (full fine-tuning, FSDP over k devices; families
+    sharded             SHARDED_FAMILIES, paper_math): one rank measured on its own (``measure_sharded``):
+                        a fake process group of world size k, the policy and TRL's reference sharded
+                        into the job's units, two steps under torch's FSDPMemTracker
+
 The sampling loop itself reads token values (``.tolist()``) and cannot run on fake tensors: a
 decode step is measured once, at the longest cache. A multimodal model (Gemma 3 4B) runs its text
 stack (the layers its forward runs on text; the image-token masking in front of them reads token
@@ -47,6 +53,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
 FAMILIES = ["smollm2", "qwen3-sm", "llama", "llama-old", "gemma", "qwen3", "phi"]
+SHARDED_FAMILIES = ["llama-old", "gemma", "qwen3", "phi"]  # those gpu=auto shards on 8x80GB (full fine-tuning)
 LORA = ["algos.DPO.lora_r=16", "algos.GRPO.lora_r=16", "algos.GRPO-HF.lora_r=16",
         "algos.GRPO.ref_policy=previous", "algos.GRPO-HF.ref_policy=previous"]
 
@@ -422,6 +429,163 @@ def measure(fake: Fake, cfg, paths: dict, job) -> int:
     return fake.peak(step, *ext)
 
 
+def measure_sharded(cfg, paths: dict, job) -> int:
+    """One rank's peak bytes of a ``sharding=fsdp`` DPO / GRPO training job over k devices, without
+    the other ranks: a fake process group of world size k (rank 0), the device mesh made before
+    fake tensors, the policy (fp32 master weights) and TRL's frozen reference (model.dtype) sharded
+    into the units the job gives them (``_shard_reference_layers``: a unit per decoder layer, the
+    embeddings, the tail, the root), the mixed-precision policy the job's arguments give FSDP on
+    CUDA (bf16 compute, fp32 reduction), and the step of :func:`measure` under torch's
+    ``FSDPMemTracker`` (which counts the all-gathered units as they live and die)."""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+    from types import SimpleNamespace
+
+    from pita.algos.post_training import _shard_reference_layers, device_steps
+    from pita.plans.memory import PROMPT_TOKENS
+
+    p, dtype = job.params, cfg.model.dtype
+    k = int(p["devices"])
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    dist.init_process_group("fake", rank=0, world_size=k, store=FakeStore())
+    try:
+        mesh = init_device_mesh("cpu", (k,), mesh_dim_names=("dp_shard",))  # before any fake tensor
+        half = torch.bfloat16
+        mp = MixedPrecisionPolicy(param_dtype=half, reduce_dtype=torch.float32, output_dtype=half)
+        acc = SimpleNamespace(state=SimpleNamespace(fsdp_plugin=SimpleNamespace(
+            fsdp_version=2, cpu_offload=None, mixed_precision_policy=mp, reshard_after_forward=True)),
+            torch_device_mesh=mesh, parallelism_config=SimpleNamespace(fsdp_dim_names=("dp_shard",)))
+        fake = Fake()
+        proxy = None
+        if p.get("proxy"):
+            from pita.guidance.value_model import HeadSpec, ValueModel
+
+            bb = fake.model(paths["guidance"], "float32", "model.guidance")
+            tc = bb.config.get_text_config()
+            with fake.mode:
+                proxy = ValueModel(bb, HeadSpec(loss="bradley_terry", head_dim=128, vocab_size=tc.vocab_size,
+                                                hidden_size=tc.hidden_size)).eval()
+        policy = fake.model(paths["reference"], "float32", "model.reference")
+        reference = fake.model(paths["reference"], dtype, "model.reference") if p.get("beta", 0) > 0 else None
+
+        def root(m, _acc):
+            fully_shard(m, mesh=mesh, mp_policy=mp, reshard_after_forward=True)
+            return m
+
+        with fake.mode:
+            if p.get("gradient_checkpointing"):
+                policy.gradient_checkpointing_enable()
+            policy = _shard_reference_layers(root, policy, acc)
+            if reference is not None:
+                reference = _shard_reference_layers(root, reference, acc)
+            opt = torch.optim.AdamW(policy.parameters(), lr=1e-6, foreach=False)
+        micro, _ = device_steps(p)
+        dpo = job.kind == "algo.dpo_train"
+        new = int(p.get("max_completion_length") or cfg.data_collection.max_new_tokens)
+        seq = PROMPT_TOKENS + new
+        if p.get("max_length"):
+            seq = min(seq, int(p["max_length"]))
+        rows = 2 * micro if dpo else micro
+        policy.train()
+        tracker = FSDPMemTracker(mod=policy, optm=opt)
+        tracker.track_external(*[m for m in (reference, proxy) if m is not None])
+        from trl.trainer.utils import selective_log_softmax
+
+        from pita.models.lm import cache_of
+
+        def step(ids):
+            if not dpo:  # GRPO samples with the sharded policy first: its KV cache at full length
+                with torch.no_grad():
+                    res = policy(input_ids=ids[:, :PROMPT_TOKENS], use_cache=True, logits_to_keep=1)
+                    past = cache_of(res)
+                    grow(torch, past, new)
+                    del res, past
+                if proxy is not None:  # GRPO-HF: the proxy (fp32, whole on every rank) scores the completions
+                    with torch.no_grad():
+                        proxy.sequence_reward(ids, torch.ones_like(ids))
+            keep = {} if dpo else {"logits_to_keep": new + 1}
+            tgt = ids if dpo else ids[:, -(new + 1):]
+            with torch.no_grad():
+                ref_lp = (selective_log_softmax(reference(input_ids=ids, **keep).logits.float(), tgt)
+                          if reference is not None else torch.zeros(tgt.shape))
+            lp = selective_log_softmax(policy(input_ids=ids, **keep).logits.float(), tgt)
+            loss = (lp - ref_lp).sum(-1).mean()
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+
+        # two steps: AdamW's state exists from the first step's end, so the second step's forward
+        # and backward run beside it (a single step's peak misses that: the steady state is larger)
+        with fake.mode, tracker:
+            for _ in range(2):
+                step(_ids(torch, rows, seq, 30000))
+        snap = tracker.get_tracker_snapshot("peak")
+        if os.environ.get("PITA_BENCH_BREAKDOWN"):
+            print({str(d): {c: round(b / 1e9, 2) for c, b in v.items()} for d, v in snap.items()}, file=sys.stderr)
+        return max(int(v.get("Total", 0)) for v in snap.values())
+    finally:
+        dist.destroy_process_group()
+
+
+def _sharded_jobs(experiment: str, family: str):
+    """The DPO / GRPO / GRPO-HF round-0 training jobs ``gpu=auto`` shards on 8x80GB (full fine-tuning)."""
+    from pita.cli.plan import _offline, compose
+
+    _offline()
+    from pita.config.validate import validate_config
+    from pita.core.gpu_manager import GPUManager, parse_inventory
+    from pita.models.families import resolve_family
+    from pita.plans import build_plan
+
+    cfg = compose([f"experiment={experiment}", "gpu=auto", f"model={family}", "system.inventory=8x80GB",
+                   "experiment.algos=[DPO,GRPO,GRPO-HF]"])
+    validate_config(cfg)
+    totals = [d.total_bytes for d in GPUManager.from_inventory(parse_inventory("8x80GB")).devices]
+    jobs = build_plan(cfg, totals, cuda=True, plan_only=True)
+    paths = resolve_family(cfg.model, cfg.system.cache_dir, cfg.system.seed, defer="plan")
+    out = {}
+    for j in jobs:
+        if j.kind in ("algo.dpo_train", "algo.grpo_train") and j.params.get("sharding") == "fsdp":
+            name = j.id.split(".")[0]
+            if name not in out:
+                out[name] = j
+    return cfg, out, paths
+
+
+def run_sharded(families: list[str], experiment: str = "paper_math") -> list[dict]:
+    from pita.core.memory import CUDA_CONTEXT_BYTES
+
+    rows = []
+    for family in families:
+        cfg, jobs, paths = _sharded_jobs(experiment, family)
+        for name, job in jobs.items():
+            t = time.time()
+            try:
+                peak, err = measure_sharded(cfg, paths, job) + CUDA_CONTEXT_BYTES, None
+            except Exception as e:  # noqa: BLE001 - a row that cannot be measured says why
+                peak, err = None, f"{type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}"
+            row = {"experiment": experiment, "family": family, "model": paths["reference"],
+                   "kind": f"{job.kind} ({name})", "job": job.id, "sharding": "fsdp",
+                   "devices": int(job.params["devices"]), "batch": job.params.get("batch_size"),
+                   "micro_batch_size": job.params.get("micro_batch_size"),
+                   "peak_gb": round(peak / 1e9, 2) if peak else None,
+                   "reserved_gb": round(job.resources.memory_gb, 2),
+                   "ratio": round(job.resources.memory_gb * 1e9 / peak, 2) if peak else None,
+                   "seconds": round(time.time() - t, 1)}
+            if err:
+                row["error"] = err
+            rows.append(row)
+            print(f"{experiment:12s} {family:9s} {row['kind']:40s} k={row['devices']} peak {row['peak_gb']} GB reserved "
+                  f"{row['reserved_gb']} GB ratio {row['ratio']} ({row['seconds']} s){' ' + err if err else ''}",
+                  file=sys.stderr, flush=True)
+    return rows
+
+
 def run(families: list[str], experiments: list[str]) -> list[dict]:
     import torch
 
@@ -441,7 +605,8 @@ def run(families: list[str], experiments: list[str]) -> list[dict]:
                 except Exception as e:  # noqa: BLE001 - a row that cannot be measured says why
                     peak, err = None, f"{type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}"
                 row = {"experiment": experiment, "family": family, "model": paths["reference"], "kind": kind,
-                       "job": job.id, "batch": job.params.get("batch_size"),
+                       "job": job.id, "sharding": job.params.get("sharding", "none"),
+                       "devices": int(job.params.get("devices", 1) or 1), "batch": job.params.get("batch_size"),
                        "micro_batch_size": job.params.get("micro_batch_size"),
                        "peak_gb": round(peak / 1e9, 2) if peak else None,
                        "reserved_gb": round(job.resources.memory_gb, 2),
@@ -460,19 +625,23 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--families", default=",".join(FAMILIES))
     ap.add_argument("--experiments", default="paper_math,paper_reward")
+    ap.add_argument("--sharded-families", default=",".join(SHARDED_FAMILIES),
+                    help="families whose FSDP training jobs (paper_math, full fine-tuning) are measured per rank; "
+                         "'' for none")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)
-    rows = run(a.families.split(","), a.experiments.split(","))
+    rows = run([f for f in a.families.split(",") if f], [e for e in a.experiments.split(",") if e])
+    rows += run_sharded([f for f in a.sharded_families.split(",") if f])
     ok = [r for r in rows if r["ratio"] is not None]
     summary = {"rows": rows, "within_target": sum(1 <= r["ratio"] <= 1.5 for r in ok), "measured": len(ok),
                "under_reserved": sum(r["ratio"] < 1 for r in ok)}
     if a.json:
         print(json.dumps(summary, indent=1))
     else:
-        print(f"{'experiment':12s} {'family':9s} {'kind':40s} {'peak GB':>8s} {'reserved':>9s} {'ratio':>6s}")
+        print(f"{'experiment':12s} {'family':9s} {'kind':40s} {'k':>2s} {'peak GB':>8s} {'reserved':>9s} {'ratio':>6s}")
         for r in rows:
-            print(f"{r['experiment']:12s} {r['family']:9s} {r['kind']:40s} {r['peak_gb'] or '-':>8} "
-                  f"{r['reserved_gb']:>9} {r['ratio'] or '-':>6}")
+            print(f"{r['experiment']:12s} {r['family']:9s} {r['kind']:40s} {r.get('devices', 1):>2} "
+                  f"{r['peak_gb'] or '-':>8} {r['reserved_gb']:>9} {r['ratio'] or '-':>6}")
         print(f"within 1.0-1.5x: {summary['within_target']} of {summary['measured']}; "
               f"under-reserved: {summary['under_reserved']}")
     return 0

@@ -209,3 +209,31 @@ def test_an_unknown_hub_id_is_a_config_error_not_a_zero_estimate():
 
     with pytest.raises(ConfigError, match="its memory cannot be planned"):
         model_shape("someorg/Unknown-3B", "model.guidance")
+
+
+def test_host_memory_is_planned_per_job_and_a_job_the_node_cannot_hold_is_exit_2(capsys):
+    """Every rank of a sharded job loads the fp32 policy and TRL's bf16 reference on the CPU: an 8B
+    DPO job over 4 devices needs about 4 x 6 x 8.2 GB of host memory at load."""
+    base = ["experiment=paper_math", "gpu=auto", "model=qwen3", "system.inventory=8x80GB"]
+    rc, plan, err = _plan(capsys, *base, "system.host_ram=1TB")
+    assert rc == 0, err
+    assert plan["host_ram_gb"] == 1000
+    dpo = next(j for j in plan["jobs"] if j["id"] == "DPO.qwen3.gsm8k.r0.train")
+    assert dpo["devices"] >= 2 and dpo["host_gb"] >= dpo["devices"] * 6 * 8.19, dpo
+    shard = next(j for j in plan["jobs"] if j["id"] == "base.qwen3.gsm8k.eval.s0")
+    assert 16 <= shard["host_gb"] <= 25, shard  # the bf16 reference and the process
+    assert all(j["host_gb"] > 0 for j in plan["jobs"])
+    rc, out, err = _plan(capsys, *base, "system.host_ram=128GB")
+    assert rc == 2
+    assert "algo.dpo_train" in err and "system.host_ram=128 GB" in err and "algos.DPO.devices" in err, err
+    # planning another machine without its RAM: shown, not checked, and said
+    rc, plan, err = _plan(capsys, *base)
+    assert rc == 0 and plan["host_ram_gb"] is None
+    assert any("system.host_ram" in n for n in plan["notes"])
+
+
+@pytest.mark.parametrize("value", ["lots", "-1", "0GB", "12XB"])
+def test_a_bad_host_ram_is_exit_2_naming_the_key(capsys, value):
+    rc, out, err = _plan(capsys, "experiment=paper_math", "gpu=auto", "model=qwen3", "system.inventory=8x80GB",
+                         f"system.host_ram={value}")
+    assert rc == 2 and "system.host_ram" in err and "1TB" in err, err

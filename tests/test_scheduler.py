@@ -317,3 +317,18 @@ def test_without_a_learner_the_planned_estimate_is_reserved():
     s = sched([job("a", 30)], [100])
     s.schedule()
     assert s.devices[0].reserved == {"a": 30 * GB}
+
+
+def test_jobs_wait_for_host_memory_as_for_device_memory():
+    """Two jobs with room on the devices but 60 GB of host memory each, on a 100 GB node: one at a time."""
+    a, b = job("a", 10), job("b", 10)
+    a.resources.host_gb = b.resources.host_gb = 60
+    s = sched([a, b], [100, 100], host_bytes=100 * GB)
+    first = s.schedule()
+    assert len(first) == 1 and s.host_used() == 60 * GB
+    assert s.schedule() == []
+    s.mark_completed(first[0][0])
+    second = s.schedule()
+    assert len(second) == 1 and second[0][0] != first[0][0]
+    # uncounted (CPU devices, or no host estimate): both at once
+    assert len(sched([job("c", 10), job("d", 10)], [100, 100], host_bytes=100 * GB).schedule()) == 2

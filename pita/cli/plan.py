@@ -75,6 +75,13 @@ def make_plan(cfg) -> dict:
     cuda = not gpus.is_cpu
     jobs = build_plan(cfg, totals, cuda=cuda, plan_only=True)
     problems = fit_problems(jobs, totals, ex.memory_margin)
+    host = None
+    if cuda and (inventory is None or sy.get("host_ram") is not None):
+        # a described inventory is another machine: its RAM is what system.host_ram says, not this one's
+        from pita.plans.host import host_problems, host_ram_bytes
+
+        host = host_ram_bytes(cfg)
+        problems += host_problems(jobs, host)
     if problems:
         raise ConfigError(problems)
     graph = JobGraph(jobs).validate(totals, ex.memory_margin)
@@ -95,19 +102,23 @@ def make_plan(cfg) -> dict:
         assumed = f"durations assumed: synthetic.job_seconds={cfg.synthetic.job_seconds:g} per stand-in job"
     sim = simulate(graph.jobs, totals, ex.memory_margin,
                    max_jobs_per_device=ex.max_jobs_per_device if ex.max_jobs_per_device is not None else
-                   (1 if not cuda else None), starvation_passes=ex.starvation_passes)
+                   (1 if not cuda else None), starvation_passes=ex.starvation_passes, host_bytes=host)
     rows = [{"id": j.id, "kind": job_kind(j), "algorithm": job_algorithm(j), "devices": j.resources.devices,
-             "reserved_gb_per_device": round(j.resources.memory_gb, 3), "seconds": round(j.duration_hint, 1),
+             "reserved_gb_per_device": round(j.resources.memory_gb, 3), "host_gb": round(j.resources.host_gb, 1),
+             "seconds": round(j.duration_hint, 1),
              "batch_size": j.params.get("batch_size"), "deps": list(j.deps)} for j in graph.jobs]
     return {"experiment": cfg.experiment.name, "model": cfg.model.name,
             "inventory": [{"name": d.name, "total_gb": round(d.total_bytes / 1e9, 2)} for d in gpus.devices],
             "device_kind": "cuda" if cuda else "cpu", "memory_margin": ex.memory_margin,
+            "host_ram_gb": round(host / 1e9, 1) if host else None,
             "training": {a: {"micro_batch_size": m, "gradient_checkpointing": g,
                              "devices": int(cfg.algos[a].get("devices", 1) or 1),
                              "sharding": str(cfg.algos[a].get("sharding", "none"))}
                          for a, (m, g) in _training_choices(cfg).items()},
             "makespan_s": round(sim.makespan, 1), "critical_path_s": round(sim.critical_path, 1),
-            "durations": assumed, "notes": _notes(cfg), "jobs": rows}
+            "durations": assumed, "notes": _notes(cfg) + ([
+                "host memory not checked: system.inventory describes another machine; set system.host_ram=<its RAM> "
+                "(e.g. 1TB) to plan it"] if cuda and host is None else []), "jobs": rows}
 
 
 def _training_choices(cfg) -> dict:
@@ -148,8 +159,9 @@ def render(plan: dict) -> str:
     inv = plan["inventory"]
     kinds: dict = OrderedDict()
     for j in plan["jobs"]:
-        k = kinds.setdefault(j["kind"], {"n": 0, "devices": set(), "gb": [], "largest": j, "batch": set()})
+        k = kinds.setdefault(j["kind"], {"n": 0, "devices": set(), "gb": [], "largest": j, "batch": set(), "host": 0.0})
         k["n"] += 1
+        k["host"] = max(k["host"], j.get("host_gb") or 0.0)
         if j.get("batch_size") is not None:
             k["batch"].add(j["batch_size"])
         k["devices"].add(j["devices"])
@@ -167,18 +179,24 @@ def render(plan: dict) -> str:
     lines = [f"plan: {plan['experiment']} (model={plan['model']}) on {inv_text}",
              f"training micro-batches (+ckpt: gradient checkpointing; fsdp xK: sharded over K devices): "
              f"{train or 'none'}", ""]
-    head = f"{'job kind':<40} {'jobs':>5} {'devices':>7} {'batch':>6} {'GB/device':>11}  largest job"
+    host = plan.get("host_ram_gb")
+    head = (f"{'job kind':<40} {'jobs':>5} {'devices':>7} {'batch':>6} {'GB/device':>11}"
+            f"{' host GB' if host else ''}  largest job")
     lines += [head, "-" * len(head)]
     for kind, k in kinds.items():
         lo, hi = min(k["gb"]), max(k["gb"])
         gb = f"{hi:.1f}" if abs(hi - lo) < 0.05 else f"{lo:.1f}-{hi:.1f}"
         devs = ",".join(str(d) for d in sorted(k["devices"]))
         batch = ",".join(str(b) for b in sorted(k["batch"])) or "-"
-        lines.append(f"{kind:<40} {k['n']:>5} {devs:>7} {batch:>6} {gb:>11}  {k['largest']['id']}")
+        hgb = f" {k['host']:>7.0f}" if host else ""
+        lines.append(f"{kind:<40} {k['n']:>5} {devs:>7} {batch:>6} {gb:>11}{hgb}  {k['largest']['id']}")
     total = len(plan["jobs"])
     ms = plan["makespan_s"]
     lines += ["", f"{total} jobs; makespan {_hms(ms)} simulated by the scheduler on this inventory "
                   f"(critical path {_hms(plan['critical_path_s'])})", plan["durations"]]
+    if host:
+        lines.append(f"host memory: {host:g} GB (system.host_ram); host GB: the most one job of the kind holds on "
+                     f"the CPU side, all its processes (loading, saving); running jobs share it")
     lines += [f"note: {n}" for n in plan["notes"]]
     return "\n".join(lines)
 

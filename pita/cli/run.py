@@ -120,6 +120,13 @@ def _run(cfg: DictConfig, overrides: list[str], run_dir: Path | None = None) -> 
 
         if fit := fit_problems(planned, totals, ex.memory_margin):
             raise ConfigError(fit)
+        host_bytes = None
+        if not gpus.is_cpu:  # on CPU devices the device memory is the host's
+            from pita.plans.host import host_problems, host_ram_bytes
+
+            host_bytes = host_ram_bytes(cfg)
+            if host := host_problems(planned, host_bytes):
+                raise ConfigError(host)
         if mig := mig_problems(planned, gpus):
             raise ConfigError(mig)
         graph = JobGraph(planned).validate(totals, ex.memory_margin)
@@ -188,9 +195,11 @@ def _run(cfg: DictConfig, overrides: list[str], run_dir: Path | None = None) -> 
             starvation_passes=ex.starvation_passes,
             gpu_summary_interval_s=sy.gpu_summary_interval_s, progress=ex.progress,
             progress_interval_s=ex.progress_interval_s,
-            threads_per_job=max(1, usable_cores() // len(gpus.devices)) if gpus.is_cpu else None,
+            # every worker's threads: the cores shared out between the devices (a GPU job's CPU side,
+            # tokenising, sampling, scoring, is threaded too and would otherwise take every core)
+            threads_per_job=max(1, usable_cores() // len(gpus.devices)),
             max_running=None if sy.use_parallel_execution else 1, min_free_gb=sy.min_free_gb,
-            learn_memory=ex.learn_memory)
+            learn_memory=ex.learn_memory, host_bytes=host_bytes)
         log.info("%s", start_note)
         config_dict = OmegaConf.to_container(cfg, resolve=True)
         summary = Executor(graph, gpus, backend, run, settings, config_dict, owner=owner).run()

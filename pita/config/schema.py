@@ -49,6 +49,10 @@ class SystemConfig:
     # pita plan only: the devices to plan for instead of this machine's, e.g. 8x80GB, 8xH100,
     # [80GB,80GB,40GB] (GB = 10^9 bytes; a GPU name: the memory NVML reports for it)
     inventory: Any = None
+    # the node's host memory (RAM) that running jobs share on a GPU node: the scheduler keeps the
+    # jobs' host estimates within it, a job that alone needs more is refused (exit 2) (1TB, 512GB,
+    # a number of GB); null: this machine's total memory (with system.inventory: not checked)
+    host_ram: Any = None
 
 
 @dataclass

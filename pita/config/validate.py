@@ -63,6 +63,13 @@ def validate_config(cfg: DictConfig, models: bool = False) -> None:
     need(ex.kill_grace_s >= 0, "executor.kill_grace_s", ex.kill_grace_s, "must be >= 0")
     need(ex.poll_interval_s > 0, "executor.poll_interval_s", ex.poll_interval_s, "must be > 0")
     need(0 <= ex.memory_margin < 1, "executor.memory_margin", ex.memory_margin, "must be a fraction in [0, 1)")
+    if cfg.system.get("host_ram") is not None:
+        from pita.plans.host import parse_size
+
+        try:
+            parse_size(cfg.system.host_ram)
+        except ConfigError as e:
+            p.extend(e.problems)
     need(ex.max_jobs_per_device is None or ex.max_jobs_per_device >= 1, "executor.max_jobs_per_device",
          ex.max_jobs_per_device, "must be >= 1, or null for no cap")
     need(ex.max_cpu_jobs is None or ex.max_cpu_jobs >= 1, "executor.max_cpu_jobs", ex.max_cpu_jobs,

@@ -68,6 +68,7 @@ class ExecutorSettings:
     min_free_gb: float = 1.0  # said when the disk fills: free at least this much, then resume
     snapshot_interval_s: float = 30.0  # state.json rewritten at most this often (and at the end)
     learn_memory: bool = True  # refine estimates from finished jobs' measured peaks (pita/core/memlearn.py)
+    host_bytes: int | None = None  # the node's RAM the jobs' host estimates share (GPU runs; None: not counted)
 
 
 @dataclass
@@ -115,7 +116,8 @@ class Executor:
                                     enabled=settings.learn_memory)
         self.sched = Scheduler(graph, totals, settings.memory_margin,
                                settings.max_jobs_per_device, settings.max_cpu_jobs, settings.starvation_passes,
-                               max_running=settings.max_running, estimate=self.memory.estimate)
+                               max_running=settings.max_running, estimate=self.memory.estimate,
+                               host_bytes=settings.host_bytes)
         self.reserved: dict[str, int] = {}  # running job -> bytes reserved per device at its start
         self.sampled_peak: Counter = Counter()  # running job -> most NVML saw its processes use on a device
         self.memory_retried: set[str] = set()  # jobs retried after an OOM on a lowered estimate

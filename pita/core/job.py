@@ -37,10 +37,12 @@ class JobState(str, Enum):
 @dataclass
 class Resources:
     """``devices`` wanted at once (0 = a CPU-side job that holds no device) and the estimated
-    peak memory on each of them, in GB (1e9 bytes)."""
+    peak memory on each of them, in GB (1e9 bytes); ``host_gb``: the host memory (RAM) the job
+    holds at its peak over all its processes (GPU plans; 0 = not counted, pita/plans/host.py)."""
 
     devices: int = 1
     memory_gb: float = 0.0
+    host_gb: float = 0.0
 
     @property
     def memory_bytes(self) -> int:

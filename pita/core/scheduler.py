@@ -63,8 +63,13 @@ class Scheduler:
     def __init__(self, graph: JobGraph, device_totals: list[int], memory_margin: float = 0.05,
                  max_jobs_per_device: int | None = None, max_cpu_jobs: int | None = None,
                  starvation_passes: int | None = 50, max_running: int | None = None,
-                 estimate: Callable[[str], int] | None = None):
+                 estimate: Callable[[str], int] | None = None, host_bytes: int | None = None):
         self.graph = graph
+        # the node's host memory the running jobs' host estimates (resources.host_gb) share; None:
+        # not counted. A job that alone needs more still starts when nothing else runs (the plan
+        # refuses it up front; this only keeps a resumed or edited run from waiting forever)
+        self.host_bytes = host_bytes
+        self._host_held: dict[str, int] = {}
         # bytes to reserve per device for a job, asked when it is placed: the planned estimate,
         # or what pita.core.memlearn learned from comparable jobs' measured peaks
         self.estimate = estimate or (lambda jid: self.graph[jid].resources.memory_bytes)
@@ -155,7 +160,18 @@ class Scheduler:
         if self._waiting[job_id] == 0:
             self._add_ready(job_id)
 
+    def _host_fits(self, job_id: str) -> bool:
+        if self.host_bytes is None:
+            return True
+        need = int(self.graph[job_id].resources.host_gb * 1e9)
+        return need <= 0 or not self._host_held or sum(self._host_held.values()) + need <= self.host_bytes
+
+    def host_used(self) -> int:
+        """Host bytes the running jobs' estimates hold."""
+        return sum(self._host_held.values())
+
     def _release(self, job_id: str) -> None:
+        self._host_held.pop(job_id, None)
         for o in self.placement.pop(job_id, []):
             self.devices[o].reserved.pop(job_id, None)
             self.devices[o].usage.pop(job_id, None)
@@ -214,6 +230,8 @@ class Scheduler:
                     if ((self.max_running is not None and running + len(started) >= self.max_running)
                             or (self.max_cpu_jobs is not None and len(self._cpu_running) >= self.max_cpu_jobs)):
                         break
+                    if not self._host_fits(hid):
+                        continue
                     self._cpu_running.add(hid)
                     self._start(hid, [])
                     started.append((hid, []))
@@ -221,13 +239,15 @@ class Scheduler:
             job = self.graph[jid]
             k = job.resources.devices
             if k == 0:
-                if self.max_cpu_jobs is None or len(self._cpu_running) < self.max_cpu_jobs:
+                if (self.max_cpu_jobs is None or len(self._cpu_running) < self.max_cpu_jobs) and self._host_fits(jid):
                     self._cpu_running.add(jid)
                     self._start(jid, [])
                     started.append((jid, []))
                 continue
             need = self.estimate(jid)
             fitting = [o for o in range(len(self.devices)) if self._fits(o, need, held)]
+            if len(fitting) >= k and not self._host_fits(jid):
+                fitting = []  # the devices have room, the node's RAM does not: it waits like a device job
             if len(fitting) >= k:
                 chosen = sorted(sorted(fitting, key=lambda o: (len(self.devices[o].reserved), self.devices[o].available(), o))[:k])
                 for o in chosen:
@@ -249,6 +269,8 @@ class Scheduler:
         return started
 
     def _start(self, jid: str, ordinals: list[int]) -> None:
+        if self.host_bytes is not None:
+            self._host_held[jid] = int(self.graph[jid].resources.host_gb * 1e9)
         self._passed_over.pop(jid, None)
         self._drop_ready(jid)
         self._set(jid, JobState.RUNNING)

@@ -36,7 +36,8 @@ class SimResult:
 
 def simulate(jobs: list[Job], device_totals: list[int], memory_margin: float = 0.05,
              max_jobs_per_device: int | None = None, starvation_passes: int | None = 50,
-             true_peaks: dict[str, int] | None = None, learn_memory: bool = False) -> SimResult:
+             true_peaks: dict[str, int] | None = None, learn_memory: bool = False,
+             host_bytes: int | None = None) -> SimResult:
     """``true_peaks``: bytes each job really peaks at (default: its estimate); a finished job
     reports it, and with ``learn_memory`` the executor's :class:`MemoryLearner` turns the reports
     into the estimates later jobs are placed with. Peaks are counted against the devices'
@@ -48,7 +49,8 @@ def simulate(jobs: list[Job], device_totals: list[int], memory_margin: float = 0
 
         learner = MemoryLearner(graph, "gpu", int(max(device_totals) * (1 - memory_margin)))
     sched = Scheduler(graph, device_totals, memory_margin, max_jobs_per_device=max_jobs_per_device,
-                      starvation_passes=starvation_passes, estimate=learner.estimate if learner else None)
+                      starvation_passes=starvation_passes, estimate=learner.estimate if learner else None,
+                      host_bytes=host_bytes)
     peaks = {j.id: j.resources.memory_bytes for j in jobs}
     peaks.update(true_peaks or {})
     now, events, timeline, seq, overcommits, changes = 0.0, [], [], 0, 0, []

@@ -28,9 +28,20 @@ def build_plan(cfg, device_totals: list[int] | None = None, cuda: bool = False, 
     if cfg.experiment.workload == "generate":
         from pita.plans.generation import generation_plan
 
-        return generation_plan(cfg, list(device_totals or [1]), cuda, plan_only)
+        return _with_host(cfg, generation_plan(cfg, list(device_totals or [1]), cuda, plan_only), cuda)
     if cfg.experiment.workload == "experiment":
         from pita.plans.experiment import experiment_plan
 
-        return experiment_plan(cfg, list(device_totals or [1]), cuda, plan_only)
+        return _with_host(cfg, experiment_plan(cfg, list(device_totals or [1]), cuda, plan_only), cuda)
     raise AssertionError(f"unvalidated workload {cfg.experiment.workload!r}")
+
+
+def _with_host(cfg, jobs: list[Job], cuda: bool) -> list[Job]:
+    """A GPU plan's jobs with their host-memory estimates (pita/plans/host.py); on CPU devices the
+    device memory is host memory already."""
+    if cuda:
+        from pita.models.families import resolve_family
+        from pita.plans.host import apply_host_estimates
+
+        apply_host_estimates(jobs, cfg, resolve_family(cfg.model, cfg.system.cache_dir, cfg.system.seed, defer="plan"))
+    return jobs

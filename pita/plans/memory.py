@@ -198,8 +198,11 @@ class JobMemory:
             extra += LORA_CAST_BYTES * shape.n_params
         shards = c.devices if getattr(c, "sharding", "none") == "fsdp" and c.devices > 1 else 1
         if lora is None and c.beta > 0:  # TRL's frozen reference (LoRA: the base itself), in model.dtype on CUDA
-            # (FSDP shards it like the policy)
-            extra += weights_bytes(shape, cfg.model.dtype if self.cuda else "float32") / shards
+            ref_dtype = cfg.model.dtype if self.cuda else "float32"
+            extra += weights_bytes(shape, ref_dtype) / shards
+            if shards > 1:  # sharded per layer like the policy: a unit gathered whole while it runs (the
+                # root's embeddings and head, the layer running and the one prefetched)
+                extra += (shape.root_params + 2 * shape.layer_params) * bytes_per_param(ref_dtype)
         is_dpo = algo.train_kind == "algo.dpo_train"
         if is_dpo:
             rows *= 2  # chosen and rejected in one pass
