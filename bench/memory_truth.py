@@ -445,7 +445,7 @@ def measure_sharded(cfg, paths: dict, job) -> int:
     from torch.testing._internal.distributed.fake_pg import FakeStore
     from types import SimpleNamespace
 
-    from pita.algos.post_training import _shard_reference_layers, device_steps
+    from pita.algos.post_training import _shard_reference_layers, device_steps, gathered_for_generation
     from pita.plans.memory import PROMPT_TOKENS
 
     p, dtype = job.params, cfg.model.dtype
@@ -499,8 +499,9 @@ def measure_sharded(cfg, paths: dict, job) -> int:
         from pita.models.lm import cache_of
 
         def step(ids):
-            if not dpo:  # GRPO samples with the sharded policy first: its KV cache at full length
-                with torch.no_grad():
+            if not dpo:  # GRPO samples with the sharded policy first, its units kept gathered as the
+                # job's trainer keeps them (gathered_for_generation): its KV cache at full length
+                with torch.no_grad(), gathered_for_generation(policy):
                     res = policy(input_ids=ids[:, :PROMPT_TOKENS], use_cache=True, logits_to_keep=1)
                     past = cache_of(res)
                     grow(torch, past, new)

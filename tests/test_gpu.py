@@ -25,7 +25,7 @@ def test_nvml_inventory_matches_torch():
     assert mgr.summary()[0].startswith("GPU ")
 
 
-def _gpu_run(jobs, tmp_path, **kw):
+def _gpu_run(jobs, tmp_path, only=None, **kw):
     from pita.core.backends import make_backend
     from pita.core.executor import Executor, ExecutorSettings
     from pita.core.gpu_manager import GPUManager
@@ -35,6 +35,8 @@ def _gpu_run(jobs, tmp_path, **kw):
     import json
 
     gpus = GPUManager.detect("auto")
+    if only is not None:  # these devices alone (system.devices=[...])
+        gpus = gpus.restrict(list(only))
     run = RunPaths.create(tmp_path, "gpu")
     setup_logging(run.run_log, console=False)
     s = ExecutorSettings(progress="off", poll_interval_s=0.05, **kw)
@@ -76,11 +78,13 @@ def test_real_cuda_oom_is_retried_with_half_the_batch(tmp_path):
 def test_small_jobs_share_a_gpu(tmp_path):
     jobs = [Job(f"s{i}", "synthetic.alloc", params={"batch_size": 1, "gb_per_item": 1.0, "seconds": 2.0},
                 resources=Resources(1, 2.0)) for i in range(4)]
-    summary, state, run, gpus = _gpu_run(jobs, tmp_path, max_jobs_per_device=None)
+    # one GPU only: on a node with several, the four jobs would run at once on four devices
+    summary, state, run, gpus = _gpu_run(jobs, tmp_path, only=[0], max_jobs_per_device=None)
+    assert len(gpus.devices) == 1
     starts = sorted(state["jobs"][f"s{i}"]["attempts"][0]["start"] for i in range(4))
     ends = sorted(state["jobs"][f"s{i}"]["attempts"][0]["end"] for i in range(4))
     assert summary.exit_code == 0
-    assert starts[-1] < ends[0]  # all four were running at once
+    assert starts[-1] < ends[0]  # all four were running at once, on the one device
 
 
 # ---------------------------------------------------------------- the real GPU path

@@ -428,3 +428,26 @@ def test_a_k_device_job_on_mig_slices_is_refused(monkeypatch):
     assert "algos.DPO.devices=1" in line and "MIG slices" in line
     whole = GPUManager.from_inventory(2, 80e9)
     assert mig_problems(jobs, whole) == []
+
+
+def test_devices_found_through_torch_name_a_mig_slice_by_its_mig_uuid(monkeypatch):
+    """Where NVML is absent, torch lists the devices with bare UUIDs; CUDA_VISIBLE_DEVICES names a
+    MIG slice MIG-<uuid> (GPU-<uuid> names nothing), so a worker given a slice sees it."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from pita.core import gpu_manager as gm
+
+    props = [SimpleNamespace(name="NVIDIA A100-SXM4-40GB MIG 3g.20gb", uuid="4b2f-aaaa"),
+             SimpleNamespace(name="NVIDIA H100 80GB HBM3", uuid="9c1d-bbbb")]
+    monkeypatch.setattr(gm.glob, "glob", lambda p: ["/dev/nvidia0"])
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: props[i])
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda i: (10 * 10**9, 20 * 10**9))
+    mgr = gm.GPUManager._detect_torch()
+    mig, gpu = mgr.devices
+    assert mig.uuid == "MIG-4b2f-aaaa" and mig.visible_id == "MIG-4b2f-aaaa"
+    assert gpu.uuid == "GPU-9c1d-bbbb" and gpu.visible_id == "1"
+    assert mgr.env_for([0])["CUDA_VISIBLE_DEVICES"] == "MIG-4b2f-aaaa"

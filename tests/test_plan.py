@@ -237,3 +237,18 @@ def test_a_bad_host_ram_is_exit_2_naming_the_key(capsys, value):
     rc, out, err = _plan(capsys, "experiment=paper_math", "gpu=auto", "model=qwen3", "system.inventory=8x80GB",
                          f"system.host_ram={value}")
     assert rc == 2 and "system.host_ram" in err and "1TB" in err, err
+
+
+def test_vllm_colocated_with_a_sharded_policy_whose_weights_exceed_its_share_is_exit_2(capsys, monkeypatch):
+    """vLLM colocated holds the whole policy in its share of each device even when training is
+    sharded; a share smaller than the weights fails at vLLM's start-up, not as an OOM."""
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object() if name == "vllm" else real(name, *a))
+    base = ["experiment=paper_math", "gpu=auto", "model=qwen3", "system.inventory=8x80GB",
+            "experiment.algos=[GRPO]", "algos.GRPO.use_vllm=true"]
+    rc, plan, err = _plan(capsys, *base)
+    assert rc == 0, err  # 16.4 GB of bf16 weights in 0.3 x 80 GB
+    rc, out, err = _plan(capsys, *base, "algos.GRPO.vllm_gpu_memory_utilization=0.15")
+    assert rc == 2 and "vllm_gpu_memory_utilization=0.15" in err and "vllm_mode=server" in err, err

@@ -112,3 +112,69 @@ def test_no_checkpoint_is_written_right_after_a_resume():
             saved.append(step)
             pacer.interval, pacer.last_step = 4, step  # on_save, without a collective
     assert saved == [20, 24], saved
+
+
+def test_grpo_sampling_gathers_each_unit_once_not_once_per_token(tiny, monkeypatch):
+    """One rank of a 2-rank FSDP2 policy (a fake process group: no peer is needed to count
+    collectives): transformers' generate re-gathers every unit at every decoded token unless the
+    units stay gathered for the generation, as the job's trainer keeps them."""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.fsdp._fully_shard import _fsdp_param_group as fpg
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+    from transformers import AutoModelForCausalLM
+
+    from pita.algos.post_training import fsdp_units, gathered_for_generation
+
+    gathers = []
+    real = fpg.FSDPParamGroup.unshard
+
+    def counted(self, *a, **k):  # an all-gather happens when the group is sharded and none is pending
+        if self._all_gather_result is None and not self.is_unsharded:
+            gathers.append(1)
+        return real(self, *a, **k)
+
+    monkeypatch.setattr(fpg.FSDPParamGroup, "unshard", counted)
+    dist.init_process_group("fake", rank=0, world_size=2, store=FakeStore())
+    try:
+        mesh = init_device_mesh("cpu", (2,))
+        model = AutoModelForCausalLM.from_pretrained(tiny["reference"]).eval()
+        for layer in model.model.layers:
+            fully_shard(layer, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+        units = fsdp_units(model)
+        ids = torch.tensor([[5, 6, 7]])
+
+        def generate():
+            gathers.clear()
+            with torch.no_grad():
+                model.generate(ids, max_new_tokens=6, do_sample=False, min_new_tokens=6)
+            return len(gathers)
+
+        per_token = generate()
+        with gathered_for_generation(model):
+            once = generate()
+        assert 1 <= once <= units, (once, units)  # each unit at most once (the root may stay gathered)
+        assert per_token >= 6 * once, (per_token, once)
+        # afterwards the units are sharded again and reshard after each forward as before
+        assert generate() == per_token
+    finally:
+        dist.destroy_process_group()
+
+
+def test_an_nccl_out_of_memory_in_a_collective_is_an_oom_not_a_crash():
+    """A sharded job's collective that cannot allocate NCCL's buffers raises DistBackendError, not
+    torch's OutOfMemoryError: it is still the job out of memory (retried at half the micro-batch)."""
+    import torch.distributed as dist
+
+    from pita.core.worker import is_oom
+
+    nccl = dist.DistBackendError("NCCL error in: ProcessGroupNCCL.cpp:1970, unhandled cuda error (run with "
+                                 "NCCL_DEBUG=INFO for details), NCCL version 2.21.5\nLast error:\n"
+                                 "Cuda failure 'out of memory'")
+    assert is_oom(nccl)
+    assert is_oom(RuntimeError("NCCL WARN Failed to CUDA calloc 6291456 bytes"))
+    assert not is_oom(dist.DistBackendError("NCCL error: remote process exited or there was a network error"))
+    assert not is_oom(ValueError("out of memory"))

@@ -385,6 +385,10 @@ def sharded_trainer(cls):
             self._as_fsdp = as_fsdp
             self.is_fsdp_enabled = True
 
+        def _generate_single_turn(self, *args, **kw):  # GRPO's sampling (DPO never calls it)
+            with gathered_for_generation(self.model_wrapped, enabled=not getattr(self.args, "use_vllm", False)):
+                return super()._generate_single_turn(*args, **kw)
+
         def _save_checkpoint(self, *args, **kw):  # a checkpoint of shards is written by every rank
             if getattr(self, "_as_fsdp", None):
                 self._as_fsdp()
@@ -447,6 +451,29 @@ def _shard_reference_layers(prepare, model, accelerator):
         if tail:
             fully_shard(tail, **kw)
     return prepare(model, accelerator)
+
+
+@contextlib.contextmanager
+def gathered_for_generation(model, enabled: bool = True):
+    """While GRPO samples with a sharded policy (transformers' generate, no vLLM), every FSDP unit
+    stays gathered after its first forward instead of being resharded: otherwise each decoded
+    token all-gathers the whole model again (an 8B policy: about 16 GB of traffic per token per
+    rank). Afterwards every unit is resharded and keeps its own setting. The gathered policy in
+    the compute dtype is counted in the job's memory estimate (pita/plans/memory.py)."""
+    from torch.distributed.fsdp import FSDPModule
+
+    units = [m for m in model.modules() if isinstance(m, FSDPModule)] if enabled else []
+    before = []
+    for u in units:
+        group = getattr(u._get_fsdp_state(), "_fsdp_param_group", None)  # torch's own record of the setting
+        before.append(getattr(group, "post_forward_mesh_info", True) is not None)
+        u.set_reshard_after_forward(False, recurse=False)
+    try:
+        yield model
+    finally:
+        for u, flag in zip(units, before):
+            u.set_reshard_after_forward(flag, recurse=False)
+            u.reshard()
 
 
 def fsdp_units(model) -> int:
@@ -594,7 +621,11 @@ def training_args(cls, p: dict, out: str, cuda: bool, tracker=None, **extra):
                **{_checkpointing_key(cls): checkpointing}, seed=p["seed"], data_seed=p["seed"],
                logging_steps=1, **prepare_trl(tracker), **checkpoint_args(p), disable_tqdm=True,
                dataloader_num_workers=int(p.get("num_workers", 0)),
-               ddp_find_unused_parameters=False if p["devices"] > 1 else None, **extra)
+               ddp_find_unused_parameters=False if p["devices"] > 1 else None,
+               # how long a rank waits in a collective: the final policy is gathered and written by
+               # rank 0 while the others wait at the barrier (a 15B fp32 policy is 60 GB); 2 h, named
+               # rather than left to the default (30 min)
+               ddp_timeout=7200, **extra)
     if args.fsdp_plugin_args is not None and (args.bf16 or args.fp16):
         # accelerate's FSDP2 policy for bf16 / fp16 reduces the gradients in that dtype too; reduced
         # in fp32 they match what sharding=none's DDP all-reduce gives (fp32 gradients of fp32

@@ -305,7 +305,12 @@ class GPUManager:
             p = torch.cuda.get_device_properties(i)
             free, total = torch.cuda.mem_get_info(i)
             uuid = str(getattr(p, "uuid", f"cuda-{i}"))
-            devs.append(Device(i, i, uuid if uuid.startswith("GPU-") else f"GPU-{uuid}", p.name, int(total), int(total - free)))
+            # torch gives the bare UUID; CUDA_VISIBLE_DEVICES names a MIG slice by MIG-<uuid>, a GPU by
+            # GPU-<uuid> (a slice's name says MIG, as in "NVIDIA A100-SXM4-40GB MIG 3g.20gb")
+            prefix = "MIG-" if " MIG " in f" {p.name} " else "GPU-"
+            if not uuid.startswith(("GPU-", "MIG-")):
+                uuid = prefix + uuid
+            devs.append(Device(i, i, uuid, p.name, int(total), int(total - free), mig=0 if prefix == "MIG-" else None))
         return cls(devs, source="torch")
 
     def restrict(self, ordinals: list[int]) -> "GPUManager":

@@ -30,6 +30,7 @@ from pita.core.errors import DeviceOutOfMemory, JobError
 
 SPEC, RESULT = "distributed.json", "distributed-result.json"
 OOM_MARKER = "distributed-oom.rank{}.json"  # written by a rank that ran out of device memory
+PEAK_FILE = "distributed-peak.rank{}.json"  # each rank's device-memory peak (CUDA ranks)
 
 
 def world_size() -> int:
@@ -47,9 +48,12 @@ def is_rank0() -> bool:
 def launch_command(k: int, spec_file: Path) -> list[str]:
     """torchrun for k ranks on this node. ``--standalone``: the rendezvous store listens on a port
     the kernel gives it and holds it for the job's life, so jobs starting together never race for
-    a port (a port found free and released could be taken before the ranks bind it)."""
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={k}",
-            "-m", "pita.core.ranks", str(spec_file)]
+    a port (a port found free and released could be taken before the ranks bind it).
+    ``--local-addr 127.0.0.1``: the store and the process group meet on the loopback address
+    (the ranks are all on this node); torchrun otherwise advertises this host's FQDN, which need
+    not resolve (containers, cluster nodes)."""
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--local-addr", "127.0.0.1",
+            f"--nproc_per_node={k}", "-m", "pita.core.ranks", str(spec_file)]
 
 
 def run_ranks(ctx, kind: str, k: int, deps: dict | None = None, extras: dict | None = None,
@@ -65,7 +69,7 @@ def run_ranks(ctx, kind: str, k: int, deps: dict | None = None, extras: dict | N
     spec_file.write_text(json.dumps(spec))
     result_file = ctx.paths.dir / RESULT
     result_file.unlink(missing_ok=True)
-    for old in ctx.paths.dir.glob(OOM_MARKER.format("*")):
+    for old in [*ctx.paths.dir.glob(OOM_MARKER.format("*")), *ctx.paths.dir.glob(PEAK_FILE.format("*"))]:
         old.unlink()
     cmd = launch_command(k, spec_file)
     ctx.log.info("%s over %d processes: %s", how, k, " ".join(cmd[2:]))
@@ -83,7 +87,24 @@ def run_ranks(ctx, kind: str, k: int, deps: dict | None = None, extras: dict | N
                                 f"{first['error']}")
     if rc != 0 or not result_file.exists():
         raise JobError(f"the {k}-process job exited with code {rc}; the ranks' output is in the job log above")
+    report_rank_peaks(ctx, k)
     return json.loads(result_file.read_text())
+
+
+def report_rank_peaks(ctx, k: int) -> None:
+    """The job's device-memory peak is its largest rank's (torch's reserved bytes and the CUDA
+    context, which torch does not count): declared to the worker, so memory learning and the
+    attempt record see a k-device job's peak as they see a one-device job's."""
+    from pita.core.memory import CUDA_CONTEXT_BYTES
+
+    peaks = [json.loads(f.read_text()) for f in sorted(ctx.paths.dir.glob(PEAK_FILE.format("*")))]
+    if not peaks:
+        return  # CPU ranks: their resident memory is what the worker's children report
+    top = max(int(p.get("peak_gpu_reserved_bytes") or p.get("peak_gpu_bytes") or 0) for p in peaks)
+    ctx.log.info("device memory peak per rank (GB, torch reserved): %s",
+                 ", ".join(f"{int(p.get('peak_gpu_reserved_bytes') or 0) / 1e9:.2f}" for p in peaks))
+    if top and hasattr(ctx, "report_peak"):
+        ctx.report_peak(top + CUDA_CONTEXT_BYTES)
 
 
 def main(spec_file: str) -> int:
@@ -110,6 +131,12 @@ def main(spec_file: str) -> int:
             marker = Path(spec["dir"]) / OOM_MARKER.format(r)
             marker.write_text(json.dumps({"rank": r, "device": device, "error": f"{type(e).__name__}: {e}"[:2000]}))
         raise
+    import torch
+
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        (Path(spec["dir"]) / PEAK_FILE.format(r)).write_text(json.dumps({
+            "rank": r, "peak_gpu_bytes": int(torch.cuda.max_memory_allocated()),
+            "peak_gpu_reserved_bytes": int(torch.cuda.max_memory_reserved())}))
     if is_rank0():
         (Path(spec["dir"]) / RESULT).write_text(json.dumps(result))
     import torch.distributed as dist

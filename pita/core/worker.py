@@ -42,7 +42,15 @@ def is_oom(exc: BaseException) -> bool:
     if torch is not None and isinstance(exc, getattr(torch.cuda, "OutOfMemoryError", ())):
         return True
     msg = str(exc)
-    return isinstance(exc, RuntimeError) and ("CUDA out of memory" in msg or "CUDA error: out of memory" in msg)
+    if not isinstance(exc, RuntimeError):  # DistBackendError is a RuntimeError too
+        return False
+    if "CUDA out of memory" in msg or "CUDA error: out of memory" in msg:
+        return True
+    # NCCL allocating its buffers on a full device (a collective of a sharded job): torch raises
+    # DistBackendError with NCCL's own words, "... Failed to CUDA calloc ..." / "out of memory"
+    dist_backend = getattr(getattr(torch, "distributed", None), "DistBackendError", None) if torch else None
+    nccl = (dist_backend is not None and isinstance(exc, dist_backend)) or "NCCL" in msg
+    return nccl and ("out of memory" in msg.lower() or "cuda calloc" in msg.lower() or "cudaMalloc" in msg)
 
 
 def _peak_memory(declared: int | None = None) -> dict:

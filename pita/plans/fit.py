@@ -82,6 +82,35 @@ def fit_problems(jobs, totals: list[int], margin: float) -> list[str]:
             fix = (f"lower data_collection.batch_size (now {p.get('batch_size')}) or data_collection.max_new_tokens, "
                    f"or let gpu=auto (system.fit_batches=true) choose the largest batch that fits")
         out.append(f"{where}: {fix}")
+    return out + vllm_problems(jobs, totals)
+
+
+def vllm_problems(jobs, totals: list[int]) -> list[str]:
+    """GRPO with vLLM colocated on a sharded policy: vLLM holds the whole policy (in model.dtype) in
+    its share of each device (vllm_gpu_memory_utilization), however many devices FSDP splits the
+    training over. When the weights alone exceed that share, vLLM fails at start-up, with an error
+    that is not an out-of-memory (so no retry at a smaller batch would help): refused here."""
+    from pita.core.memory import weights_bytes
+    from pita.models.shapes import model_shape
+
+    out, seen = [], set()
+    for j in jobs:
+        p = j.params
+        if j.kind != "algo.grpo_train" or not p.get("use_vllm") or p.get("vllm_mode") != "colocate":
+            continue
+        algo = job_algorithm(j)
+        if algo in seen or not totals:
+            continue
+        share = float(p.get("vllm_gpu_memory_utilization", 0.3)) * min(totals)
+        w = weights_bytes(model_shape(p["reference"], "model.reference"), p.get("dtype", "bfloat16"))
+        if w > 0.9 * share:  # the rest of the share is its KV cache
+            seen.add(algo)
+            need = min(0.95, w / 0.9 / min(totals) + 0.05)
+            out.append(f"algo.grpo_train of {algo} (e.g. {j.id}): vLLM colocated holds the whole policy "
+                       f"({w / 1e9:.1f} GB in {p.get('dtype')}) in algos.{algo}.vllm_gpu_memory_utilization="
+                       f"{p.get('vllm_gpu_memory_utilization')} of a {min(totals) / 1e9:.0f} GB device "
+                       f"({share / 1e9:.1f} GB), also when training is sharded; raise it to at least {need:.2f} "
+                       f"(less for training), use algos.{algo}.vllm_mode=server, or algos.{algo}.use_vllm=false")
     return out
 
 

@@ -206,8 +206,9 @@ class JobMemory:
         is_dpo = algo.train_kind == "algo.dpo_train"
         if is_dpo:
             rows *= 2  # chosen and rejected in one pass
-        else:  # GRPO samples its completions with the policy: a KV cache at full length
-            extra += kv_cache_bytes(shape, self.act, rows, seq)  # sampled under autocast
+        kv = 0.0
+        if not is_dpo:  # GRPO samples its completions with the policy: a KV cache at full length
+            kv = kv_cache_bytes(shape, self.act, rows, seq)  # sampled under autocast
             if getattr(c, "use_vllm", False) and getattr(c, "vllm_mode", "") == "colocate" and self.totals:
                 extra += c.vllm_gpu_memory_utilization * min(self.totals)
             if algo.trains_proxy:  # GRPO-HF: its proxy reward model (fp32) scores the completions
@@ -215,9 +216,17 @@ class JobMemory:
                 extra += scoring_bytes(proxy, "float32", rows, seq, cuda=False, logits=False) * PROXY_MARGIN
             else:
                 extra += self.reward_bytes(datasets)
-        b = training_bytes(shape, "float32", rows, seq, act_dtype=self.act, cuda=self.cuda, gradient_checkpointing=gc,
-                           trainable_params=lora, extra_bytes=extra, shards=shards,
-                           logit_positions=None if is_dpo else new + 1,  # GRPO: the completion's logits only
-                           # TRL's selective_log_softmax: the logits and their gradient, a row at a time in fp32
-                           logit_bytes=2 * bytes_per_param(self.act) + 4)
+        def total(batch: int, beside: float) -> float:
+            return training_bytes(shape, "float32", batch, seq, act_dtype=self.act, cuda=self.cuda,
+                                  gradient_checkpointing=gc, trainable_params=lora, extra_bytes=extra + beside,
+                                  shards=shards, logit_positions=None if is_dpo else new + 1,  # GRPO: the completion's logits
+                                  # TRL's selective_log_softmax: the logits and their gradient, a row at a time in fp32
+                                  logit_bytes=2 * bytes_per_param(self.act) + 4)
+
+        if shards > 1 and not is_dpo and not getattr(c, "use_vllm", False):
+            # sharded GRPO samples with every unit kept gathered (gathered_for_generation): the whole
+            # policy in the compute dtype beside its KV cache; training then holds the activations
+            b = max(total(rows, 0.0), total(0, kv + weights_bytes(shape, self.act)))
+        else:
+            b = total(rows, kv)
         return b / 1e9
