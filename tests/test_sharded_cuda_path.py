@@ -179,3 +179,38 @@ def test_an_nccl_out_of_memory_in_a_collective_is_an_oom_not_a_crash():
     assert not is_oom(dist.DistBackendError("NCCL error: remote process exited or there was a network error"))
     assert not is_oom(ValueError("out of memory"))
 
+
+
+def test_a_sharded_jobs_ranks_other_than_0_read_no_weights(tiny, monkeypatch):
+    """Rank 1 of a sharded job builds the policy without reading the checkpoint (rank 0 sends its
+    shards when accelerate shards it; the 2-rank tests check the loss matches one process): host
+    memory does not grow with the ranks. Its buffers (rotary frequencies) are real, tied weights
+    stay tied, and data-parallel ranks still read their own copy."""
+    import logging
+    from types import SimpleNamespace
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from pita.algos.post_training import load_policy
+
+    ref = AutoModelForCausalLM.from_pretrained(tiny["reference"])
+    reads = []
+    real = AutoModelForCausalLM.from_pretrained.__func__
+    monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained",
+                        classmethod(lambda cls, *a, **k: (reads.append(a[0]), real(cls, *a, **k))[1]))
+    ctx = SimpleNamespace(log=logging.getLogger("test"), dep_result=lambda j: {})
+    p = {"policy_from": None, "reference": tiny["reference"], "attn_impl": "sdpa", "sharding": "fsdp"}
+    for k, v in {"RANK": "1", "LOCAL_RANK": "1", "WORLD_SIZE": "2"}.items():
+        monkeypatch.setenv(k, v)
+    _, model, _ = load_policy(ctx, p, cuda=False)
+    assert reads == []
+    assert sum(w.numel() for w in model.parameters()) == sum(w.numel() for w in ref.parameters())
+    assert model.lm_head.weight is model.get_input_embeddings().weight  # tied as in the checkpoint
+    for (name, b), (_, rb) in zip(model.named_buffers(), ref.named_buffers()):
+        assert torch.equal(b, rb), name
+    assert model.config._name_or_path == tiny["reference"]  # what TRL builds its reference from
+    load_policy(ctx, {**p, "sharding": "none"}, cuda=False)  # data-parallel: every rank reads
+    monkeypatch.setenv("RANK", "0")
+    load_policy(ctx, p, cuda=False)  # rank 0 of a sharded job reads
+    assert len(reads) == 2

@@ -13,8 +13,9 @@ from typing import Optional
 
 from pita.algos.base import register_algorithm
 from pita.algos.distributed import run_distributed, world_size
-from pita.algos.post_training import (PostTrainingAlgorithm, PostTrainingConfig, assistant, load_policy, on_cuda,
-                                      peft_config, sharded_trainer, train_and_save, training_args, user)
+from pita.algos.post_training import (PostTrainingAlgorithm, PostTrainingConfig, assistant, empty_here, load_model,
+                                      load_policy, on_cuda, peft_config, sharded_trainer, train_and_save,
+                                      training_args, user)
 from pita.core.errors import JobError
 from pita.core.job import Job, add_kind_module, job_kind
 
@@ -99,7 +100,6 @@ def cut_aware_dpo_trainer():
 @job_kind("algo.dpo_train")
 def dpo_train(ctx):
     from datasets import Dataset, load_from_disk
-    from transformers import AutoModelForCausalLM
     from trl import DPOConfig as TRLDPOConfig
 
     from pita.tracking import tracker_settings
@@ -117,8 +117,9 @@ def dpo_train(ctx):
     ref_model = None
     if p["policy_from"] and p["ref_policy"] == "original":
         # frozen, forward only: model.dtype on CUDA (autocast runs it there), the policy's fp32 on CPU
-        ref_model = AutoModelForCausalLM.from_pretrained(
-            p["reference"], dtype=p["dtype"] if cuda and p["dtype"] in ("bfloat16", "float16") else model.dtype)
+        # (a sharded job's ranks other than 0 build it empty: rank 0 sends the shards)
+        ref_model = load_model(p["reference"], p["dtype"] if cuda and p["dtype"] in ("bfloat16", "float16")
+                               else model.dtype, empty=empty_here(p))
     ds = Dataset.from_list([{"prompt": user(r["prompt"]), "chosen": assistant(r["chosen"]),
                              "rejected": assistant(r["rejected"]), "chosen_finish": r.get("chosen_finish", "eos"),
                              "rejected_finish": r.get("rejected_finish", "eos")} for r in pairs])

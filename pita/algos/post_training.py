@@ -22,6 +22,7 @@ import functools
 import importlib.util
 import json
 import logging
+import os
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -344,7 +345,10 @@ def fsdp_settings(p: dict) -> dict:
               # mid-training checkpoints: each rank writes its own shard of the weights and the AdamW
               # state (torch.distributed.checkpoint), read back on the same world size; the final
               # policy is gathered whole by _save_policy, whatever this says
-              "state_dict_type": "SHARDED_STATE_DICT", "cpu_ram_efficient_loading": False,
+              "state_dict_type": "SHARDED_STATE_DICT",
+              # rank 0 alone reads the weights; the other ranks build the models empty
+              # (load_model) and receive their shards from rank 0 as accelerate shards them
+              "cpu_ram_efficient_loading": True,
               "activation_checkpointing": bool(p["gradient_checkpointing"])}
     # transformers 5 takes fsdp=True with the options in fsdp_config; 4.x the option string
     legacy = int(transformers.__version__.split(".")[0]) < 5
@@ -359,7 +363,8 @@ def sharded_trainer(cls):
 
     class Sharded(cls):
         def __init__(self, *args, **kw):
-            with layered_reference_sharding(cls):
+            sharded = kw.get("args") is not None and kw["args"].fsdp_plugin_args is not None
+            with layered_reference_sharding(cls, empty=sharded and empty_here({"sharding": "fsdp"})):
                 super().__init__(*args, **kw)
 
         def create_accelerator_and_postprocess(self):
@@ -404,7 +409,7 @@ def sharded_trainer(cls):
 
 
 @contextlib.contextmanager
-def layered_reference_sharding(cls):
+def layered_reference_sharding(cls, empty: bool = False):
     """While ``cls`` (a TRL trainer) is built, its frozen reference is sharded one decoder layer per
     FSDP unit, as accelerate shards the policy. TRL's ``prepare_fsdp`` calls ``fully_shard`` on the
     reference's root alone, so every reference forward all-gathers the whole model on every rank
@@ -414,14 +419,26 @@ def layered_reference_sharding(cls):
     import sys
 
     mods = {sys.modules[k.__module__] for k in cls.__mro__ if hasattr(sys.modules.get(k.__module__), "prepare_fsdp")}
-    saved = {m: m.prepare_fsdp for m in mods}
+    saved = {m: (m.prepare_fsdp, getattr(m, "create_model_from_path", None)) for m in mods}
     try:
-        for m, original in saved.items():
-            m.prepare_fsdp = functools.partial(_shard_reference_layers, original)
+        for m, (prepare, create) in saved.items():
+            m.prepare_fsdp = functools.partial(_shard_reference_layers, prepare)
+            if create is not None:
+                m.create_model_from_path = functools.partial(_reference_from_path, create, empty)
         yield
     finally:
-        for m, original in saved.items():
-            m.prepare_fsdp = original
+        for m, (prepare, create) in saved.items():
+            m.prepare_fsdp = prepare
+            if create is not None:
+                m.create_model_from_path = create
+
+
+def _reference_from_path(create, empty: bool, model_id, *args, **kw):
+    """TRL's reference as TRL builds it; ``empty`` (a sharded job's ranks other than 0): built
+    without its weights, which come from rank 0 in :func:`_shard_reference_layers`."""
+    if not empty:
+        return create(model_id, *args, **kw)
+    return load_model(model_id, kw.get("dtype") or "float32", kw.get("attn_implementation"), empty=True)
 
 
 def _shard_reference_layers(prepare, model, accelerator):
@@ -433,7 +450,16 @@ def _shard_reference_layers(prepare, model, accelerator):
     from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
     plugin = accelerator.state.fsdp_plugin
-    if plugin is not None and plugin.fsdp_version == 2 and not isinstance(model, FSDPModule):
+    if (plugin is not None and plugin.fsdp_version == 2 and not isinstance(model, FSDPModule)
+            and plugin.cpu_ram_efficient_loading):
+        # rank 0 alone holds the weights: accelerate's own preparation shards the reference into
+        # the policy's units and sends each rank its shards. Frozen first, so it stays in its
+        # dtype (accelerate upcasts trainable parameters to fp32 master weights)
+        from accelerate.utils.fsdp_utils import fsdp2_prepare_model
+
+        model.requires_grad_(False)
+        model = fsdp2_prepare_model(accelerator, model)
+    elif plugin is not None and plugin.fsdp_version == 2 and not isinstance(model, FSDPModule):
         names = set(getattr(model, "_no_split_modules", None) or [])
         mesh = getattr(accelerator, "torch_device_mesh", None)
         if mesh is not None:
@@ -652,6 +678,53 @@ def reference_init_kwargs(p: dict, cuda: bool) -> dict:
     return kw
 
 
+def empty_here(p: dict) -> bool:
+    """Whether this process builds the job's sharded models without their weights: a rank other
+    than 0 of a sharded job, whose shards come from rank 0 when the model is sharded."""
+    from pita.core.ranks import rank, world_size
+
+    return p.get("sharding") == "fsdp" and world_size() > 1 and rank() != 0
+
+
+def load_model(path: str, dtype, attn_impl: str | None = None, empty: bool = False):
+    """``AutoModelForCausalLM.from_pretrained(path)``, or with ``empty`` the same model built with
+    uninitialised parameters and its buffers real (rotary frequencies are computed, not stored),
+    reading no weights: host memory does not grow with a sharded job's ranks (each
+    would otherwise hold the whole fp32 policy). accelerate's ``cpu_ram_efficient_loading``
+    sends every rank its shards from rank 0's copy when the model is sharded. (transformers
+    5.24 reads the weights on every rank even under that setting, hence this.)"""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    kw = {"attn_implementation": attn_impl} if attn_impl else {}
+    if isinstance(dtype, str):
+        dtype = getattr(torch, dtype)
+    if not empty:
+        return AutoModelForCausalLM.from_pretrained(path, dtype=dtype, **kw)
+    from accelerate import init_empty_weights
+    from transformers import GenerationConfig
+
+    config = AutoConfig.from_pretrained(path)
+    with init_empty_weights(include_buffers=False):
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype, **kw)
+    # uninitialised host storage rather than the meta device: accelerate tells the parameters
+    # apart by their data pointers when it swaps them for their shards (every meta tensor's is 0).
+    # Pages never written are never resident, so this costs address space, not memory
+    buffers = {n: b.clone() for n, b in model.named_buffers()}
+    model.to_empty(device="cpu")
+    for name, value in buffers.items():
+        owner, _, leaf = name.rpartition(".")
+        module = model.get_submodule(owner) if owner else model
+        module._buffers[leaf] = value
+    model.tie_weights()  # the empty parameters are made one by one: tied ones become one again
+    model.config._name_or_path = str(path)  # TRL builds its reference from this name
+    try:
+        model.generation_config = GenerationConfig.from_pretrained(path)
+    except OSError:  # a model without generation_config.json keeps the one from_config made
+        pass
+    return model
+
+
 def load_policy(ctx, p: dict, cuda: bool):
     """(path, model, tokenizer) of the round's starting policy: the previous round's, or the reference.
 
@@ -666,8 +739,7 @@ def load_policy(ctx, p: dict, cuda: bool):
 
     path = ctx.dep_result(p["policy_from"])["checkpoint"] if p["policy_from"] else p["reference"]
     tok = AutoTokenizer.from_pretrained(path)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32,
-                                                 attn_implementation=resolve_attn_impl(p["attn_impl"]))
+    model = load_model(path, torch.float32, resolve_attn_impl(p["attn_impl"]), empty=empty_here(p))
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
     ctx.log.info("policy %s: fp32 weights, attention %s", path, model.config._attn_implementation)

@@ -8,10 +8,13 @@ keeps the sum over running jobs within ``system.host_ram`` (default: this machin
 Per job (bytes, ``n`` = parameters of the model it loads):
 
     every process       HOST_PROCESS_BYTES (Python, torch, CUDA libraries)
-    DPO / GRPO          per rank: the policy in fp32 (4n) and TRL's frozen reference in model.dtype
-    training            (beta > 0, full fine-tuning), both on the CPU until the trainer places them;
-                        k ranks hold k copies. Saving a sharded policy gathers the fp32 state on
-                        rank 0's CPU (4n), after the copies are gone; the larger of the two counts
+    DPO / GRPO          the policy in fp32 (4n) and TRL's frozen reference in model.dtype (beta > 0,
+    training            full fine-tuning), on the CPU until the trainer places them: once for a
+                        sharded job (rank 0 alone reads the weights, the other ranks receive their
+                        shards: pita.algos.post_training.load_model), once per rank otherwise.
+                        Saving a sharded policy gathers the fp32 state on rank 0's CPU (4n), after
+                        the loaded copies are gone; the larger of the two counts. A proxy or reward
+                        model is read whole by every rank
     value / proxy       the guidance backbone in fp32
     training
     sampling shards     the reference in model.dtype; the value model (fp32) when guided; the
@@ -78,11 +81,12 @@ def job_host_bytes(job, cfg, paths: dict) -> float:
     if kind in ("algo.dpo_train", "algo.grpo_train"):
         k = max(1, int(p.get("devices", 1) or 1))
         n = _params(paths, "reference")
-        per_rank = 4 * n + (dtype * n if p.get("beta", 0) > 0 and not p.get("lora_r", 0) else 0)
-        if p.get("proxy"):
-            per_rank += 4 * _params(paths, "guidance")
-        save = 4 * n if p.get("sharding") == "fsdp" and k > 1 else 0  # the copies are on the devices by then
-        return k * HOST_PROCESS_BYTES + max(k * per_rank, save)
+        models = 4 * n + (dtype * n if p.get("beta", 0) > 0 and not p.get("lora_r", 0) else 0)
+        sharded = p.get("sharding") == "fsdp" and k > 1
+        whole = 4 * _params(paths, "guidance") if p.get("proxy") else 0.0  # every rank's own copy
+        loaded = models if sharded else k * models
+        save = 4 * n if sharded else 0  # the loaded copies are on the devices by then
+        return k * (HOST_PROCESS_BYTES + whole) + max(loaded, save)
     if "train" in kind or kind.endswith(".proxy"):
         return HOST_PROCESS_BYTES + 4 * _params(paths, "guidance")
     # sampling shards: the reference (or the trained policy it samples), and what sits beside it
@@ -123,10 +127,12 @@ def host_problems(jobs, host_bytes: int) -> list[str]:
     out = []
     for k, j in worst.items():
         p = j.params
-        if p.get("sharding") == "fsdp":
-            algo = j.id.split(".")[0]
-            fix = (f"each of its {p['devices']} ranks loads the whole policy on the CPU: lower algos.{algo}.devices, "
-                   f"or plan for a node with more memory (system.host_ram)")
+        algo = j.id.split(".")[0]
+        if j.kind in ("algo.dpo_train", "algo.grpo_train") and p.get("devices", 1) > 1 and p.get("sharding") != "fsdp":
+            shard = ("" if p.get("lora_r", 0) else
+                     f"shard it (algos.{algo}.sharding=fsdp: rank 0 alone reads the weights), ")
+            fix = (f"each of its {p['devices']} data-parallel ranks loads the whole policy on the CPU: {shard}"
+                   f"lower algos.{algo}.devices, or plan for a node with more memory (system.host_ram)")
         else:
             fix = "plan for a node with more memory (system.host_ram), or a smaller model"
         out.append(f"{k}: {j.id} needs {j.resources.host_gb:.0f} GB of host memory, more than "
