@@ -332,3 +332,22 @@ def test_jobs_wait_for_host_memory_as_for_device_memory():
     assert len(second) == 1 and second[0][0] != first[0][0]
     # uncounted (CPU devices, or no host estimate): both at once
     assert len(sched([job("c", 10), job("d", 10)], [100, 100], host_bytes=100 * GB).schedule()) == 2
+
+
+def test_a_foreign_tenant_is_seen_in_a_container_while_our_jobs_sit_below_their_reservations():
+    """NVML attributes nothing to our workers (host pids in a container). Our job reserved 40 GB
+    and uses 20 (torch's own report); another tenant holds 15: 35 GB used on the device. Taken at
+    its reservation our job would hide the tenant (35 - 40 -> 0); from its torch report, 15 GB."""
+    from pita.core.executor import torch_usage
+    from pita.core.memory import CUDA_CONTEXT_BYTES
+
+    dev = DeviceLoad(100 * GB, 5 * GB, reserved={"a": 40 * GB})
+    dev.measured_used = 35 * GB
+    dev.usage = {"a": 0}
+    assert dev.others() == 0  # the reservation hides the tenant
+    dev.usage = torch_usage({"a": 0}, dev.reserved, {"a": 20 * GB - CUDA_CONTEXT_BYTES}, 0, {"a": [0]})
+    assert dev.usage == {"a": 20 * GB}
+    assert dev.others() == 15 * GB
+    assert dev.available() == (100 - 5 - 15 - 40) * GB  # our job may still grow to its reservation
+    # no report yet: every job at its reservation, as before
+    assert torch_usage({"a": 0}, dev.reserved, {}, 0, {"a": [0]}) == {"a": 0}

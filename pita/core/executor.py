@@ -92,6 +92,22 @@ class DiskFull(Exception):
     """The run folder's file system is full: the run stops (and resumes once space is freed)."""
 
 
+def torch_usage(nvml: dict[str, int], reserved: dict[str, int], reports: dict[str, int], ordinal: int,
+                placement: dict[str, list[int]]) -> dict[str, int]:
+    """What our jobs hold on a device when NVML attributes none of its memory to them (in a
+    container NVML reports host pids; on MIG per-process figures may be absent): each job's own
+    torch report (its share on this device, plus the CUDA context torch does not count), or its
+    reservation while it has not reported yet. Taking every job at its reservation instead would
+    hide another tenant's memory whenever our jobs sit below their reservations (used - sum of
+    reservations comes out too small)."""
+    from pita.core.memory import CUDA_CONTEXT_BYTES
+
+    if not reports or not any(j in reports for j in nvml):
+        return nvml  # nothing reported: the scheduler takes our jobs at their reservations
+    return {j: (reports[j] // max(1, len(placement.get(j) or [ordinal])) + CUDA_CONTEXT_BYTES if j in reports
+                else reserved.get(j, 0)) for j in nvml}
+
+
 class Executor:
     def _threads(self, n_devices: int) -> int | None:
         """A CPU job's thread budget: the threads of every logical device it holds (a job that
@@ -601,12 +617,27 @@ class Executor:
         if self.gpus.source != "nvml":
             return
         self.gpus.refresh()
+        reports = None
         for d in self.gpus.devices:
             usage = {}
             for jid in self.sched.devices[d.ordinal].reserved:
                 usage[jid] = self.gpus.process_usage(d.ordinal, self.backend.pids(jid))
                 self.sampled_peak[jid] = max(self.sampled_peak[jid], usage[jid])
+            if usage and not any(usage.values()):  # NVML attributes nothing to our workers (container, MIG)
+                reports = self._torch_reports() if reports is None else reports
+                usage = torch_usage(usage, self.sched.devices[d.ordinal].reserved, reports, d.ordinal,
+                                    self.sched.placement)
             self.sched.observe(d.ordinal, d.used_bytes, usage)
+
+    def _torch_reports(self) -> dict[str, int]:
+        """Running job -> the torch-reserved bytes its worker last reported (all its devices)."""
+        out = {}
+        for jid in self.backend.running():
+            try:
+                out[jid] = int(json.loads(self.run_paths.job(jid).torch_memory.read_text())["reserved"])
+            except (OSError, ValueError, KeyError):
+                continue
+        return out
 
     def _device_lines(self) -> list[str]:
         return self.gpus.summary({o: self.sched.jobs_on(o) for o in range(len(self.gpus.devices))}, self._rss,
