@@ -71,9 +71,7 @@ class StateStore:
         try:
             conn = sqlite3.connect(str(self.db_path), timeout=self.busy_timeout_s, isolation_level=None,
                                    check_same_thread=False)
-            conn.execute("PRAGMA journal_mode=WAL")
-            conn.execute("PRAGMA synchronous=NORMAL")
-            conn.executescript(_SCHEMA)
+            self._setup(conn)
         except sqlite3.OperationalError as e:
             if "locked" in str(e) or "busy" in str(e):
                 raise StateBusy(f"{self.db_path} is locked by another process ({e})") from e
@@ -87,6 +85,26 @@ class StateStore:
         if fresh and self.path.exists():
             self._import_json()
         return conn
+
+    def _setup(self, conn: sqlite3.Connection) -> None:
+        """WAL mode and the schema. Switching a new database to WAL takes an exclusive lock for which
+        SQLite does not wait (its busy handler is not called): processes opening a new run's
+        database at the same moment retry for up to ``busy_timeout_s`` instead of failing."""
+        import time
+
+        deadline = time.monotonic() + self.busy_timeout_s
+        delay = 0.01
+        while True:
+            try:
+                conn.execute("PRAGMA journal_mode=WAL")
+                conn.execute("PRAGMA synchronous=NORMAL")
+                conn.executescript(_SCHEMA)
+                return
+            except sqlite3.OperationalError as e:
+                if not ("locked" in str(e) or "busy" in str(e)) or time.monotonic() + delay > deadline:
+                    raise
+                time.sleep(delay)
+                delay = min(0.5, delay * 2)
 
     def close(self) -> None:
         if self._conn is not None:
