@@ -512,9 +512,11 @@ def measure_sharded(cfg, paths: dict, job) -> int:
             keep = {} if dpo else {"logits_to_keep": new + 1}
             tgt = ids if dpo else ids[:, -(new + 1):]
             with torch.no_grad():
-                ref_lp = (selective_log_softmax(reference(input_ids=ids, **keep).logits.float(), tgt)
+                # as measure() does: TRL's selective_log_softmax on the logits as the model returns
+                # them (bf16 under the mixed-precision policy), a row at a time in fp32
+                ref_lp = (selective_log_softmax(reference(input_ids=ids, **keep).logits, tgt)
                           if reference is not None else torch.zeros(tgt.shape))
-            lp = selective_log_softmax(policy(input_ids=ids, **keep).logits.float(), tgt)
+            lp = selective_log_softmax(policy(input_ids=ids, **keep).logits, tgt)
             loss = (lp - ref_lp).sum(-1).mean()
             loss.backward()
             opt.step()

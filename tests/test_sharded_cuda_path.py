@@ -214,3 +214,30 @@ def test_a_sharded_jobs_ranks_other_than_0_read_no_weights(tiny, monkeypatch):
     monkeypatch.setenv("RANK", "0")
     load_policy(ctx, p, cuda=False)  # rank 0 of a sharded job reads
     assert len(reads) == 2
+
+
+def test_one_fsdp_rank_is_measured_on_a_fake_process_group_and_fits_its_reservation(monkeypatch, tmp_path):
+    """bench.memory_truth's sharded row for SmolLM2's DPO job over two devices: one rank's peak on
+    fake tensors (a fake process group of world size 2, two steps under FSDPMemTracker) is at
+    least its shard of the fp32 policy and AdamW's state, and at most the plan's reservation."""
+    monkeypatch.chdir(tmp_path)
+    from bench.memory_truth import measure_sharded
+    from pita.cli.plan import _offline, compose
+    from pita.config.validate import validate_config
+    from pita.core.memory import CUDA_CONTEXT_BYTES
+    from pita.models.families import resolve_family
+    from pita.models.shapes import model_shape
+    from pita.plans import build_plan
+
+    _offline()
+    cfg = compose(["experiment=paper_math", "gpu=auto", "model=smollm2", "system.inventory=8x80GB",
+                   "experiment.algos=[DPO]", "algos.DPO.devices=2", "algos.DPO.sharding=fsdp"])
+    validate_config(cfg, models=False)
+    jobs = build_plan(cfg, [int(80e9)] * 8, cuda=True, plan_only=True)
+    job = next(j for j in jobs if j.kind == "algo.dpo_train")
+    assert job.params["sharding"] == "fsdp" and job.params["devices"] == 2
+    paths = resolve_family(cfg.model, cfg.system.cache_dir, cfg.system.seed, defer="plan")
+    peak = measure_sharded(cfg, paths, job) + CUDA_CONTEXT_BYTES
+    n = model_shape(paths["reference"], "model.reference").n_params
+    assert peak >= 16 * n / 2  # fp32 weights, gradients and AdamW's two states, half on this rank
+    assert job.resources.memory_bytes >= peak, (job.resources.memory_gb, peak / 1e9)

@@ -451,7 +451,7 @@ def _shard_reference_layers(prepare, model, accelerator):
 
     plugin = accelerator.state.fsdp_plugin
     if (plugin is not None and plugin.fsdp_version == 2 and not isinstance(model, FSDPModule)
-            and plugin.cpu_ram_efficient_loading):
+            and getattr(plugin, "cpu_ram_efficient_loading", False)):
         # rank 0 alone holds the weights: accelerate's own preparation shards the reference into
         # the policy's units and sends each rank its shards. Frozen first, so it stays in its
         # dtype (accelerate upcasts trainable parameters to fp32 master weights)
