@@ -180,15 +180,16 @@ def render(plan: dict) -> str:
              f"training micro-batches (+ckpt: gradient checkpointing; fsdp xK: sharded over K devices): "
              f"{train or 'none'}", ""]
     host = plan.get("host_ram_gb")
+    show_host = any(j.get("host_gb") for j in plan["jobs"])  # a GPU plan: every job's host estimate
     head = (f"{'job kind':<40} {'jobs':>5} {'devices':>7} {'batch':>6} {'GB/device':>11}"
-            f"{' host GB' if host else ''}  largest job")
+            f"{' host GB' if show_host else ''}  largest job")
     lines += [head, "-" * len(head)]
     for kind, k in kinds.items():
         lo, hi = min(k["gb"]), max(k["gb"])
         gb = f"{hi:.1f}" if abs(hi - lo) < 0.05 else f"{lo:.1f}-{hi:.1f}"
         devs = ",".join(str(d) for d in sorted(k["devices"]))
         batch = ",".join(str(b) for b in sorted(k["batch"])) or "-"
-        hgb = f" {k['host']:>7.0f}" if host else ""
+        hgb = f" {k['host']:>7.0f}" if show_host else ""
         lines.append(f"{kind:<40} {k['n']:>5} {devs:>7} {batch:>6} {gb:>11}{hgb}  {k['largest']['id']}")
     total = len(plan["jobs"])
     ms = plan["makespan_s"]
