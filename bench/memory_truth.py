@@ -27,6 +27,8 @@ What runs, per family (the code the job calls where it can run on fake tensors):
     training            (fp32, AdamW, LoRA adapters where planned) on chosen + rejected rows (DPO) or the
                         completions (GRPO, with its sampling KV cache), TRL's frozen reference forward
                         in model.dtype, per-token log-probs over the vocabulary in fp32
+    control.best_of_n   the pool's merge: the proxy (fp32 guidance backbone) scoring the samples,
+                        ``micro_batch_size`` sequences at a time
 
     DPO / GRPO          the jobs gpu=auto shards (full fine-tuning, FSDP over k devices; families
     sharded             SHARDED_FAMILIES, paper_math): one rank measured on its own (``measure_sharded``):
@@ -264,6 +266,21 @@ def measure(fake: Fake, cfg, paths: dict, job) -> int:
     p = job.params
     dtype = cfg.model.dtype
     tok = SimpleNamespace(eos_token_id=2, pad_token_id=0, bos_token_id=1)
+    if job.kind == "control.best_of_n":  # the pool's merge: the proxy (fp32) scores the samples in batches
+        from pita.guidance.value_model import HeadSpec, ValueModel
+
+        bb = fake.model(paths["guidance"], "float32", "model.guidance")
+        tc = bb.config.get_text_config()
+        with fake.mode:
+            vm = ValueModel(bb, HeadSpec(loss="bradley_terry", head_dim=128, vocab_size=tc.vocab_size,
+                                         hidden_size=tc.hidden_size)).eval()
+        rows, seq = int(p.get("micro_batch_size") or 64), PROMPT_TOKENS + int(cfg.eval.max_new_tokens)
+
+        def score():
+            with fake.mode, torch.no_grad():
+                ids = _ids(torch, rows, seq, tc.vocab_size)
+                vm.sequence_reward(ids, torch.ones_like(ids))
+        return fake.peak(score, vm)
     if job.kind == "generation.shard":
         req = p["request"]
         s = req["sampling"]
@@ -560,39 +577,42 @@ def _sharded_jobs(experiment: str, family: str):
     return cfg, out, paths
 
 
-def run_sharded(families: list[str], experiment: str = "paper_math") -> list[dict]:
+def _row(experiment: str, family: str, paths: dict, kind: str, job, measure_peak) -> dict:
+    """One row: ``measure_peak()`` (bytes, the CUDA context added here) against the job's
+    reservation; a row that cannot be measured says why."""
     from pita.core.memory import CUDA_CONTEXT_BYTES
 
+    t = time.time()
+    try:
+        peak, err = measure_peak() + CUDA_CONTEXT_BYTES, None
+    except Exception as e:  # noqa: BLE001 - a row that cannot be measured says why
+        peak, err = None, f"{type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}"
+    row = {"experiment": experiment, "family": family, "model": paths["reference"], "kind": kind, "job": job.id,
+           "sharding": job.params.get("sharding", "none"), "devices": int(job.params.get("devices", 1) or 1),
+           "batch": job.params.get("batch_size"), "micro_batch_size": job.params.get("micro_batch_size"),
+           "peak_gb": round(peak / 1e9, 2) if peak else None, "reserved_gb": round(job.resources.memory_gb, 2),
+           "ratio": round(job.resources.memory_gb * 1e9 / peak, 2) if peak else None,
+           "seconds": round(time.time() - t, 1)}
+    if err:
+        row["error"] = err
+    print(f"{experiment:12s} {family:9s} {kind:40s} k={row['devices']} peak {row['peak_gb']} GB reserved "
+          f"{row['reserved_gb']} GB ratio {row['ratio']} ({row['seconds']} s){' ' + err if err else ''}",
+          file=sys.stderr, flush=True)
+    return row
+
+
+def run_sharded(families: list[str], experiment: str = "paper_math") -> list[dict]:
     rows = []
     for family in families:
         cfg, jobs, paths = _sharded_jobs(experiment, family)
         for name, job in jobs.items():
-            t = time.time()
-            try:
-                peak, err = measure_sharded(cfg, paths, job) + CUDA_CONTEXT_BYTES, None
-            except Exception as e:  # noqa: BLE001 - a row that cannot be measured says why
-                peak, err = None, f"{type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}"
-            row = {"experiment": experiment, "family": family, "model": paths["reference"],
-                   "kind": f"{job.kind} ({name})", "job": job.id, "sharding": "fsdp",
-                   "devices": int(job.params["devices"]), "batch": job.params.get("batch_size"),
-                   "micro_batch_size": job.params.get("micro_batch_size"),
-                   "peak_gb": round(peak / 1e9, 2) if peak else None,
-                   "reserved_gb": round(job.resources.memory_gb, 2),
-                   "ratio": round(job.resources.memory_gb * 1e9 / peak, 2) if peak else None,
-                   "seconds": round(time.time() - t, 1)}
-            if err:
-                row["error"] = err
-            rows.append(row)
-            print(f"{experiment:12s} {family:9s} {row['kind']:40s} k={row['devices']} peak {row['peak_gb']} GB reserved "
-                  f"{row['reserved_gb']} GB ratio {row['ratio']} ({row['seconds']} s){' ' + err if err else ''}",
-                  file=sys.stderr, flush=True)
+            rows.append(_row(experiment, family, paths, f"{job.kind} ({name})", job,
+                             lambda: measure_sharded(cfg, paths, job)))
     return rows
 
 
 def run(families: list[str], experiments: list[str]) -> list[dict]:
     import torch
-
-    from pita.core.memory import CUDA_CONTEXT_BYTES
 
     torch.set_num_threads(1)
     rows = []
@@ -600,27 +620,7 @@ def run(families: list[str], experiments: list[str]) -> list[dict]:
         for family in families:
             cfg, jobs, paths = _plan(experiment, family)
             for kind, job in _representatives(jobs).items():
-                fake = Fake()
-                t = time.time()
-                try:
-                    peak = measure(fake, cfg, paths, job) + CUDA_CONTEXT_BYTES
-                    err = None
-                except Exception as e:  # noqa: BLE001 - a row that cannot be measured says why
-                    peak, err = None, f"{type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}"
-                row = {"experiment": experiment, "family": family, "model": paths["reference"], "kind": kind,
-                       "job": job.id, "sharding": job.params.get("sharding", "none"),
-                       "devices": int(job.params.get("devices", 1) or 1), "batch": job.params.get("batch_size"),
-                       "micro_batch_size": job.params.get("micro_batch_size"),
-                       "peak_gb": round(peak / 1e9, 2) if peak else None,
-                       "reserved_gb": round(job.resources.memory_gb, 2),
-                       "ratio": round(job.resources.memory_gb * 1e9 / peak, 2) if peak else None,
-                       "seconds": round(time.time() - t, 1)}
-                if err:
-                    row["error"] = err
-                rows.append(row)
-                print(f"{experiment:12s} {family:9s} {kind:40s} peak {row['peak_gb']} GB reserved "
-                      f"{row['reserved_gb']} GB ratio {row['ratio']} ({row['seconds']} s){' ' + err if err else ''}",
-                      file=sys.stderr, flush=True)
+                rows.append(_row(experiment, family, paths, kind, job, lambda: measure(Fake(), cfg, paths, job)))
     return rows
 
 

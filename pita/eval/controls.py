@@ -37,6 +37,7 @@ from pita.core.job import Resources, add_kind_module, job_kind
 add_kind_module("pita.eval.controls")
 
 CONTROLS = ("temperature", "best_of_n")
+SCORE_BATCH = 64  # sequences the best-of-n merge scores with the proxy at once (its micro_batch_size)
 TEMPERATURE = "control: temperature"
 BEST_OF_N = "control: best-of-n"
 DEFAULT_FACTORS = (0.85, 0.7, 0.55, 0.4)  # of eval.temperature, when eval.control_temperatures is null
@@ -78,10 +79,11 @@ def check(ev) -> list[str]:
 
 
 def plan(cfg, ds, gen, eval_request, n_test: int, n_val: int, task: str, memory_gb: float,
-         proxies: dict[str, str]) -> list:
+         proxies: dict[str, str], score_gb: float | None = None) -> list:
     """The control jobs of one training dataset's own evaluation (``eval_request(ds)``), on its
     test and validation prompts. ``proxies``: algorithm -> its round-0 proxy job id in this run
-    (the best-of-n score on a verifier task)."""
+    (the best-of-n score on a verifier task); ``score_gb``: what the merge that scores the pool
+    with the proxy holds (the proxy alone; default the pool's shards' ``memory_gb``)."""
     import logging
 
     ev, fam = cfg.eval, cfg.model.name
@@ -122,10 +124,10 @@ def plan(cfg, ds, gen, eval_request, n_test: int, n_val: int, task: str, memory_
             sub[-1].params.update(labels={"algorithm": BEST_OF_N, **labels, **({"split": "validation"} if held else {})},
                                   ns=sorted(int(x) for x in ev.best_of_n),
                                   proxy=proxy if task != "reward" else None, reference=req["policy"]["model"],
-                                  micro_batch_size=64)
-            if task != "reward":  # scored by the proxy, on a device like the pool's
+                                  micro_batch_size=SCORE_BATCH)
+            if task != "reward":  # scored by the proxy on a device (the proxy alone: the pool is sampled)
                 sub[-1].deps.append(proxy)
-                sub[-1].resources = Resources(1, memory_gb)
+                sub[-1].resources = Resources(1, score_gb if score_gb is not None else memory_gb)
             jobs += sub
     return jobs
 

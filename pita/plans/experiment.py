@@ -179,7 +179,7 @@ def experiment_plan(cfg, device_totals: list[int], cuda: bool, plan_only: bool =
         if ev.controls and algos and ds.name in tests:
             proxies = {a: f"{ctx.prefix(a)}.r0.proxy" for a in controls.PROXY_OF if f"{ctx.prefix(a)}.r0.proxy" in ids}
             jobs += controls.plan(cfg, ds, gen, eval_request, tests[ds.name], n_val[ds.name], tasks[ds.name],
-                                  mem_of[ds.name]["eval"], proxies)
+                                  mem_of[ds.name]["eval"], proxies, score_gb=mem_of[ds.name].get("proxy_score"))
     if batches:
         fit_sampling_batches(jobs, batches)
         log.info("system.fit_batches: sampling batches lowered to fit the smallest device: %s",
@@ -273,6 +273,10 @@ def plan_memory(cfg, paths: dict, cuda: bool, device_totals: list[int], algos: d
             if b >= 1:
                 mem[k] = est.sampling(k, datasets, b)
                 mem.setdefault("batches", {})[k] = b
+    if "best_of_n" in (cfg.eval.get("controls") or []):
+        from pita.eval.controls import SCORE_BATCH
+
+        mem["proxy_score"] = est.proxy_scoring(SCORE_BATCH)
     for name, a in algos.items():
         mem[f"train.{name}"] = est.value_training(a)  # value models
         if a.trains_proxy:  # Bradley-Terry proxies (Q#-HF, GRPO-HF)

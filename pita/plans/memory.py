@@ -134,6 +134,13 @@ class JobMemory:
             working = max(working, scoring_only)
         return (b + self.reward_bytes(datasets, working)) / 1e9
 
+    def proxy_scoring(self, batch: int = 64) -> float:
+        """The best-of-n control's merge (GB): the run's proxy (the fp32 guidance backbone and its
+        head) scoring the pool's samples, ``batch`` sequences of prompt + completion at a time."""
+        seq = PROMPT_TOKENS + int(self.cfg.eval.max_new_tokens)
+        return scoring_bytes(self.shape("guidance"), "float32", batch, seq, cuda=self.cuda, logits=False) * \
+            PROXY_MARGIN / 1e9
+
     def sampling(self, key: str, datasets=(), batch: int | None = None) -> float:
         """The estimate of sampling job kind ``key`` (gen, gen_guided, eval, eval_guided, eval_trained)."""
         if key.startswith("gen"):
