@@ -54,7 +54,8 @@ test-gpu: install
 
 # The GPU check (bench/gpu_check.py): PASS / FAIL per check, offline, under 10 minutes on one H100.
 # Here: `make gpu-wheels` puts the packages a GPU machine without them needs into .whl/ (git ignores
-# it); there, from the repository's root with .whl/ beside it: `make gpu-check`.
+# it), built for the GPU machine's Python 3.12; there, from the repository's root with .whl/ beside it:
+# `make gpu-check` (GPU_PYTHON=python3 there).
 GPU_PYTHON ?= python3
 GPU_WHEELS ?= hydra-core==1.3.8 omegaconf==2.3.1 trl==1.16.0 datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19 \
               math-verify==0.9.0 latex2sympy2_extended==1.11.0
