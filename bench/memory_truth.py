@@ -205,6 +205,32 @@ class LivePeak:
         return self._mode.__exit__(*exc)
 
 
+def _proxy(fake, paths: dict):
+    """The run's Bradley-Terry proxy on fake tensors: the fp32 guidance backbone and its head."""
+    from pita.guidance.value_model import HeadSpec, ValueModel
+
+    bb = fake.model(paths["guidance"], "float32", "model.guidance")
+    tc = bb.config.get_text_config()
+    with fake.mode:
+        return ValueModel(bb, HeadSpec(loss="bradley_terry", head_dim=128, vocab_size=tc.vocab_size,
+                                       hidden_size=tc.hidden_size)).eval()
+
+
+def _policy_step_shape(cfg, job) -> tuple[bool, int, int, int]:
+    """(DPO?, rows per forward, completion tokens, sequence length) of a DPO / GRPO training step."""
+    from pita.algos.post_training import device_steps
+    from pita.plans.memory import PROMPT_TOKENS
+
+    p = job.params
+    micro, _ = device_steps(p)
+    dpo = job.kind == "algo.dpo_train"
+    new = int(p.get("max_completion_length") or cfg.data_collection.max_new_tokens)
+    seq = PROMPT_TOKENS + new
+    if p.get("max_length"):
+        seq = min(seq, int(p["max_length"]))
+    return dpo, (2 * micro if dpo else micro), new, seq
+
+
 def _ids(torch, rows: int, length: int, vocab: int):
     return torch.randint(3, min(vocab, 30000), (rows, length))
 
@@ -267,18 +293,12 @@ def measure(fake: Fake, cfg, paths: dict, job) -> int:
     dtype = cfg.model.dtype
     tok = SimpleNamespace(eos_token_id=2, pad_token_id=0, bos_token_id=1)
     if job.kind == "control.best_of_n":  # the pool's merge: the proxy (fp32) scores the samples in batches
-        from pita.guidance.value_model import HeadSpec, ValueModel
-
-        bb = fake.model(paths["guidance"], "float32", "model.guidance")
-        tc = bb.config.get_text_config()
-        with fake.mode:
-            vm = ValueModel(bb, HeadSpec(loss="bradley_terry", head_dim=128, vocab_size=tc.vocab_size,
-                                         hidden_size=tc.hidden_size)).eval()
+        vm = _proxy(fake, paths)
         rows, seq = int(p.get("micro_batch_size") or 64), PROMPT_TOKENS + int(cfg.eval.max_new_tokens)
 
         def score():
             with fake.mode, torch.no_grad():
-                ids = _ids(torch, rows, seq, tc.vocab_size)
+                ids = _ids(torch, rows, seq, vm.spec.vocab_size)
                 vm.sequence_reward(ids, torch.ones_like(ids))
         return fake.peak(score, vm)
     if job.kind == "generation.shard":
@@ -381,25 +401,11 @@ def measure(fake: Fake, cfg, paths: dict, job) -> int:
         ext.append(fake.model(ref_shape_path, dtype, "model.reference"))
     if p.get("gradient_checkpointing"):
         (policy.get_base_model() if lora else policy).gradient_checkpointing_enable()
-    from pita.algos.post_training import device_steps
-
-    micro, _ = device_steps(p)
-    dpo = job.kind == "algo.dpo_train"
-    new = int(p.get("max_completion_length") or cfg.data_collection.max_new_tokens)
-    seq = PROMPT_TOKENS + new
-    if p.get("max_length"):
-        seq = min(seq, int(p["max_length"]))
-    rows = 2 * micro if dpo else micro
+    dpo, rows, new, seq = _policy_step_shape(cfg, job)
     reference = ext[1] if len(ext) > 1 else None
     proxy = None
     if p.get("proxy"):  # GRPO-HF: the proxy reward model (fp32) scores the completions
-        from pita.guidance.value_model import HeadSpec, ValueModel
-
-        bb = fake.model(paths["guidance"], "float32", "model.guidance")
-        tc = bb.config.get_text_config()
-        with fake.mode:
-            proxy = ValueModel(bb, HeadSpec(loss="bradley_terry", head_dim=128, vocab_size=tc.vocab_size,
-                                            hidden_size=tc.hidden_size)).eval()
+        proxy = _proxy(fake, paths)
         ext.append(proxy)
     rm = None
     if p.get("reward_model") and not p.get("proxy"):  # GRPO on a reward task: the reward model scores
@@ -462,7 +468,7 @@ def measure_sharded(cfg, paths: dict, job) -> int:
     from torch.testing._internal.distributed.fake_pg import FakeStore
     from types import SimpleNamespace
 
-    from pita.algos.post_training import _shard_reference_layers, device_steps, gathered_for_generation
+    from pita.algos.post_training import _shard_reference_layers, gathered_for_generation
     from pita.plans.memory import PROMPT_TOKENS
 
     p, dtype = job.params, cfg.model.dtype
@@ -478,15 +484,7 @@ def measure_sharded(cfg, paths: dict, job) -> int:
             fsdp_version=2, cpu_offload=None, mixed_precision_policy=mp, reshard_after_forward=True)),
             torch_device_mesh=mesh, parallelism_config=SimpleNamespace(fsdp_dim_names=("dp_shard",)))
         fake = Fake()
-        proxy = None
-        if p.get("proxy"):
-            from pita.guidance.value_model import HeadSpec, ValueModel
-
-            bb = fake.model(paths["guidance"], "float32", "model.guidance")
-            tc = bb.config.get_text_config()
-            with fake.mode:
-                proxy = ValueModel(bb, HeadSpec(loss="bradley_terry", head_dim=128, vocab_size=tc.vocab_size,
-                                                hidden_size=tc.hidden_size)).eval()
+        proxy = _proxy(fake, paths) if p.get("proxy") else None
         policy = fake.model(paths["reference"], "float32", "model.reference")
         reference = fake.model(paths["reference"], dtype, "model.reference") if p.get("beta", 0) > 0 else None
 
@@ -501,13 +499,7 @@ def measure_sharded(cfg, paths: dict, job) -> int:
             if reference is not None:
                 reference = _shard_reference_layers(root, reference, acc)
             opt = torch.optim.AdamW(policy.parameters(), lr=1e-6, foreach=False)
-        micro, _ = device_steps(p)
-        dpo = job.kind == "algo.dpo_train"
-        new = int(p.get("max_completion_length") or cfg.data_collection.max_new_tokens)
-        seq = PROMPT_TOKENS + new
-        if p.get("max_length"):
-            seq = min(seq, int(p["max_length"]))
-        rows = 2 * micro if dpo else micro
+        dpo, rows, new, seq = _policy_step_shape(cfg, job)
         policy.train()
         tracker = FSDPMemTracker(mod=policy, optm=opt)
         tracker.track_external(*[m for m in (reference, proxy) if m is not None])

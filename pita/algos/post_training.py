@@ -446,7 +446,10 @@ def _shard_reference_layers(prepare, model, accelerator):
     each decoder layer (the ``_no_split_modules`` classes), the input embeddings when they are not
     tied to the head, and the tail (final norm, head, and the tied embeddings) as one group; then
     TRL's ``prepare`` shards the root. The reference runs forward passes only, so every unit is
-    resharded after its forward."""
+    resharded after its forward. A job's plugin reads the weights on rank 0 alone
+    (``cpu_ram_efficient_loading``), so there accelerate's own ``fsdp2_prepare_model`` does this
+    and sends the shards; the explicit units below serve a plugin without that setting
+    (bench.memory_truth's fake-tensor rank, which has no peers to receive from)."""
     from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
     plugin = accelerator.state.fsdp_plugin
