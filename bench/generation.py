@@ -1,6 +1,6 @@
-"""Generation benchmark on the tiny family (CPU here; the same code on a GPU).
+"""Generation benchmark on the tiny family (on a GPU when there is one, else the CPU).
 
-    python -m bench.generation [--json] [--cache .cache/pita]
+    python -m bench.generation [--json] [--cache .cache/pita] [--device cuda|cpu]
 
 Prints:
     batched_tokens_per_s / loop_tokens_per_s / batched_vs_loop   KV-cache generation of 64
@@ -23,7 +23,7 @@ def _tokens(out) -> int:
     return sum(len(s.token_ids) for o in out for s in o)
 
 
-def run(cache: str) -> dict:
+def run(cache: str, device: str = "cpu") -> dict:
     from pita.datasets.config import dataset_config
     from pita.datasets.loading import load_examples
     from pita.datasets.toy import sentiment_labelled
@@ -32,7 +32,7 @@ def run(cache: str) -> dict:
     from pita.rewards.reward_model import RewardModelScorer
 
     paths = build_tiny_family(cache, 0)
-    lm = LM.load(paths["reference"])
+    lm = LM.load(paths["reference"], device=device)
     ex = load_examples(dataset_config("arith", toy_test_size=64), "test")
     prompts, keys = [e.prompt for e in ex], [e.id for e in ex]
     # budgets are per sample: force the full 32 tokens so both sides generate the same amount
@@ -51,7 +51,7 @@ def run(cache: str) -> dict:
     finally:
         lm.eos_ids = saved
 
-    rm = RewardModelScorer(paths["reward_sentiment"], batch_size=32)
+    rm = RewardModelScorer(paths["reward_sentiment"], device=device, batch_size=32)
     data = sentiment_labelled(256, seed=5)
     ps = ["Continue this review positively: " + " ".join(x.split()[:3]) for x, _ in data]
     cs = [" ".join(x.split()[3:]) for x, _ in data]
@@ -66,7 +66,10 @@ def run(cache: str) -> dict:
     pdg = {}
     for workers in (1, 2):
         pdg[workers] = _pdg_wall(paths, workers)
-    return {"benchmark": "generation", "device": "cpu", "cpu_count": os.cpu_count(),
+    import torch
+
+    name = torch.cuda.get_device_name(torch.device(device)) if device.startswith("cuda") else "cpu"
+    return {"benchmark": "generation", "device": name, "cpu_count": os.cpu_count(),
             "batched_tokens_per_s": round(batched, 1), "loop_tokens_per_s": round(loop, 1),
             "batched_vs_loop": round(batched / loop, 2),
             "reward_pairs_per_s_b32": round(rates[32], 1), "reward_pairs_per_s_b2": round(rates[2], 1),
@@ -113,8 +116,14 @@ def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--cache", default=".cache/pita")
+    ap.add_argument("--device", default=None, help="where the model and reward model run (default: cuda when "
+                    "there is one); ParallelDataGenerator's rows always run on CPU devices")
     args = ap.parse_args(argv)
-    out = run(args.cache)
+    if args.device is None:
+        import torch
+
+        args.device = "cuda" if torch.cuda.is_available() else "cpu"
+    out = run(args.cache, args.device)
     if args.json:
         print(json.dumps(out, indent=2))
     else:

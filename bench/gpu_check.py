@@ -13,7 +13,7 @@ GPU machine lacks (hydra-core, omegaconf, trl, datasets, math-verify ...) are in
                    seeing only its own device
     isolation      two jobs on two devices (or one, where there is one) each see one GPU
     memory         pita.core.memory.training_bytes for a random-weight 1B Llama (fp32 master
-                   weights, AdamW, bf16 autocast, 4 x 512 tokens) against torch's measured peak
+                   weights, fused AdamW, bf16 autocast, 4 x 512 tokens) against torch's measured peak
                    plus the CUDA context: within [1.0, 1.5]
     oom_retry      a job that allocates more than the device raises CUDA's own OOM, is retried at
                    half its batch and finishes
@@ -74,22 +74,36 @@ def check_isolation(tmp: Path) -> str:
     return f"{n} job(s), each saw {counts} device(s), the one NVML assigned"
 
 
+# a 1B Llama trained as the memory check trains it: fp32 master weights, AdamW, bf16 autocast
+LLAMA_1B = dict(hidden_size=2048, intermediate_size=5632, num_hidden_layers=16, num_attention_heads=16,
+                num_key_value_heads=4, vocab_size=32000, max_position_embeddings=1024)
+MEMORY_BATCH, MEMORY_SEQ = 4, 512
+
+
+def memory_estimate(cfg, n_params: int) -> int:
+    """What ``pita.core.memory.training_bytes`` plans for the memory check's training step."""
+    from pita.core.memory import ModelShape, training_bytes
+
+    shape = ModelShape.from_hf_config(cfg, n_params=int(n_params))
+    return int(training_bytes(shape, "float32", MEMORY_BATCH, MEMORY_SEQ, act_dtype="bfloat16", cuda=True))
+
+
 def check_memory() -> str:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from pita.core.memory import CUDA_CONTEXT_BYTES, training_bytes
-    from pita.models.shapes import ModelShape
+    from pita.core.memory import CUDA_CONTEXT_BYTES
+    from pita.guidance.train import optimizer_kwargs
 
-    cfg = LlamaConfig(hidden_size=2048, intermediate_size=5632, num_hidden_layers=16, num_attention_heads=16,
-                      num_key_value_heads=4, vocab_size=32000, max_position_embeddings=1024)
+    cfg = LlamaConfig(**LLAMA_1B)
     torch.cuda.reset_peak_memory_stats()
     model = LlamaForCausalLM(cfg).cuda().train()
     n = sum(p.numel() for p in model.parameters())
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-5)
-    batch, seq = 4, 512
+    # the optimizer the training jobs use on CUDA: fused AdamW (TRL's default, and
+    # pita.guidance.train's); torch's own default there (foreach) peaks 4 bytes per parameter higher
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-5, **optimizer_kwargs("cuda"))
     for _ in range(2):  # the second step runs beside AdamW's state
-        ids = torch.randint(0, cfg.vocab_size, (batch, seq), device="cuda")
+        ids = torch.randint(0, cfg.vocab_size, (MEMORY_BATCH, MEMORY_SEQ), device="cuda")
         with torch.autocast("cuda", dtype=torch.bfloat16):
             loss = model(input_ids=ids, labels=ids).loss
         loss.backward()
@@ -97,10 +111,7 @@ def check_memory() -> str:
         opt.zero_grad(set_to_none=True)
     torch.cuda.synchronize()
     peak = torch.cuda.max_memory_reserved() + CUDA_CONTEXT_BYTES
-    shape = ModelShape(int(n), cfg.num_hidden_layers, cfg.hidden_size, cfg.num_key_value_heads,
-                       cfg.hidden_size // cfg.num_attention_heads, cfg.vocab_size, cfg.num_attention_heads,
-                       cfg.intermediate_size)
-    est = training_bytes(shape, "float32", batch, seq, act_dtype="bfloat16", cuda=True)
+    est = memory_estimate(cfg, n)
     ratio = est / peak
     del model, opt
     torch.cuda.empty_cache()

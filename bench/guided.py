@@ -1,6 +1,6 @@
-"""Guided decoding benchmark on the tiny family (CPU here; the same code on a GPU).
+"""Guided decoding benchmark on the tiny family (on a GPU when there is one, else the CPU).
 
-    python -m bench.guided [--json] [--cache .cache/pita]
+    python -m bench.guided [--json] [--cache .cache/pita] [--device cuda|cpu]
 
 Prints:
     unguided_tokens_per_s / guided_tokens_per_s / guided_time_ratio
@@ -34,7 +34,12 @@ def _timed(lm, ids, n_new, guide_factory) -> float:
     return time.perf_counter() - t
 
 
-def run(cache: str, long: int = 480, batch: int = 64, n_new: int = 32) -> dict:
+def _sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def run(cache: str, long: int = 480, batch: int = 64, n_new: int = 32, device: str = "cpu") -> dict:
     from pita.guidance.decode import GuidedDecoder
     from pita.guidance.value_model import ValueModel
     from pita.models.lm import LM
@@ -42,8 +47,8 @@ def run(cache: str, long: int = 480, batch: int = 64, n_new: int = 32) -> dict:
 
     torch.manual_seed(0)
     paths = build_tiny_family(cache, 0)
-    lm = LM.load(paths["reference"])
-    vm = ValueModel.create(paths["reference"], loss="bce").eval()  # same size as the reference
+    lm = LM.load(paths["reference"], device=device)
+    vm = ValueModel.create(paths["reference"], loss="bce").to(device).eval()  # same size as the reference
     guide = lambda: GuidedDecoder(vm, "bernoulli", 1.0, top_k=20)  # noqa: E731
     lm.eos_ids = [-1]  # never stop early: equal work on both sides
     prompt = lm.encode([lm.chat_prompt("Tom has 5 cups. Tom gets 7 more. How many cups does Tom have?")])[0]
@@ -60,11 +65,15 @@ def run(cache: str, long: int = 480, batch: int = 64, n_new: int = 32) -> dict:
     u_short = _timed(lm, short_ids, n_new, None) / (8 * n_new)
     # what re-encoding the prefix every step would cost the value model: one full forward per token
     with torch.no_grad():
+        x = torch.tensor(long_ids, device=device)
+        vm.hidden(x)
+        _sync(device)
         t = time.perf_counter()
         for _ in range(4):
-            vm.hidden(torch.tensor(long_ids))
+            vm.hidden(x)
+        _sync(device)
         reencode_long = (time.perf_counter() - t) / (4 * 8)
-    return {"benchmark": "guided", "device": "cpu", "batch": batch, "new_tokens": n_new,
+    return {"benchmark": "guided", "device": _device_name(device), "batch": batch, "new_tokens": n_new,
             "unguided_tokens_per_s": round(batch * n_new / plain, 1),
             "guided_tokens_per_s": round(batch * n_new / guided, 1),
             "guided_time_ratio": round(guided / plain, 3),
@@ -75,13 +84,18 @@ def run(cache: str, long: int = 480, batch: int = 64, n_new: int = 32) -> dict:
             "ms_per_token_reencode_long": round(1000 * reencode_long, 3)}
 
 
+def _device_name(device: str) -> str:
+    return torch.cuda.get_device_name(torch.device(device)) if device.startswith("cuda") else "cpu"
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--cache", default=".cache/pita")
     ap.add_argument("--long", type=int, default=480)
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = ap.parse_args(argv)
-    out = run(args.cache, args.long)
+    out = run(args.cache, args.long, device=args.device)
     print(json.dumps(out, indent=2) if args.json else "\n".join(f"{k:>28}: {v}" for k, v in out.items()))
 
 

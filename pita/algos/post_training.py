@@ -654,7 +654,11 @@ def training_args(cls, p: dict, out: str, cuda: bool, tracker=None, **extra):
                # how long a rank waits in a collective: the final policy is gathered and written by
                # rank 0 while the others wait at the barrier (a 15B fp32 policy is 60 GB); 2 h, named
                # rather than left to the default (30 min)
-               ddp_timeout=7200, **extra)
+               ddp_timeout=7200,
+               # fused AdamW (transformers 5.24's default, named: the default has moved between releases).
+               # torch's foreach AdamW holds a copy of every second moment while it steps: 4 more bytes
+               # per parameter at the peak, measured on an H100 (bench/gpu_check.py)
+               optim="adamw_torch_fused", **extra)
     if args.fsdp_plugin_args is not None and (args.bf16 or args.fp16):
         # accelerate's FSDP2 policy for bf16 / fp16 reduces the gradients in that dtype too; reduced
         # in fp32 they match what sharding=none's DDP all-reduce gives (fp32 gradients of fp32
