@@ -259,3 +259,32 @@ def test_vllm_colocated_with_a_sharded_policy_whose_weights_exceed_its_share_is_
     assert rc == 0, err  # 16.4 GB of bf16 weights in 0.3 x 80 GB
     rc, out, err = _plan(capsys, *base, "algos.GRPO.vllm_gpu_memory_utilization=0.15")
     assert rc == 2 and "vllm_gpu_memory_utilization=0.15" in err and "vllm_mode=server" in err, err
+
+
+@pytest.mark.parametrize("experiment, family", [("paper_math", "qwen3"), ("paper_math", "llama-old"),
+                                                ("paper_math", "llama"), ("paper_reward", "qwen3")])
+def test_the_paper_grids_end_near_their_lower_bound_and_the_plan_says_what_makes_them_long(capsys, experiment, family):
+    """Full fine-tuning defaults on 8x80GB: the simulated makespan is within 5% of
+    max(critical path, device-seconds / devices), or, where jobs hold the whole node (nothing runs
+    beside them), of the whole-node hours plus the longest chain of the other jobs; the plan
+    names its critical path, where the device-hours go and how idle the devices are."""
+    rc, plan, err = _plan(capsys, f"experiment={experiment}", "gpu=auto", f"model={family}", "system.inventory=8x80GB")
+    assert rc == 0, err
+    n = len(plan["inventory"])
+    device_s = sum(j["seconds"] * j["devices"] for j in plan["jobs"])
+    bound = max(plan["critical_path_s"], device_s / n)
+    if plan["whole_node_hours"] > 0.1 * plan["makespan_s"] / 3600:
+        bound = max(bound, plan["lower_bound_s"])
+    assert plan["makespan_s"] <= 1.05 * bound, (plan["makespan_s"] / 3600, bound / 3600)
+    assert plan["makespan_s"] >= plan["lower_bound_s"] - 1
+    assert sum(s["hours"] for s in plan["critical_path"]) == pytest.approx(plan["critical_path_s"] / 3600, rel=0.01)
+    assert 0 <= plan["idle_fraction"] < 1 and len(plan["device_hours"]) == 3 and plan["levers"]
+
+
+def test_the_text_plan_explains_a_critical_path_bound_run_and_names_its_longest_job(capsys):
+    rc = plan_main(["experiment=paper_math", "gpu=auto", "model=llama", "system.inventory=8x80GB"])
+    out, err = capsys.readouterr()
+    assert rc == 0, err
+    assert "critical path: " in out and "GRPO-HF algo.grpo_train" in out
+    assert "devices idle: " in out and "device-hours: " in out
+    assert "lever: the critical path bounds the run: its longest job, GRPO-HF.llama." in out

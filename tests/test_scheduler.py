@@ -236,15 +236,19 @@ def test_observe_with_no_per_job_usage_takes_our_jobs_at_their_reservations():
 
 
 # ---------------------------------------------------------------- starvation guard
-def _starvation_run(starvation_passes, max_completions=60):
+def _starvation_run(starvation_passes, max_completions=60, backfill=True):
     """Device 100 GB (95 usable). ``big`` (60 GB, critical path 10) becomes ready after a CPU gate
     while nine 10 GB small jobs (critical path 1) fill the device; 200 more small jobs are ready.
-    Each step completes the oldest running small job and schedules. Returns the number of
-    completions after which big started, or None."""
+    Each step completes the oldest running small job, one time unit later, and schedules: the
+    small jobs are expected to take 1 unit and each takes 9 (nine run at once), so every
+    reservation made for ``big`` is overrun. Returns the number of completions after which big
+    started, or None."""
     smalls = [job(f"s{i:03d}", 10) for i in range(200)]
     gate = job("gate", 0, devices=0)
     big = job("big", 60, deps=["gate"], dur=10.0)
-    s = sched([gate, big] + smalls, [100], starvation_passes=starvation_passes)
+    t = [0.0]
+    s = sched([gate, big] + smalls, [100], starvation_passes=starvation_passes, clock=lambda: t[0],
+              backfill=backfill)
     first = s.schedule()
     assert ("gate", []) in first
     assert len([j for j, d in first if d == [0]]) == 9  # 9 x 10 GB = 90 <= 95
@@ -255,26 +259,99 @@ def _starvation_run(starvation_passes, max_completions=60):
             if jid == "big":
                 return n
             running_small.append(jid)
+        t[0] += 1.0
         s.mark_completed(running_small.pop(0))
     return None
 
 
-def test_without_guard_small_jobs_starve_the_big_one():
-    assert _starvation_run(None, max_completions=60) is None
+@pytest.mark.parametrize("backfill", [True, False])
+def test_without_guard_small_jobs_starve_the_big_one(backfill):
+    assert _starvation_run(None, max_completions=60, backfill=backfill) is None
 
 
-def test_starvation_guard_holds_a_device_for_the_big_job():
+@pytest.mark.parametrize("backfill", [True, False])
+def test_starvation_guard_holds_a_device_for_the_big_job(backfill):
     """By hand: after the gate, 9 small jobs run (90 GB, 5 GB left). Completion 0 frees nothing
-    yet; at passes 1 and 2 a small job takes the 15 GB hole ahead of big (passed over twice).
-    From pass 3 big holds the device, so nothing else starts: after pass n, 11 - n small jobs
-    run. big needs 95 - 10 * (11 - n) >= 60, i.e. n >= 8."""
-    assert _starvation_run(2, max_completions=60) == 8
+    yet; at passes 1 and 2 a small job takes the 15 GB hole ahead of big (passed over twice: with
+    reservations, because the small jobs it waits for are past their expected ends, so its
+    reservation is overdue). From pass 3 big holds the device, so nothing else starts: after
+    pass n, 11 - n small jobs run. big needs 95 - 10 * (11 - n) >= 60, i.e. n >= 8."""
+    assert _starvation_run(2, max_completions=60, backfill=backfill) == 8
 
 
 def test_starvation_passes_zero_holds_at_once():
-    """Held from the first pass after the gate: 9 - n small jobs run, 95 - 10 * (9 - n) >= 60
-    at n = 6."""
-    assert _starvation_run(0, max_completions=60) == 6
+    """Held from the first pass after the gate (guard only): 9 - n small jobs run,
+    95 - 10 * (9 - n) >= 60 at n = 6."""
+    assert _starvation_run(0, max_completions=60, backfill=False) == 6
+
+
+# ---------------------------------------------------------------- reservations (EASY backfilling)
+def _clocked(jobs, totals_gb, **kw):
+    t = [0.0]
+    s = sched(jobs, totals_gb, clock=lambda: t[0], **kw)
+    return s, t
+
+
+def test_a_gang_job_is_reserved_the_devices_that_free_first_and_short_jobs_backfill_before_it():
+    """Four 80 GB devices running jobs that end at 2, 4, 6 and 10. A 2-device job waits: its
+    reservation is the devices of the jobs ending at 2 and 4, at time 4. When the first frees, a
+    1-unit job (ends at 3) may take it; a 5-unit job may not start there before the gang job."""
+    run = [job(f"r{i}", 70, dur=d) for i, d in enumerate([2, 4, 6, 10])]
+    gate = job("gate", 0, devices=0, dur=0.0)
+    gang = job("gang", 70, devices=2, deps=["gate"], dur=30.0)
+    long_ = job("long", 70, deps=["gate"], dur=5.0)
+    short = job("short", 70, deps=["gate"], dur=1.0)
+    s, t = _clocked(run + [gate, gang, long_, short], [80] * 4)
+    first = dict(s.schedule())
+    assert sorted(first) == ["gate", "r0", "r1", "r2", "r3"]
+    s.mark_completed("gate")
+    assert s.schedule() == []  # every device full
+    on = {r: first[r][0] for r in ("r0", "r1", "r2", "r3")}
+    assert s.reservation.job == "gang" and s.reservation.at == 4
+    assert sorted(s.reservation.spare) == sorted([on["r0"], on["r1"]])
+    t[0] = 2.0
+    s.mark_completed("r0")  # r0's device frees at 2: the gang job needs r1's too (free at 4)
+    out = dict(s.schedule())
+    assert out == {"short": [on["r0"]]}, out  # ends at 3 <= 4; "long" (ends at 7) would delay the gang job
+    t[0] = 3.0
+    s.mark_completed("short")
+    assert s.schedule() == []
+    t[0] = 4.0
+    s.mark_completed("r1")
+    assert dict(s.schedule()) == {"gang": sorted([on["r0"], on["r1"]])}
+
+
+def test_a_backfilled_job_may_outlast_the_reservation_where_the_device_keeps_room_for_it():
+    """One 100 GB device (95 usable) running a 50 GB job until 5; a 60 GB job waits (reserved at
+    5). A 30 GB job of 10 units starts now: at 5 the device holds it and the 60 GB job (90 <= 95).
+    A second one would not leave room (120), so it waits."""
+    gate = job("gate", 0, devices=0, dur=0.0)
+    jobs = [job("first", 50, dur=5.0), gate, job("big", 60, deps=["gate"], dur=20.0),
+            job("side1", 30, deps=["gate"], dur=10.0), job("side2", 10, deps=["gate"], dur=10.0)]
+    s, t = _clocked(jobs, [100])
+    s.schedule()
+    s.mark_completed("gate")
+    out = dict(s.schedule())
+    assert out == {"side1": [0]}, out  # side2 (10 GB) fits now (95-80) but not beside big at 5 (95-90 < 10)
+    assert s.reservation.job == "big" and s.reservation.at == 5.0
+    t[0] = 5.0
+    s.mark_completed("first")
+    assert "big" in dict(s.schedule())
+
+
+def test_the_plan_and_the_run_order_jobs_by_the_same_expected_seconds(tmp_path):
+    """pita plan and a run build the same graph with the same durations (pita/plans/durations.py),
+    so their priorities (longest remaining path) are the same."""
+    from pita.cli.plan import compose, make_plan
+    from pita.plans import build_plan
+
+    cfg = compose(["experiment=smoke", f"system.cache_dir={tmp_path}", "system.cpu_devices=2"])
+    planned = {j["id"]: j["seconds"] for j in make_plan(cfg)["jobs"]}
+    run = build_plan(cfg, [int(8e9)] * 2, cuda=False)
+    assert planned == {j.id: round(j.duration_hint, 1) for j in run}
+    # the roofline's seconds (pita/plans/durations.py), not the builders' placeholder hints
+    hints = {j.kind: j.duration_hint for j in run}
+    assert hints["algo.dpo_train"] != 4.0 and hints["algo.value_train"] != 3.0, hints
 
 
 def test_small_jobs_spread_over_idle_devices_before_sharing_one():

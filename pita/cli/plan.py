@@ -85,24 +85,17 @@ def make_plan(cfg) -> dict:
     if problems:
         raise ConfigError(problems)
     graph = JobGraph(jobs).validate(totals, ex.memory_margin)
-    durations, assumed = None, None
-    if cfg.experiment.workload != "synthetic":
-        from pita.models.families import resolve_family
-        from pita.models.shapes import model_shape
-        from pita.plans.durations import ASSUMED, Durations
-        from pita.plans.memory import PROMPT_TOKENS
+    if cfg.experiment.workload != "synthetic":  # build_plan gave every job its expected seconds
+        from pita.plans.durations import ASSUMED
 
-        paths = resolve_family(cfg.model, sy.cache_dir, sy.seed, defer="plan")
-        durations = Durations(jobs, lambda part: model_shape(paths[part], f"model.{part}"), cfg.model.dtype,
-                              PROMPT_TOKENS)
-        for j in jobs:
-            j.duration_hint = durations.seconds(j)
         assumed = ASSUMED if cuda else "durations assumed: a GPU's (pita/plans/durations.py), though this plan is for CPU devices"
     else:
         assumed = f"durations assumed: synthetic.job_seconds={cfg.synthetic.job_seconds:g} per stand-in job"
     sim = simulate(graph.jobs, totals, ex.memory_margin,
                    max_jobs_per_device=ex.max_jobs_per_device if ex.max_jobs_per_device is not None else
                    (1 if not cuda else None), starvation_passes=ex.starvation_passes, host_bytes=host)
+    from pita.plans.explain import explain
+
     rows = [{"id": j.id, "kind": job_kind(j), "algorithm": job_algorithm(j), "devices": j.resources.devices,
              "reserved_gb_per_device": round(j.resources.memory_gb, 3), "host_gb": round(j.resources.host_gb, 1),
              "seconds": round(j.duration_hint, 1),
@@ -116,6 +109,7 @@ def make_plan(cfg) -> dict:
                              "sharding": str(cfg.algos[a].get("sharding", "none"))}
                          for a, (m, g) in _training_choices(cfg).items()},
             "makespan_s": round(sim.makespan, 1), "critical_path_s": round(sim.critical_path, 1),
+            **explain(graph, sim, totals, ex.memory_margin),
             "durations": assumed, "notes": _notes(cfg) + ([
                 "host memory not checked: system.inventory describes another machine; set system.host_ram=<its RAM> "
                 "(e.g. 1TB) to plan it"] if cuda and host is None else []), "jobs": rows}
@@ -194,7 +188,12 @@ def render(plan: dict) -> str:
     total = len(plan["jobs"])
     ms = plan["makespan_s"]
     lines += ["", f"{total} jobs; makespan {_hms(ms)} simulated by the scheduler on this inventory "
-                  f"(critical path {_hms(plan['critical_path_s'])})", plan["durations"]]
+                  f"(critical path {_hms(plan['critical_path_s'])})"]
+    if plan.get("critical_path"):
+        from pita.plans.explain import render as render_explain
+
+        lines += render_explain(plan, ms)
+    lines.append(plan["durations"])
     if host:
         lines.append(f"host memory: {host:g} GB (system.host_ram); host GB: the most one job of the kind holds on "
                      f"the CPU side, all its processes (loading, saving); running jobs share it")

@@ -17,11 +17,17 @@ Rules:
   the ones running the fewest jobs come first (co-located jobs share the GPU's compute, so an
   idle device is better than a busy one), then best fit (the least available memory that still
   fits), which keeps large holes open for large jobs.
-- Starvation guard: a job that does not fit, and has seen lower-priority jobs start ahead of it
-  in ``starvation_passes`` scheduling passes, holds the device(s) closest to fitting it; lower
-  priority jobs are then not placed there until it starts, so a stream of small jobs cannot
-  keep a large one waiting for ever. (Holding at once costs ~3% of makespan on the benchmark
-  grid; holding after a while keeps the guarantee at no measurable cost.)
+- Reservation and backfilling (EASY, as batch systems do it): the most urgent device job that
+  cannot start now gets a reservation: the devices that will have room for it soonest and the
+  time they will (``reserve_at``), from the running jobs' expected ends (start + expected
+  duration; a job past its expected end is taken to end now). A lower-priority job may still
+  start on a reserved device only if it is expected to end by then, or if the device keeps room
+  for the reserved job beside it. So a k-device job waits for the jobs already running, not for
+  the moment k devices happen to be free together, and short jobs fill the gap before it.
+- Starvation guard, for when expected durations are wrong: a job that does not fit, and has seen
+  lower-priority jobs start ahead of it in ``starvation_passes`` scheduling passes, holds its
+  reserved devices (or, where no reservation can be made, the devices closest to fitting it):
+  nothing else starts there until it does.
 - Jobs asking for 0 devices (merges, reports) use one of ``max_cpu_jobs`` host slots.
 - A failed job's descendants are SKIPPED with the reason.
 """
@@ -59,12 +65,34 @@ class DeviceLoad:
         return self.total_bytes - self.margin_bytes - self.others() - ours
 
 
+@dataclass
+class Reservation:
+    """The most urgent waiting device job's claim: the devices it will start on, and when.
+    ``spare``: per reserved device, the room left beside it then (less what backfilled jobs that
+    outlast ``at`` take); ``jobs_then``: the jobs running there then."""
+
+    job: str
+    at: float
+    spare: dict[int, int]
+    jobs_then: dict[int, int]
+    need: int
+
+
 class Scheduler:
     def __init__(self, graph: JobGraph, device_totals: list[int], memory_margin: float = 0.05,
                  max_jobs_per_device: int | None = None, max_cpu_jobs: int | None = None,
                  starvation_passes: int | None = 50, max_running: int | None = None,
-                 estimate: Callable[[str], int] | None = None, host_bytes: int | None = None):
+                 estimate: Callable[[str], int] | None = None, host_bytes: int | None = None,
+                 clock: Callable[[], float] | None = None, duration: Callable[[str], float] | None = None,
+                 backfill: bool = True):
         self.graph = graph
+        # time now and each job's expected seconds, for reservations (the simulation's clock and
+        # the plan's durations, or the executor's monotonic clock and the learned durations)
+        self.clock = clock or (lambda: 0.0)
+        self.duration = duration or (lambda jid: self.graph[jid].duration_hint)
+        self.backfill = backfill
+        self._started_at: dict[str, float] = {}
+        self.reservation: Reservation | None = None  # the last pass's, for logs and tests
         # the node's host memory the running jobs' host estimates (resources.host_gb) share; None:
         # not counted. A job that alone needs more still starts when nothing else runs (the plan
         # refuses it up front; this only keeps a resumed or edited run from waiting forever)
@@ -172,6 +200,7 @@ class Scheduler:
 
     def _release(self, job_id: str) -> None:
         self._host_held.pop(job_id, None)
+        self._started_at.pop(job_id, None)
         for o in self.placement.pop(job_id, []):
             self.devices[o].reserved.pop(job_id, None)
             self.devices[o].usage.pop(job_id, None)
@@ -202,6 +231,46 @@ class Scheduler:
     def ready(self) -> list[str]:
         return [j for _, j in self._ready_order]
 
+    # ------------------------------------------------------------------ reservations
+    def expected_end(self, jid: str, now: float) -> float:
+        """When a running job is expected to end: its start plus its expected duration, or now
+        when it has run past that."""
+        return max(now, self._started_at.get(jid, now) + float(self.duration(jid)))
+
+    def _reserve(self, jid: str, need: int, k: int, now: float) -> "Reservation | None":
+        """The k devices that will have room for ``jid`` soonest, and when; None if fewer than k
+        ever will (memory held by processes that are not ours)."""
+        cap = self.max_jobs_per_device
+        when: list[tuple[float, int, int, int, int]] = []  # (time, jobs then, ordinal, room then, jobs then)
+        for o, dev in enumerate(self.devices):
+            room, count = dev.available(), len(dev.reserved)
+            ends = sorted((self.expected_end(r, now), max(b, dev.usage.get(r, 0))) for r, b in dev.reserved.items())
+            t, i = now, 0
+            while not (room >= need and (cap is None or count < cap)):
+                if i == len(ends):
+                    t = float("inf")
+                    break
+                t, freed = ends[i]
+                room, count, i = room + freed, count - 1, i + 1
+            # the room it will have at that time: jobs ending at the same moment free theirs too
+            while i < len(ends) and ends[i][0] <= t:
+                room, count, i = room + ends[i][1], count - 1, i + 1
+            when.append((t, count, o, room, count))
+        when.sort()
+        chosen = when[:k]
+        if len(chosen) < k or chosen[-1][0] == float("inf"):
+            return None
+        at = chosen[-1][0]
+        return Reservation(jid, at, {o: room - need for _, _, o, room, _ in chosen},
+                           {o: c for _, _, o, _, c in chosen}, need)
+
+    def _backfill_ok(self, res: "Reservation", o: int, jid: str, need: int, now: float) -> bool:
+        """May ``jid`` start on device ``o`` now without delaying the reserved job?"""
+        if o not in res.spare or now + float(self.duration(jid)) <= res.at:
+            return True
+        cap = self.max_jobs_per_device
+        return need <= res.spare[o] and (cap is None or res.jobs_then[o] + 2 <= cap)
+
     # ------------------------------------------------------------------ placement
     def _fits(self, o: int, need: int, held: set[int]) -> bool:
         dev = self.devices[o]
@@ -219,6 +288,9 @@ class Scheduler:
         last_device_start = -1
         running = len(self._running)
         cap = self.max_jobs_per_device
+        now = self.clock()
+        res: Reservation | None = None
+        self.reservation = None
         for pos, (_, jid) in enumerate(list(self._ready_order)):
             if self.max_running is not None and running + len(started) >= self.max_running:
                 break
@@ -246,12 +318,19 @@ class Scheduler:
                 continue
             need = self.estimate(jid)
             fitting = [o for o in range(len(self.devices)) if self._fits(o, need, held)]
+            if res is not None:
+                fitting = [o for o in fitting if self._backfill_ok(res, o, jid, need, now)]
             if len(fitting) >= k and not self._host_fits(jid):
                 fitting = []  # the devices have room, the node's RAM does not: it waits like a device job
             if len(fitting) >= k:
-                chosen = sorted(sorted(fitting, key=lambda o: (len(self.devices[o].reserved), self.devices[o].available(), o))[:k])
+                reserved = res.spare if res is not None else {}
+                chosen = sorted(sorted(fitting, key=lambda o: (o in reserved, len(self.devices[o].reserved),
+                                                               self.devices[o].available(), o))[:k])
                 for o in chosen:
                     self.devices[o].reserved[jid] = need
+                    if o in reserved and now + float(self.duration(jid)) > res.at:  # beside the reserved job
+                        res.spare[o] -= need
+                        res.jobs_then[o] += 1
                 self._start(jid, chosen)
                 started.append((jid, chosen))
                 last_device_start = pos
@@ -259,16 +338,26 @@ class Scheduler:
                 blocked.append((pos, jid))
                 starving = (self.starvation_passes is not None
                             and self._passed_over.get(jid, 0) >= self.starvation_passes)
-                if starving and not held:
+                if res is None and self.backfill and self._host_fits(jid):
+                    res = self._reserve(jid, need, k, now)
+                    if res is not None:
+                        self.reservation = res
+                        if starving:  # backfilled jobs kept outlasting what was expected of them:
+                            held.update(res.spare)  # its devices take nothing more until it starts
+                        continue
+                if starving and not held and res is None:
                     # Hold the devices closest to fitting this job so lower-priority work cannot starve it.
                     closest = sorted(range(len(self.devices)), key=lambda o: (-self.devices[o].available(), o))[:k]
                     held.update(closest)
         for pos, jid in blocked:  # lower-priority work started while this job waited
-            if last_device_start > pos:
+            # with a reservation, only the reserved job counts, and only while the jobs it waits
+            # for have run past their expected ends: accurate durations never trigger the guard
+            if last_device_start > pos and (res is None or (jid == res.job and res.at <= now)):
                 self._passed_over[jid] = self._passed_over.get(jid, 0) + 1
         return started
 
     def _start(self, jid: str, ordinals: list[int]) -> None:
+        self._started_at[jid] = self.clock()
         if self.host_bytes is not None:
             self._host_held[jid] = int(self.graph[jid].resources.host_gb * 1e9)
         self._passed_over.pop(jid, None)

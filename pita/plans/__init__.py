@@ -28,12 +28,29 @@ def build_plan(cfg, device_totals: list[int] | None = None, cuda: bool = False, 
     if cfg.experiment.workload == "generate":
         from pita.plans.generation import generation_plan
 
-        return _with_host(cfg, generation_plan(cfg, list(device_totals or [1]), cuda, plan_only), cuda)
+        return _with_durations(cfg, _with_host(cfg, generation_plan(cfg, list(device_totals or [1]), cuda, plan_only), cuda))
     if cfg.experiment.workload == "experiment":
         from pita.plans.experiment import experiment_plan
 
-        return _with_host(cfg, experiment_plan(cfg, list(device_totals or [1]), cuda, plan_only), cuda)
+        return _with_durations(cfg, _with_host(cfg, experiment_plan(cfg, list(device_totals or [1]), cuda, plan_only),
+                                               cuda))
     raise AssertionError(f"unvalidated workload {cfg.experiment.workload!r}")
+
+
+def _with_durations(cfg, jobs: list[Job]) -> list[Job]:
+    """Every job's expected seconds (pita/plans/durations.py) as its ``duration_hint``: the one
+    figure ``pita plan``'s simulation and a run's scheduler both order jobs by (longest remaining
+    path first) and make reservations with."""
+    from pita.models.families import resolve_family
+    from pita.models.shapes import model_shape
+    from pita.plans.durations import Durations
+    from pita.plans.memory import PROMPT_TOKENS
+
+    paths = resolve_family(cfg.model, cfg.system.cache_dir, cfg.system.seed, defer="plan")
+    durations = Durations(jobs, lambda part: model_shape(paths[part], f"model.{part}"), cfg.model.dtype, PROMPT_TOKENS)
+    for j in jobs:
+        j.duration_hint = durations.seconds(j)
+    return jobs
 
 
 def _with_host(cfg, jobs: list[Job], cuda: bool) -> list[Job]:
