@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import re
 import os
 import signal
 import subprocess
@@ -387,6 +388,23 @@ def test_the_smoke_preset_runs_all_six_algorithms_and_writes_the_report(tmp_path
                  for j in (run / "jobs").glob("*.s[0-9]*")  # data collection shards (round 0: data.*)
                  if ".eval" not in j.name and ".val" not in j.name and (j / "result.json").exists())
     assert tokens > 0
+    # durations that learn: every completed attempt records its planned and measured seconds, the
+    # cache keeps measured / planned per kind, the report shows both, and a plan calibrated on
+    # this run expects about what the run took
+    state = json.loads((run / "state.json").read_text())
+    done = [a for e in state["jobs"].values() for a in e["attempts"] if a["status"] == "ok"]
+    assert all(a["planned_s"] > 0 and a["seconds"] > 0 and a["duration_key"] for a in done)
+    learned = json.loads((Path(tiny_cache) / "durations.json").read_text())["cpu/tiny"]
+    assert {"algo.dpo_train", "algo.value_train", "eval.shard (guided)"} <= set(learned)
+    assert "### Durations: planned against measured" in report
+    took = float(re.search(r"finished after ([\d.]+)s", text).group(1))
+    p = subprocess.run([sys.executable, str(ROOT / "run_parallel.py"), "--plan", "--json", "experiment=smoke",
+                        f"system.cache_dir={tiny_cache}", "--calibrate", str(run)], capture_output=True, text=True,
+                       env=dict(os.environ, PYTHONPATH=str(ROOT)), timeout=120)
+    assert p.returncode == 0, p.stderr[-2000:]
+    plan = json.loads(p.stdout)
+    assert plan["duration_corrections"]["algo.dpo_train"]["jobs"] >= 1
+    assert took / 3 < plan["makespan_s"] < took * 3, (plan["makespan_s"], took)  # the roofline alone: ~4x off
     # the same config gives the same numbers (seeded head initialisation, the same thread count
     # per job): the same ops on the same inputs repeat bit for bit on one machine
     assert _smoke_metrics(tmp_path / "again", tiny_cache) == _metrics(rows)

@@ -288,3 +288,55 @@ def test_the_text_plan_explains_a_critical_path_bound_run_and_names_its_longest_
     assert "critical path: " in out and "GRPO-HF algo.grpo_train" in out
     assert "devices idle: " in out and "device-hours: " in out
     assert "lever: the critical path bounds the run: its longest job, GRPO-HF.llama." in out
+
+
+def test_use_vllm_is_planned_without_vllm_here_and_shortens_grpos_sampling(capsys, monkeypatch):
+    """A plan is for another node: vllm need not be installed on the planning machine. Its GRPO
+    jobs sample each step's completions in one batch (pita/plans/durations.py): shorter."""
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else real(name, *a))
+    base = ["experiment=paper_math", "gpu=auto", "model=llama", "system.inventory=8x80GB", "experiment.algos=[GRPO]"]
+    rc, plain, err = _plan(capsys, *base)
+    assert rc == 0, err
+    rc, vllm, err = _plan(capsys, *base, "algos.GRPO.use_vllm=true")
+    assert rc == 0, err
+    seconds = lambda plan: {j["id"]: j["seconds"] for j in plan["jobs"] if j["kind"] == "algo.grpo_train"}  # noqa: E731
+    assert all(vllm_s < plain_s / 2 for vllm_s, plain_s in zip(seconds(vllm).values(), seconds(plain).values()))
+
+
+def test_a_run_refuses_use_vllm_where_vllm_is_not_installed(monkeypatch):
+    import importlib.util
+
+    from pita.cli.plan import compose
+    from pita.core.errors import ConfigError
+    from pita.plans.experiment import experiment_plan
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else real(name, *a))
+    cfg = compose(["experiment=paper_math", "model=llama", "experiment.algos=[GRPO]", "algos.GRPO.use_vllm=true"])
+    with pytest.raises(ConfigError, match=r"algos.GRPO.use_vllm=true but vllm is not installed"):
+        experiment_plan(cfg, [int(80e9)] * 8, cuda=True)
+
+
+def test_durations_learn_the_median_ratio_per_kind_and_keep_each_family_and_device_class_apart(tmp_path):
+    from types import SimpleNamespace
+
+    from pita.core.errors import ConfigError
+    from pita.plans.durations import DurationLearner
+
+    d = DurationLearner.load(tmp_path, "tiny", cuda=False)
+    assert d.factor("algo.dpo_train") is None
+    for measured in (30.0, 10.0, 20.0):
+        d.observe("algo.dpo_train", 10.0, measured)
+    assert d.factor("algo.dpo_train") == 2.0  # the median of 3, 1, 2
+    d.save()
+    DurationLearner.load(tmp_path, "tiny", cuda=True).save()  # another scope: kept apart, nothing lost
+    again = DurationLearner.load(tmp_path, "tiny", cuda=False)
+    assert again.factor("algo.dpo_train") == 2.0
+    assert DurationLearner.load(tmp_path, "llama", cuda=False).factor("algo.dpo_train") is None
+    job = SimpleNamespace(kind="algo.dpo_train", params={}, planned_s=50.0, duration_hint=50.0)
+    assert again.expected(job) == 100.0
+    with pytest.raises(ConfigError, match="no readable state.json"):
+        DurationLearner.from_runs([tmp_path / "nope"])

@@ -68,6 +68,11 @@ class Algorithm:
     def key(self) -> str:
         return f"algos.{self.name}"
 
+    def run_problems(self) -> list[str]:
+        """Problems of the machine the run is on (packages), not of the config: a plan for another
+        node leaves them out."""
+        return []
+
     def check(self, cfg, n_devices: int) -> list[str]:
         """Every problem with ``algos.<name>`` (and the keys it depends on), each naming its key."""
         return check_common(self.key, self.c)

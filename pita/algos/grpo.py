@@ -60,8 +60,6 @@ class GRPO(PostTrainingAlgorithm):
     lr_family = "grpo"
 
     def check(self, cfg, n_devices: int) -> list[str]:
-        import importlib.util
-
         c, k = self.c, self.key
         p = super().check(cfg, n_devices)
         if c.max_steps is not None and c.max_steps < 1:
@@ -91,10 +89,16 @@ class GRPO(PostTrainingAlgorithm):
                      f"with LoRA, TRL's KL reference is the adapter's base, which from round 1 on is the previous "
                      f"round's merged policy, not the original model; set {k}.ref_policy=previous to accept that, "
                      f"{k}.lora_r=0 (full fine-tuning), or experiment.rounds=1")
-        if c.use_vllm and importlib.util.find_spec("vllm") is None:
-            p.append(f"{k}.use_vllm=true but vllm is not installed (GPU only: pip install vllm); "
-                     f"or set {k}.use_vllm=false")
         return p
+
+    def run_problems(self) -> list[str]:
+        """What only the machine that runs the jobs can lack (a plan for another node does not ask)."""
+        import importlib.util
+
+        if self.c.use_vllm and importlib.util.find_spec("vllm") is None:
+            return [f"{self.key}.use_vllm=true but vllm is not installed (GPU only: pip install vllm); "
+                    f"or set {self.key}.use_vllm=false"]
+        return []
 
     def train_params(self, p) -> dict:
         c, dc = self.c, p.cfg.data_collection

@@ -2,6 +2,7 @@
 
     pita plan experiment=paper_math gpu=auto model=qwen3 system.inventory=8x80GB
     pita plan experiment=paper_math gpu=auto model=llama system.inventory=8xH100 --json
+    pita plan experiment=smoke --calibrate outputs/smoke/<time> --json
 
 Composes, validates and plans exactly as ``pita run`` does, then prints per job kind the count,
 devices per job, the reservation per device and the largest job, and the makespan the production
@@ -10,6 +11,12 @@ no run folder and never asks the Hugging Face hub: models are sized from their c
 (shipped with pita for every preset model, pita/models/architectures/), hub datasets that are not
 cached from their known sizes. ``system.inventory`` plans for a machine you are not on (8x80GB,
 8xH100, [80GB,80GB,40GB]); without it, the devices this machine has.
+
+Durations: the roofline of pita/plans/durations.py, times the measured / planned seconds of each
+job kind that earlier runs of the same cache recorded (``<system.cache_dir>/durations.json``,
+per family and device class). ``--calibrate RUN ...`` takes those corrections from the given
+finished runs instead. The plan then names its critical path, the job kinds that take the most
+device-hours, how idle the devices are, and the lever it sees.
 
 Exit 0 when every job fits its devices; 2 with every problem (one line per job kind that fits no
 device, naming the fix).
@@ -48,8 +55,9 @@ def compose(overrides: list[str]):
         return hydra_compose(config_name="config", overrides=overrides)
 
 
-def make_plan(cfg) -> dict:
-    """The plan of ``cfg`` as a dict (what --json prints); raises ConfigError with every problem."""
+def make_plan(cfg, durations=None) -> dict:
+    """The plan of ``cfg`` as a dict (what --json prints); raises ConfigError with every problem.
+    ``durations``: the measured corrections to apply (``--calibrate``; default: the cache's)."""
     from pita.config.validate import validate_config
     from pita.core.gpu_manager import GPUManager, parse_inventory, usable_cores
     from pita.core.graph import JobGraph
@@ -73,7 +81,11 @@ def make_plan(cfg) -> dict:
         gpus = GPUManager.detect(devices, cpu_devices=cpu_n)
     totals = [d.total_bytes for d in gpus.devices]
     cuda = not gpus.is_cpu
-    jobs = build_plan(cfg, totals, cuda=cuda, plan_only=True)
+    if durations is None and cfg.experiment.workload != "synthetic" and ex.learn_durations:
+        from pita.plans.durations import DurationLearner
+
+        durations = DurationLearner.load(sy.cache_dir, cfg.model.name, cuda)
+    jobs = build_plan(cfg, totals, cuda=cuda, plan_only=True, durations=durations)
     problems = fit_problems(jobs, totals, ex.memory_margin)
     host = None
     if cuda and (inventory is None or sy.get("host_ram") is not None):
@@ -89,6 +101,10 @@ def make_plan(cfg) -> dict:
         from pita.plans.durations import ASSUMED
 
         assumed = ASSUMED if cuda else "durations assumed: a GPU's (pita/plans/durations.py), though this plan is for CPU devices"
+        if durations is not None and durations.ratios:
+            src = f"{durations.path}" if durations.path else "the runs given to --calibrate"
+            assumed += (f"; corrected by measured / planned seconds per job kind ({src}: "
+                        + ", ".join(f"{k} x{v['measured_over_planned']:g}" for k, v in durations.summary().items()) + ")")
     else:
         assumed = f"durations assumed: synthetic.job_seconds={cfg.synthetic.job_seconds:g} per stand-in job"
     sim = simulate(graph.jobs, totals, ex.memory_margin,
@@ -110,7 +126,8 @@ def make_plan(cfg) -> dict:
                          for a, (m, g) in _training_choices(cfg).items()},
             "makespan_s": round(sim.makespan, 1), "critical_path_s": round(sim.critical_path, 1),
             **explain(graph, sim, totals, ex.memory_margin),
-            "durations": assumed, "notes": _notes(cfg) + ([
+            "durations": assumed,
+            "duration_corrections": durations.summary() if durations is not None else {}, "notes": _notes(cfg) + ([
                 "host memory not checked: system.inventory describes another machine; set system.host_ram=<its RAM> "
                 "(e.g. 1TB) to plan it"] if cuda and host is None else []), "jobs": rows}
 
@@ -215,6 +232,17 @@ def plan_main(argv: list[str] | None = None, prog: str = "pita plan") -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     as_json = "--json" in argv
     argv = [a for a in argv if a not in ("--json", "--plan")]
+    calibrate = []
+    if "--calibrate" in argv:  # --calibrate RUN [RUN ...]: the folders up to the next key=value or flag
+        i = argv.index("--calibrate")
+        j = i + 1
+        while j < len(argv) and "=" not in argv[j] and not argv[j].startswith("-"):
+            j += 1
+        calibrate, argv = argv[i + 1:j], argv[:i] + argv[j:]
+        if not calibrate:
+            print(f"error: {prog} --calibrate needs one or more run folders (outputs/<name>/<time>) after it",
+                  file=sys.stderr)
+            return 2
     if any(a in ("-h", "--help") for a in argv):
         print((__doc__ or "").strip())
         return 0
@@ -227,7 +255,12 @@ def plan_main(argv: list[str] | None = None, prog: str = "pita plan") -> int:
     try:
         check_overrides(argv)
         cfg = compose(argv)
-        plan = make_plan(cfg)
+        learner = None
+        if calibrate:
+            from pita.plans.durations import DurationLearner
+
+            learner = DurationLearner.from_runs(calibrate)
+        plan = make_plan(cfg, durations=learner)
     except PitaError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

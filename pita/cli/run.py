@@ -186,6 +186,11 @@ def _run(cfg: DictConfig, overrides: list[str], run_dir: Path | None = None) -> 
         if resume:
             log.info("resuming %s%s%s", run.root, f" with changed keys: {', '.join(changed)}" if changed else "",
                      ": it stopped before it recorded its jobs, so it starts afresh" if rebuilt == "fresh" else "")
+        durations = None
+        if cfg.experiment.workload != "synthetic" and ex.learn_durations:  # what finished jobs teach later runs
+            from pita.plans.durations import DurationLearner
+
+            durations = DurationLearner.load(sy.cache_dir, cfg.model.name, not gpus.is_cpu)
         settings = ExecutorSettings(
             oom_retries=ex.oom_retries, crash_retries=ex.crash_retries, job_timeout_s=ex.job_timeout_s,
             kill_grace_s=ex.kill_grace_s, poll_interval_s=ex.poll_interval_s, memory_margin=ex.memory_margin,
@@ -199,7 +204,7 @@ def _run(cfg: DictConfig, overrides: list[str], run_dir: Path | None = None) -> 
             # tokenising, sampling, scoring, is threaded too and would otherwise take every core)
             threads_per_job=max(1, usable_cores() // len(gpus.devices)),
             max_running=None if sy.use_parallel_execution else 1, min_free_gb=sy.min_free_gb,
-            learn_memory=ex.learn_memory, host_bytes=host_bytes)
+            learn_memory=ex.learn_memory, host_bytes=host_bytes, durations=durations)
         log.info("%s", start_note)
         config_dict = OmegaConf.to_container(cfg, resolve=True)
         summary = Executor(graph, gpus, backend, run, settings, config_dict, owner=owner).run()

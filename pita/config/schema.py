@@ -105,6 +105,9 @@ class ExecutorConfig:
     # estimate after an OOM on a lowered one); GPU memory on GPUs, peak RSS on CPU devices.
     # false: every job reserves its planned estimate
     learn_memory: bool = True
+    # correct each job kind's expected seconds by measured / planned of finished jobs, kept in
+    # <system.cache_dir>/durations.json for later plans and runs (pita/plans/durations.py)
+    learn_durations: bool = True
     ray: RayConfig = field(default_factory=RayConfig)
 
 

@@ -27,6 +27,7 @@ import logging
 import os
 import signal
 import time
+from typing import Any
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -69,6 +70,9 @@ class ExecutorSettings:
     snapshot_interval_s: float = 30.0  # state.json rewritten at most this often (and at the end)
     learn_memory: bool = True  # refine estimates from finished jobs' measured peaks (pita/core/memlearn.py)
     host_bytes: int | None = None  # the node's RAM the jobs' host estimates share (GPU runs; None: not counted)
+    # measured / planned seconds per job kind (pita.plans.durations.DurationLearner): corrects the
+    # expected durations reservations use, learns from every finished attempt, saved to its cache
+    durations: Any = None
 
 
 @dataclass
@@ -133,7 +137,7 @@ class Executor:
         self.sched = Scheduler(graph, totals, settings.memory_margin,
                                settings.max_jobs_per_device, settings.max_cpu_jobs, settings.starvation_passes,
                                max_running=settings.max_running, estimate=self.memory.estimate,
-                               host_bytes=settings.host_bytes, clock=time.monotonic)
+                               host_bytes=settings.host_bytes, clock=time.monotonic, duration=self._expected)
         self.reserved: dict[str, int] = {}  # running job -> bytes reserved per device at its start
         self.sampled_peak: Counter = Counter()  # running job -> most NVML saw its processes use on a device
         self.memory_retried: set[str] = set()  # jobs retried after an OOM on a lowered estimate
@@ -437,6 +441,8 @@ class Executor:
         mem = self._memory_record(f, job, devs)
         if mem:
             record["memory"] = mem
+        if f.status == "ok" and job.planned_s > 0 and self.started_at.get(f.job_id):
+            self._learn_duration(job, record, now - self.started_at[f.job_id])
         self.pending_attempts.setdefault(f.job_id, []).append(record)
         peak = f.extra.get("peak_gpu_bytes") or f.extra.get("peak_rss_bytes")
         peak_txt = f", peak {'GPU' if f.extra.get('peak_gpu_bytes') else 'RSS'} {peak / 1e9:.2f} GB" if peak else ""
@@ -693,6 +699,25 @@ class Executor:
                  and f.job_id not in self.memory_retried)
         return {"key": key, "reserved_bytes": reserved, "lowered": reserved < job.resources.memory_bytes,
                 "peak_bytes": peak, "unit": self.memory.unit, "learn": learn}
+
+    def _expected(self, job_id: str) -> float:
+        """Seconds the scheduler expects of a job (its reservations): the plan's, corrected by
+        the durations measured so far in this run and the runs before it."""
+        job = self.graph[job_id]
+        return self.s.durations.expected(job) if self.s.durations is not None else job.duration_hint
+
+    def _learn_duration(self, job, record: dict, seconds: float) -> None:
+        from pita.plans.durations import duration_key
+
+        key = duration_key(job)
+        record.update(seconds=round(seconds, 3), planned_s=round(job.planned_s, 3),
+                      expected_s=round(self._expected(job.id), 3), duration_key=key)
+        if self.s.durations is not None:
+            self.s.durations.observe(key, job.planned_s, seconds)
+            try:
+                self.s.durations.save()
+            except OSError as e:  # a full or read-only cache: the run goes on, the lesson is lost
+                log.warning("could not save learned durations to %s: %s", self.s.durations.path, e)
 
     def _memory_changed(self, change, level: int = logging.INFO) -> None:
         """Log a moved estimate; the state's summary follows every measurement (a few keys)."""

@@ -74,8 +74,9 @@ class Job:
     deps: list[str] = field(default_factory=list)
     resources: Resources = field(default_factory=Resources)
     retry: RetryPolicy = field(default_factory=RetryPolicy)
-    duration_hint: float = 1.0  # relative cost, used for critical-path priority
+    duration_hint: float = 1.0  # expected seconds: critical-path priority and reservations
     group: str = ""  # shown in progress ("round 0", "eval", ...)
+    planned_s: float = 0.0  # the duration model's seconds before learned corrections (0: none)
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -7,9 +7,12 @@ from pita.core.job import Job
 WORKLOADS = ("synthetic", "generate", "experiment")
 
 
-def build_plan(cfg, device_totals: list[int] | None = None, cuda: bool = False, plan_only: bool = False) -> list[Job]:
+def build_plan(cfg, device_totals: list[int] | None = None, cuda: bool = False, plan_only: bool = False,
+               durations=None) -> list[Job]:
     """All jobs of the experiment described by ``cfg`` (validated by the caller). ``plan_only``:
-    for ``pita plan``, which never asks the hub (see experiment_plan)."""
+    for ``pita plan``, which never asks the hub (see experiment_plan). ``durations``: the
+    :class:`~pita.plans.durations.DurationLearner` whose corrections apply (default: the one
+    ``system.cache_dir`` keeps for this family and device class)."""
     if cfg.experiment.workload == "synthetic":
         from pita.plans.synthetic import demo_grid
 
@@ -28,28 +31,35 @@ def build_plan(cfg, device_totals: list[int] | None = None, cuda: bool = False, 
     if cfg.experiment.workload == "generate":
         from pita.plans.generation import generation_plan
 
-        return _with_durations(cfg, _with_host(cfg, generation_plan(cfg, list(device_totals or [1]), cuda, plan_only), cuda))
+        return _with_durations(cfg, _with_host(cfg, generation_plan(cfg, list(device_totals or [1]), cuda, plan_only), cuda),
+                               cuda, durations)
     if cfg.experiment.workload == "experiment":
         from pita.plans.experiment import experiment_plan
 
         return _with_durations(cfg, _with_host(cfg, experiment_plan(cfg, list(device_totals or [1]), cuda, plan_only),
-                                               cuda))
+                                               cuda), cuda, durations)
     raise AssertionError(f"unvalidated workload {cfg.experiment.workload!r}")
 
 
-def _with_durations(cfg, jobs: list[Job]) -> list[Job]:
-    """Every job's expected seconds (pita/plans/durations.py) as its ``duration_hint``: the one
-    figure ``pita plan``'s simulation and a run's scheduler both order jobs by (longest remaining
-    path first) and make reservations with."""
+def _with_durations(cfg, jobs: list[Job], cuda: bool, learner=None) -> list[Job]:
+    """Every job's expected seconds as its ``duration_hint``: the roofline's
+    (pita/plans/durations.py, kept as ``planned_s``) times what measured runs taught about its
+    kind. The one figure ``pita plan``'s simulation and a run's scheduler both order jobs by
+    (longest remaining path first) and make reservations with."""
     from pita.models.families import resolve_family
     from pita.models.shapes import model_shape
-    from pita.plans.durations import Durations
+    from pita.plans.durations import DurationLearner, Durations
     from pita.plans.memory import PROMPT_TOKENS
 
     paths = resolve_family(cfg.model, cfg.system.cache_dir, cfg.system.seed, defer="plan")
     durations = Durations(jobs, lambda part: model_shape(paths[part], f"model.{part}"), cfg.model.dtype, PROMPT_TOKENS)
+    if learner is None:
+        learner = (DurationLearner.load(cfg.system.cache_dir, cfg.model.name, cuda)
+                   if cfg.executor.get("learn_durations", True) else DurationLearner())
     for j in jobs:
-        j.duration_hint = durations.seconds(j)
+        j.planned_s = durations.seconds(j)
+        j.duration_hint = j.planned_s
+        j.duration_hint = learner.expected(j)
     return jobs
 
 

@@ -8,7 +8,9 @@ A roofline, stated so a reader can scale it (``ASSUMED``):
                2 x params x prompt tokens FLOPs
     training   6 x params x tokens FLOPs per pass (LoRA: 4 x, no weight gradients) at
                PEAK_FLOPS x MFU; DPO adds the frozen reference's forward (2 x), GRPO samples
-               its completions first (decoding, as above)
+               its completions first (decoding, as above; with use_vllm, each step's completions
+               in one batch of up to VLLM_BATCH rows, weights in the model's dtype, no launch
+               overhead, split over the job's devices when colocated)
     merges     1 s
 
 The figures are an H100's (bf16 dense 989 TFLOP/s, 3.35 TB/s HBM) at the utilisation such jobs
@@ -24,6 +26,7 @@ PEAK_FLOPS = 989e12
 MFU = 0.35
 HBM_BYTES_S = 2.0e12  # of 3.35 TB/s: what a decode step achieves with small batches
 MERGE_S = 1.0
+VLLM_BATCH = 256  # rows vLLM decodes at once (its max_num_seqs default)
 # eager transformers: a decode step costs about this much beyond the roofline (kernel launches,
 # Python), which is most of a small model's step
 STEP_BASE_S = 0.004
@@ -45,9 +48,10 @@ def step_overhead(n_layers: int) -> float:
 
 
 def decode_seconds(n_params: int, weight_bytes: float, rows: int, batch: int, prompt: int, new: int,
-                   n_layers: int = 32) -> float:
+                   n_layers: int = 32, overhead: bool = True) -> float:
     batches = math.ceil(rows / max(1, batch))
-    step = max(weight_bytes / HBM_BYTES_S, _flops_s(2 * n_params * min(rows, batch))) + step_overhead(n_layers)
+    step = max(weight_bytes / HBM_BYTES_S, _flops_s(2 * n_params * min(rows, batch))) + (
+        step_overhead(n_layers) if overhead else 0.0)
     return batches * (new * step + _flops_s(2 * n_params * min(rows, batch) * prompt))
 
 
@@ -132,9 +136,134 @@ class Durations:
             steps = p.get("max_steps") or math.ceil(float(p.get("epochs", 1)) * prompts * p["num_generations"]
                                                     / p["batch_size"])
             rows = steps * p["batch_size"]
-            sample = decode_seconds(ref.n_params, ref.n_params * 4, rows, max(1, p["batch_size"] // p["devices"]),
-                                    self.prompt, seq - self.prompt, ref.n_layers) / max(1, p["devices"])
+            if p.get("use_vllm"):
+                # vLLM: its own copy of the weights in the model's dtype, every step's completions in one
+                # continuous batch (up to VLLM_BATCH rows), CUDA graphs instead of per-kernel launches
+                sample = steps * decode_seconds(ref.n_params, ref.n_params * self.b, p["batch_size"],
+                                                min(VLLM_BATCH, p["batch_size"]), self.prompt, seq - self.prompt,
+                                                ref.n_layers, overhead=False)
+                sample /= max(1, p["devices"]) if p.get("vllm_mode") == "colocate" else 1
+            else:
+                sample = decode_seconds(ref.n_params, ref.n_params * 4, rows, max(1, p["batch_size"] // p["devices"]),
+                                        self.prompt, seq - self.prompt, ref.n_layers) / max(1, p["devices"])
             return max(1.0, sample + _flops_s((per_param + 2) * ref.n_params * rows * seq) / max(1, p["devices"]))
         if job.kind == "model.build_tiny":
             return 20.0
         return MERGE_S
+
+
+# ---------------------------------------------------------------- durations that learn
+LEARN_KEEP = 50  # ratios kept per key (the newest)
+
+
+def duration_key(job) -> str:
+    """What a measured duration teaches about: the job's kind as the plan reports it (sampling
+    shards by what they sample); the family and the device class are the store's own."""
+    from pita.plans.fit import job_kind
+
+    return job_kind(job)
+
+
+def device_class(cuda: bool) -> str:
+    return "cuda" if cuda else "cpu"
+
+
+class DurationLearner:
+    """Measured / planned seconds per job kind, for one family on one class of device.
+
+    A finished attempt's wall time (worker start to end) over the roofline's seconds for the job
+    (``Job.planned_s``) is one ratio; a kind's correction is the median of its ratios. Kept in
+    ``<system.cache_dir>/durations.json`` (per device class and family, the newest
+    :data:`LEARN_KEEP` per kind), read by every later plan and run of that cache; ``pita plan
+    --calibrate RUN ...`` reads finished runs' attempts instead."""
+
+    def __init__(self, ratios: dict[str, list[float]] | None = None, path=None, scope: str = ""):
+        self.ratios: dict[str, list[float]] = {k: list(v) for k, v in (ratios or {}).items()}
+        self.path, self.scope = path, scope
+
+    # ------------------------------------------------------------------ reading
+    @staticmethod
+    def scope_of(family: str, cuda: bool) -> str:
+        return f"{device_class(cuda)}/{family}"
+
+    @classmethod
+    def load(cls, cache_dir, family: str, cuda: bool) -> "DurationLearner":
+        import json
+        from pathlib import Path
+
+        path = Path(cache_dir) / "durations.json"
+        scope = cls.scope_of(family, cuda)
+        ratios = {}
+        try:
+            ratios = json.loads(path.read_text()).get(scope, {})
+        except (OSError, ValueError):
+            pass
+        return cls(ratios, path, scope)
+
+    @classmethod
+    def from_runs(cls, runs) -> "DurationLearner":
+        """The ratios of finished runs' completed attempts (their ``state.json``)."""
+        import json
+        from pathlib import Path
+
+        from pita.core.errors import ConfigError
+
+        out = cls()
+        for run in runs:
+            state = Path(run) / "state.json"
+            try:
+                jobs = json.loads(state.read_text())["jobs"]
+            except (OSError, ValueError, KeyError) as e:
+                raise ConfigError(f"--calibrate {run}: no readable state.json there ({e}); give the folder of a "
+                                  f"run (outputs/<name>/<time>)") from None
+            for entry in jobs.values():
+                for a in entry.get("attempts", []):
+                    if a.get("status") == "ok" and a.get("planned_s") and a.get("seconds") is not None and a.get("duration_key"):
+                        out.observe(a["duration_key"], float(a["planned_s"]), float(a["seconds"]))
+        if not out.ratios:
+            raise ConfigError(f"--calibrate {' '.join(map(str, runs))}: no attempt there records its planned and "
+                              f"measured seconds (runs made before pita recorded them, or no job finished)")
+        return out
+
+    def factor(self, key: str) -> float | None:
+        r = sorted(self.ratios.get(key) or [])
+        if not r:
+            return None
+        m = len(r) // 2
+        return r[m] if len(r) % 2 else (r[m - 1] + r[m]) / 2
+
+    def expected(self, job) -> float:
+        """The job's expected seconds: the roofline's, corrected where its kind was measured."""
+        f = self.factor(duration_key(job))
+        planned = job.planned_s or job.duration_hint
+        return planned * f if f is not None else job.duration_hint
+
+    # ------------------------------------------------------------------ learning
+    def observe(self, key: str, planned_s: float, measured_s: float) -> None:
+        if planned_s > 0 and measured_s >= 0:
+            r = self.ratios.setdefault(key, [])
+            r.append(measured_s / planned_s)
+            del r[:-LEARN_KEEP]
+
+    def save(self) -> None:
+        """Merge this scope's ratios into the cache file (others' scopes kept), under a lock."""
+        import json
+        import os
+
+        from filelock import FileLock
+
+        if self.path is None or not self.scope:
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with FileLock(str(self.path) + ".lock"):
+            try:
+                data = json.loads(self.path.read_text())
+            except (OSError, ValueError):
+                data = {}
+            data[self.scope] = self.ratios
+            tmp = self.path.with_suffix(".tmp")
+            tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
+            os.replace(tmp, self.path)
+
+    def summary(self) -> dict:
+        return {k: {"jobs": len(v), "measured_over_planned": round(self.factor(k), 3)} for k, v in sorted(self.ratios.items())}

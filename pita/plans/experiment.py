@@ -56,6 +56,8 @@ def experiment_plan(cfg, device_totals: list[int], cuda: bool, plan_only: bool =
         else:
             algos[a] = algorithm(a, cfg.algos[a])
             problems += algos[a].check(cfg, n_devices)
+            if not plan_only:
+                problems += algos[a].run_problems()
     if cfg.data_collection.pairs_per_prompt < 1:
         problems.append(f"data_collection.pairs_per_prompt={cfg.data_collection.pairs_per_prompt} must be >= 1 "
                         f"(labelled preference pairs per prompt and round)")

@@ -38,6 +38,26 @@ def whole_node_jobs(jobs, device_totals: list[int], memory_margin: float) -> lis
     return [j for j in jobs if j.resources.devices >= n and usable - j.resources.memory_bytes < smallest]
 
 
+def gang_saturated(timeline, jobs, n: int) -> tuple[float, list[str]]:
+    """Seconds in which jobs on several devices held every device between them, and their kinds."""
+    by_id = {j.id: j for j in jobs}
+    events = []
+    for jid, start, end, devs in timeline:
+        if len(devs) > 1:
+            events += [(start, len(devs), jid), (end, -len(devs), jid)]
+    events.sort(key=lambda e: (e[0], e[1]))
+    held, since, total, kinds, live = 0, 0.0, 0.0, set(), set()
+    for t, dk, jid in events:
+        if held >= n:
+            total += t - since
+        held += dk
+        (live.add if dk > 0 else live.discard)(jid)
+        if held >= n:
+            kinds |= {_label(by_id[j]) for j in live}
+        since = t
+    return total, sorted(kinds)
+
+
 def idle_fraction(timeline, n: int, makespan: float) -> float:
     """The share of device-time (n x makespan) in which a device runs no job at all."""
     if makespan <= 0 or n <= 0:
@@ -58,6 +78,23 @@ def idle_fraction(timeline, n: int, makespan: float) -> float:
                 cur_e = max(cur_e, b)
         busy += cur_e - cur_s
     return max(0.0, 1.0 - busy / (n * makespan))
+
+
+def _faster(job) -> str:
+    """What makes one job of this kind shorter, in the keys that do it."""
+    from pita.plans.fit import job_algorithm
+
+    a = job_algorithm(job)
+    if job.kind == "algo.grpo_train":
+        vllm = "" if job.params.get("use_vllm") else f", vLLM for its sampling (algos.{a}.use_vllm=true)"
+        return f"more devices (algos.{a}.devices){vllm}, or fewer steps (algos.{a}.max_steps)"
+    if job.kind == "algo.dpo_train":
+        return f"more devices (algos.{a}.devices) or fewer epochs (algos.{a}.epochs)"
+    if job.kind in ("algo.value_train", "algo.proxy_train"):
+        return f"fewer epochs (algos.{a}.epochs) or fewer rows per round (data_collection.*)"
+    if job.kind == "generation.shard":
+        return "more shards over more devices (generation shards follow the devices), or shorter samples"
+    return "making that job faster"
 
 
 def explain(graph, sim, device_totals: list[int], memory_margin: float) -> dict:
@@ -89,6 +126,11 @@ def explain(graph, sim, device_totals: list[int], memory_margin: float) -> dict:
             (rest[c] for c in graph.dependents.get(j.id, ())), default=0.0)
     bound = max(sim.critical_path, sim.device_time / n, excl_s + max(rest.values(), default=0.0) if exclusive else 0.0)
     levers = []
+    gang_s, gang_kinds = gang_saturated(sim.timeline, jobs, n)
+    if not exclusive and gang_s > 0.1 * sim.makespan:
+        levers.append(f"multi-device jobs ({', '.join(gang_kinds)}) held all {n} devices together for "
+                      f"{gang_s / 3600:.1f} h and every other job waited meanwhile: fewer devices per job "
+                      f"(algos.<A>.devices) lets the other work run beside them, more shortens each of them")
     if exclusive and excl_s > 0.1 * sim.makespan:
         kinds = sorted({_label(j) for j in exclusive})
         levers.append(f"{len(exclusive)} job(s) hold all {n} devices for {excl_s / 3600:.1f} h in all ({', '.join(kinds)}) "
@@ -98,7 +140,7 @@ def explain(graph, sim, device_totals: list[int], memory_margin: float) -> dict:
         longest = max(chain, key=lambda j: j.duration_hint)
         levers.append(f"the critical path bounds the run: its longest job, {longest.id} ({_label(longest)}, "
                       f"{longest.resources.devices} device(s), {longest.duration_hint / 3600:.1f} h), shortens it only "
-                      f"by running faster (more devices for that job, vLLM for sampling, fewer steps)")
+                      f"by {_faster(longest)}")
     elif sim.device_time / n >= 0.9 * sim.makespan and top:
         levers.append(f"device-hours bound the run: {top[0][0]} takes {top[0][1]:.0f} of {total:.0f} device-hours; "
                       f"only less work or faster jobs of that kind shorten it")

@@ -90,6 +90,38 @@ def oom_lines(state: dict) -> list[str]:
             f"training keeps its effective batch, accumulation rises):"] + out
 
 
+def duration_table(state: dict) -> list[dict]:
+    """Planned against measured seconds per job kind: the completed attempts that recorded both
+    (the duration model's ``planned_s``, what the scheduler expected after learned corrections,
+    and the wall time from the worker's start to its end)."""
+    by: dict = {}
+    for entry in state.get("jobs", {}).values():
+        for a in entry.get("attempts", []):
+            if a.get("status") == "ok" and a.get("duration_key") and a.get("planned_s"):
+                d = by.setdefault(a["duration_key"], {"kind": a["duration_key"], "jobs": 0, "planned_s": 0.0,
+                                                      "expected_s": 0.0, "measured_s": 0.0})
+                d["jobs"] += 1
+                d["planned_s"] += float(a["planned_s"])
+                d["expected_s"] += float(a.get("expected_s") or a["planned_s"])
+                d["measured_s"] += float(a["seconds"])
+    return sorted(by.values(), key=lambda d: -d["measured_s"])
+
+
+def duration_lines(state: dict) -> list[str]:
+    rows = duration_table(state)
+    if not rows:
+        return []
+    return ["### Durations: planned against measured", "",
+            "Per job kind, summed over its completed jobs: the duration model's seconds "
+            "(pita/plans/durations.py), what the scheduler expected after the corrections earlier runs taught "
+            "(`<system.cache_dir>/durations.json`), and the measured wall time (worker start to end). Later "
+            "plans and runs of this cache use the measured / planned ratios; `pita plan --calibrate RUN` uses "
+            "this run's.", "",
+            _md_table(["job kind", "jobs", "planned s", "expected s", "measured s", "measured / planned"],
+                      [[d["kind"], d["jobs"], _f(d["planned_s"], 1), _f(d["expected_s"], 1), _f(d["measured_s"], 1),
+                        _f(d["measured_s"] / d["planned_s"], 2)] for d in rows]), ""]
+
+
 def _md_table(header: list[str], rows: list[list]) -> str:
     out = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     out += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
@@ -373,6 +405,7 @@ def render(run: RunPaths, rows: list[dict] | None = None, roster: Roster | None 
                            [[c["phase"], c["jobs"], _f(c["wall_s"], 1), _f(c["device_s"], 1), c["tokens"],
                              _f(c["peak_rss_gb"], 2)] for c in comp]))
     lines.append("")
+    lines += duration_lines(state)
     tl = plot_timeline(state, plots, phase_of)
     if tl is not None:
         lines += [f"![timeline]({tl.relative_to(run.results)})", ""]
