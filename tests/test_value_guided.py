@@ -464,3 +464,76 @@ def test_evaluation_shards_reserve_memory_for_their_own_batch_and_the_value_mode
     assert base_big > base_small and guided_big > guided_small
     assert guided_small > base_small and guided_big > base_big
     assert mem("eval.batch_size=512")[0] == mem("eval.batch_size=512", "data_collection.batch_size=1")[0]
+
+
+def _prompt_rows(n_prompts=3, seed=0):
+    """Value rows as value_rollouts gives them: per prompt, the prompt alone and cuts along one
+    roll-in, each with continuations of their own length."""
+    import random
+
+    from pita.guidance.train import SeqExample
+
+    rng = random.Random(seed)
+    out = []
+    for p in range(n_prompts):
+        prompt, roll = [rng.randrange(3, 200) for _ in range(30)], [rng.randrange(3, 200) for _ in range(20)]
+        for cut in (0, 8, 15):
+            for _ in range(3):
+                cont = [rng.randrange(3, 200) for _ in range(rng.randrange(3, 12))]
+                ids = prompt + roll[:cut] + cont
+                out.append(SeqExample(ids, len(ids) - len(cont), rng.random(), (p, 0)))
+    return out
+
+
+@pytest.mark.parametrize("loss", ["bce", "mle"])
+def test_a_shared_prefix_run_once_gives_the_same_loss_and_gradients(tiny, loss):
+    """Rows of one prompt share its tokens and part of the roll-in: run once (one row, its KV cache
+    repeated over the group's rows) and the suffixes after it, the batch's loss and every
+    parameter's gradient are those of the rows run whole (float noise: 1e-5 of the gradient)."""
+    from pita.guidance.train import _clip, _loss, shared_prefix_groups
+    from pita.guidance.value_model import ValueModel
+
+    ex = _prompt_rows()
+    clipped = [_clip(e.ids, e.start, 512) for e in ex]
+    batch = sorted(range(len(ex)), key=lambda i: ex[i].ids)  # as a prompt's rows are batched
+    groups = shared_prefix_groups([clipped[i][0] for i in batch], [clipped[i][1] for i in batch],
+                                  list(range(len(batch))))
+    # one per prompt, sharing its 30 tokens but the last (the first scored state of a cut-0 row)
+    assert len(groups) == 3 and all(L == 29 and len(g) == 9 for L, g in groups)
+    torch.manual_seed(0)
+    vm = ValueModel.create(tiny["guidance"], loss=loss, v_min=0.0, v_max=1.0).train()
+    out = []
+    for share in (False, True):
+        vm.zero_grad()
+        value = _loss(vm, ex, clipped, batch, False, 0, "cpu", share=share)
+        value.backward()
+        out.append((float(value), {n: p.grad.clone() for n, p in vm.named_parameters() if p.grad is not None}))
+    (l0, g0), (l1, g1) = out
+    assert l1 == pytest.approx(l0, rel=1e-6) and g0.keys() == g1.keys()
+    for n in g0:
+        assert float((g0[n] - g1[n]).norm()) <= 1e-5 * float(g0[n].norm()) + 1e-12, n
+
+
+def test_shared_prefix_batches_keep_a_prompts_rows_together_and_train_the_same_rows(tiny):
+    import random
+
+    from pita.guidance.train import TrainSettings, _grouped_batches, train
+    from pita.guidance.value_model import ValueModel
+
+    ex = _prompt_rows(4)
+    batches = _grouped_batches(ex, [len(e.ids) for e in ex], 10**6, random.Random(0), 9)
+    assert sorted(i for b in batches for i in b) == list(range(len(ex)))
+    assert all(len({ex[i].group for i in b}) == 1 for b in batches)  # 9 rows a prompt, 9 rows a batch
+    torch.manual_seed(0)
+    vm = ValueModel.create(tiny["guidance"], loss="bce")
+    curve = train(vm, ex, TrainSettings(epochs=2, lr=1e-3, batch_size=9, share_prefixes=True))
+    assert len(curve) == 8 and all(math.isfinite(c["loss"]) for c in curve)
+
+
+def test_share_prefixes_is_a_value_guided_key_that_reaches_the_training_job(tiny_cache):
+    from pita.plans import build_plan
+
+    cfg = compose(tiny_cache, "algos.QSharp.share_prefixes=true")
+    jobs = {j.id: j for j in build_plan(cfg, [int(8e9)])}
+    assert jobs["QSharp.tiny.arith.r0.train"].params["share_prefixes"] is True
+    assert jobs["PITA.tiny.arith.r0.train"].params["share_prefixes"] is False

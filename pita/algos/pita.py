@@ -66,7 +66,7 @@ class PITA(ValueGuidedAlgorithm):
     @classmethod
     def value_examples(cls, ctx, records: list[dict], device: str) -> list:
         from pita.guidance.rollouts import continuation_pairs, sequence_ids
-        from pita.guidance.train import SeqExample
+        from pita.guidance.train import SeqExample, prompt_group
 
         p = ctx.params
         pairs = continuation_pairs(records, p["label_seed"], p["beta"], p["bt_sampling"], p["pairs_per_prompt"])
@@ -78,6 +78,8 @@ class PITA(ValueGuidedAlgorithm):
         ctx.log.info("PITA: %d preference pairs, %d ties left out", len(decisive), len(pairs) - len(decisive))
         examples = []
         for c, r in decisive:
-            examples.append(SeqExample(sequence_ids(c), len(sequence_ids(c)) - len(c["continuation_ids"]), 1.0))
-            examples.append(SeqExample(sequence_ids(r), len(sequence_ids(r)) - len(r["continuation_ids"]), 0.0))
+            examples.append(SeqExample(sequence_ids(c), len(sequence_ids(c)) - len(c["continuation_ids"]), 1.0,
+                                       prompt_group(c)))
+            examples.append(SeqExample(sequence_ids(r), len(sequence_ids(r)) - len(r["continuation_ids"]), 0.0,
+                                       prompt_group(r)))
         return examples

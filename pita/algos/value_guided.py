@@ -70,6 +70,10 @@ class ValueGuidedConfig(AlgoConfig):
     epochs: int = 10
     head_dim: int = 128  # hidden width of the value head
     lm_prior: float = 1.0  # initial weight of the backbone's LM log-prob in the head; 0 = none
+    # batch each prompt's rows together and run the prefix they share (prompt and roll-in) once
+    # per batch: the same loss and gradients per batch, fewer tokens (pita/guidance/train.py);
+    # off by default so the batches, and so the trained values, stay those of earlier runs
+    share_prefixes: bool = False
 
 
 NORMALIZATIONS = ("minmax", "none")
@@ -232,6 +236,7 @@ class ValueGuidedAlgorithm(Algorithm):
                                     "head_dim": c.head_dim, "epochs": c.epochs, "lr": c.lr,
                                     "batch_size": c.batch_size, "token_budget": c.token_budget,
                                     "lm_prior": c.lm_prior, "seed": p.cfg.system.seed + r,
+                                    "share_prefixes": c.share_prefixes,
                                     "normalize_targets": self.normalization(),
                                     **training_settings(p.cfg, c, whole=c.batch_size), **extra_params},
                             resources=Resources(1, p.mem[f"train.{algo}"]), retry=TRAINING_RETRY,
@@ -253,12 +258,12 @@ def returns_examples(records: list[dict], targets: list[float] | None = None, ta
     """One example per roll-out with a continuation: its whole sequence, where the continuation
     starts, and its return (0/1 correctness on math, the reward on reward tasks) or ``targets``."""
     from pita.guidance.rollouts import sequence_ids
-    from pita.guidance.train import SeqExample
+    from pita.guidance.train import SeqExample, prompt_group
 
     recs = [r for r in records if r["continuation_ids"]]
     if targets is None:
         targets = [float(bool(r["correct"])) if task == "math" else float(r["reward"]) for r in recs]
-    return [SeqExample(sequence_ids(r), len(sequence_ids(r)) - len(r["continuation_ids"]), t)
+    return [SeqExample(sequence_ids(r), len(sequence_ids(r)) - len(r["continuation_ids"]), t, prompt_group(r))
             for r, t in zip(recs, targets)]
 
 
@@ -316,7 +321,8 @@ def value_train(ctx):
                                v_max=spec.v_max, head_dim=p["head_dim"], lm_prior=spec.lm_prior)
         ctx.log.info("head calibrated to the targets: %s", calibrate(vm, examples, device=dev, seed=p["seed"]))
     settings = TrainSettings(epochs=p["epochs"], lr=p["lr"], token_budget=p["token_budget"],
-                             batch_size=p["batch_size"], **shared_settings(p), seed=p["seed"])
+                             batch_size=p["batch_size"], **shared_settings(p), seed=p["seed"],
+                             share_prefixes=bool(p.get("share_prefixes", False)))
     ctx.log.info("%s: %d examples (%s loss), targets mean %.3f", algo, len(examples), p["loss"],
                  sum(e.target for e in examples) / len(examples))
     curve = train(vm, examples, settings, ctx.log, pad_id=0, device=dev, tracker=tracker_settings(ctx))

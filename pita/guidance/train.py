@@ -40,6 +40,9 @@ class TrainSettings:
     clear_cache_interval: int = 0  # CUDA: empty the allocator cache every N optimizer steps; 0 = never
     seed: int = 0
     max_len: int = 512  # longer sequences are cut from the left of the prompt, with a warning
+    # rows of one prompt (its roll-in cuts and continuations) batched together, and the prefix
+    # they share run once per batch: the same loss and gradients per batch, fewer tokens
+    share_prefixes: bool = False
 
     def check(self, where: str) -> None:
         p = []
@@ -58,6 +61,7 @@ class SeqExample:
     ids: list[int]
     start: int  # index of the first continuation token
     target: float
+    group: object = None  # rows with one group (a prompt of one round) may share a prefix
 
 
 @dataclass
@@ -73,8 +77,67 @@ def value_examples(records: list[dict], target_key: str) -> list[SeqExample]:
         if not cont:
             continue
         ids = list(r["prompt_ids"]) + list(r["prefix_ids"]) + cont
-        out.append(SeqExample(ids, len(ids) - len(cont), float(r[target_key])))
+        out.append(SeqExample(ids, len(ids) - len(cont), float(r[target_key]), prompt_group(r)))
     return out
+
+
+def prompt_group(r: dict):
+    """The group a rollout record's row shares its prompt (and roll-in) with."""
+    return (r.get("id"), r.get("_round", 0))
+
+
+def _grouped_batches(examples: list, lengths: list[int], budget: int, rng: random.Random,
+                     max_rows: int = 1 << 30) -> list[list[int]]:
+    """Batches that keep each group's rows together (sorted by their ids, so rows cut at the same
+    point sit side by side), groups in a new random order every epoch, cut under the token budget
+    and the row cap as :func:`_batches` cuts; the batches shuffled."""
+    groups: dict = {}
+    for i, e in enumerate(examples):
+        groups.setdefault(e.group if e.group is not None else ("row", i), []).append(i)
+    order = list(groups.values())
+    rng.shuffle(order)
+    batches, cur, longest = [], [], 0
+    for g in order:
+        for i in sorted(g, key=lambda i: examples[i].ids):
+            L = max(longest, lengths[i])
+            if cur and (L * (len(cur) + 1) > budget or len(cur) >= max_rows):
+                batches.append(cur)
+                cur, L = [], lengths[i]
+            cur.append(i)
+            longest = L
+    if cur:
+        batches.append(cur)
+    rng.shuffle(batches)
+    return batches
+
+
+def _common(a: list[int], b: list[int], limit: int) -> int:
+    n = 0
+    for x, y in zip(a[:limit], b[:limit]):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+SHARE_MIN_TOKENS = 8  # a shared prefix shorter than this is not worth its own forward
+
+
+def shared_prefix_groups(seqs: list[list[int]], starts: list[int], rows: list[int]) -> list[tuple[int, list[int]]]:
+    """``rows`` (indices into ``seqs``) split into (shared length, rows): consecutive rows join a
+    group while sharing does not shrink (G rows x L shared tokens), every row keeping its last
+    token before the continuation (its first scored state) outside the shared part."""
+    out: list[tuple[int, list[int]]] = []
+    for i in rows:
+        cap = starts[i] - 1
+        if out:
+            L, g = out[-1]
+            lcp = _common(seqs[g[0]], seqs[i], min(L if len(g) > 1 else starts[g[0]] - 1, cap))
+            if lcp >= SHARE_MIN_TOKENS and (len(g) + 1) * lcp >= len(g) * (L if len(g) > 1 else 0):
+                out[-1] = (lcp, g + [i])
+                continue
+        out.append((cap, [i]))
+    return [(L if len(g) > 1 else 0, g) for L, g in out]
 
 
 def _batches(lengths: list[int], budget: int, rng: random.Random, max_rows: int = 1 << 30) -> list[list[int]]:
@@ -192,7 +255,9 @@ def _train(vm, examples: list, s: TrainSettings, logger: logging.Logger, pad_id:
     curve, step = [], 0
     for epoch in range(s.epochs):
         total, count = 0.0, 0
-        for batch in _batches(lengths, s.token_budget, rng, s.batch_size):
+        batching = (lambda: _grouped_batches(examples, lengths, s.token_budget, rng, s.batch_size)) \
+            if s.share_prefixes and not pairs else (lambda: _batches(lengths, s.token_budget, rng, s.batch_size))
+        for batch in batching():
             # micro-batches: gradients accumulate, each part weighted by its share of the batch's
             # loss units (masked tokens, or pairs), so the step equals the whole batch's
             micro = s.micro_batch_size if s.micro_batch_size > 0 else len(batch)
@@ -202,7 +267,8 @@ def _train(vm, examples: list, s: TrainSettings, logger: logging.Logger, pad_id:
             lv = 0.0
             for part, u in zip(parts, units):
                 with torch.autocast("cuda", dtype=amp, enabled=cuda):
-                    loss = _loss(vm, examples, clipped if not pairs else None, part, pairs, pad_id, device)
+                    loss = _loss(vm, examples, clipped if not pairs else None, part, pairs, pad_id, device,
+                                 share=s.share_prefixes)
                 (loss * (u / sum(units))).backward()
                 lv += float(loss.detach()) * u / sum(units)
             torch.nn.utils.clip_grad_norm_(vm.parameters(), s.grad_clip)
@@ -221,7 +287,54 @@ def _train(vm, examples: list, s: TrainSettings, logger: logging.Logger, pad_id:
     return curve
 
 
-def _loss(vm, examples, clipped, batch: list[int], pairs: bool, pad_id: int, device) -> torch.Tensor:
+def _checkpointing(model) -> bool:
+    """Activation checkpointing on (transformers 5.x name first; then no KV cache is returned in
+    training, so shared prefixes fall back to whole rows)."""
+    for name in ("is_activation_checkpointing", "is_gradient_checkpointing"):
+        if name in type(model).__dict__ or any(name in vars(c) for c in type(model).__mro__):
+            return bool(getattr(model, name))
+    return False
+
+
+def _shared_scores(vm, examples, clipped, batch: list[int], pad_id: int, device):
+    """The head's scores at every scored position of ``batch``, flattened to [1, N, n_out] with
+    their targets and an all-ones mask: rows that share a prefix run it once (one row, its KV
+    cache repeated over the group) and only their own suffixes; the rest as one padded batch.
+    The masked mean over the same positions is the loss :func:`_loss` computes unshared."""
+    seqs = [clipped[i][0] for i in batch]
+    starts = [clipped[i][1] for i in batch]
+    groups = shared_prefix_groups(seqs, starts, list(range(len(batch))))
+    outs, tgts = [], []
+    singles = [g[0] for L, g in groups if L == 0]
+    for L, g in groups:
+        if L == 0:
+            continue
+        pre = torch.tensor([seqs[g[0]][:L]], device=device)
+        _, cache = vm.hidden(pre, torch.ones_like(pre), use_cache=True)
+        cache.batch_repeat_interleave(len(g))
+        suf, suf_mask = pad_right([seqs[r][L:] for r in g], pad_id, device)
+        mask = torch.cat([torch.ones(len(g), L, dtype=suf_mask.dtype, device=device), suf_mask], 1)
+        pos = (torch.arange(suf.shape[1], device=device) + L).unsqueeze(0).expand(len(g), -1)
+        h, _ = vm.hidden(suf, mask, position_ids=pos, past_key_values=cache, use_cache=True)
+        sc = vm.scores(h[:, :-1], suf[:, 1:].unsqueeze(-1)).squeeze(-2).float()  # [G, S-1, n_out]
+        for row, r in enumerate(g):
+            a, b = starts[r] - 1 - L, len(seqs[r]) - 1 - L
+            outs.append(sc[row, a:b])
+            tgts.append(torch.full((b - a,), float(examples[batch[r]].target), device=device))
+    if singles:
+        ids, mask = pad_right([seqs[r] for r in singles], pad_id, device)
+        sc = vm.token_scores(ids, mask).float()
+        for row, r in enumerate(singles):
+            a, b = starts[r] - 1, len(seqs[r]) - 1
+            outs.append(sc[row, a:b])
+            tgts.append(torch.full((b - a,), float(examples[batch[r]].target), device=device))
+    out = torch.cat(outs, 0).unsqueeze(0)
+    tgt = torch.cat(tgts, 0).unsqueeze(0)
+    return out, tgt, torch.ones(tgt.shape, device=device)
+
+
+def _loss(vm, examples, clipped, batch: list[int], pairs: bool, pad_id: int, device,
+          share: bool = False) -> torch.Tensor:
     spec = vm.spec
     if pairs:
         ids, mask = pad_right([examples[i].chosen for i in batch] + [examples[i].rejected for i in batch],
@@ -229,15 +342,18 @@ def _loss(vm, examples, clipped, batch: list[int], pairs: bool, pad_id: int, dev
         r = vm.sequence_reward(ids, mask).float()
         n = len(batch)
         return bradley_terry_loss(r[:n], r[n:])
-    seqs = [clipped[i][0] for i in batch]
-    ids, mask = pad_right(seqs, pad_id, device)
-    out = vm.token_scores(ids, mask).float()  # [B, T-1, n_out]
-    pos_mask = torch.zeros(out.shape[:2], device=device)
-    for row, i in enumerate(batch):
-        start, n_tok = clipped[i][1], len(clipped[i][0])
-        pos_mask[row, start - 1:n_tok - 1] = 1
-    tgt = torch.tensor([examples[i].target for i in batch], device=device).unsqueeze(-1)
-    tgt = tgt.expand(out.shape[:2])
+    if share and not _checkpointing(vm.backbone):
+        out, tgt, pos_mask = _shared_scores(vm, examples, clipped, batch, pad_id, device)
+    else:
+        seqs = [clipped[i][0] for i in batch]
+        ids, mask = pad_right(seqs, pad_id, device)
+        out = vm.token_scores(ids, mask).float()  # [B, T-1, n_out]
+        pos_mask = torch.zeros(out.shape[:2], device=device)
+        for row, i in enumerate(batch):
+            start, n_tok = clipped[i][1], len(clipped[i][0])
+            pos_mask[row, start - 1:n_tok - 1] = 1
+        tgt = torch.tensor([examples[i].target for i in batch], device=device).unsqueeze(-1)
+        tgt = tgt.expand(out.shape[:2])
     if spec.loss == "bce":
         return bce_loss(out[..., 0], tgt, pos_mask)
     if spec.loss == "mse":
