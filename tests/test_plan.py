@@ -338,5 +338,7 @@ def test_durations_learn_the_median_ratio_per_kind_and_keep_each_family_and_devi
     assert DurationLearner.load(tmp_path, "llama", cuda=False).factor("algo.dpo_train") is None
     job = SimpleNamespace(kind="algo.dpo_train", params={}, planned_s=50.0, duration_hint=50.0)
     assert again.expected(job) == 100.0
+    again.apply = False  # executor.learn_durations=false: measured seconds recorded, never applied
+    assert again.expected(job) == 50.0
     with pytest.raises(ConfigError, match="no readable state.json"):
         DurationLearner.from_runs([tmp_path / "nope"])

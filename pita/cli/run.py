@@ -187,10 +187,12 @@ def _run(cfg: DictConfig, overrides: list[str], run_dir: Path | None = None) -> 
             log.info("resuming %s%s%s", run.root, f" with changed keys: {', '.join(changed)}" if changed else "",
                      ": it stopped before it recorded its jobs, so it starts afresh" if rebuilt == "fresh" else "")
         durations = None
-        if cfg.experiment.workload != "synthetic" and ex.learn_durations:  # what finished jobs teach later runs
+        if cfg.experiment.workload != "synthetic":  # what finished jobs teach later plans and runs
             from pita.plans.durations import DurationLearner
 
-            durations = DurationLearner.load(sy.cache_dir, cfg.model.name, not gpus.is_cpu)
+            # learn_durations=false: every attempt still records its seconds (--calibrate reads them)
+            durations = (DurationLearner.load(sy.cache_dir, cfg.model.name, not gpus.is_cpu)
+                         if ex.learn_durations else DurationLearner(apply=False))
         settings = ExecutorSettings(
             oom_retries=ex.oom_retries, crash_retries=ex.crash_retries, job_timeout_s=ex.job_timeout_s,
             kill_grace_s=ex.kill_grace_s, poll_interval_s=ex.poll_interval_s, memory_margin=ex.memory_margin,

@@ -707,12 +707,11 @@ class Executor:
         return self.s.durations.expected(job) if self.s.durations is not None else job.duration_hint
 
     def _learn_duration(self, job, record: dict, seconds: float) -> None:
-        from pita.plans.durations import duration_key
-
-        key = duration_key(job)
         record.update(seconds=round(seconds, 3), planned_s=round(job.planned_s, 3),
-                      expected_s=round(self._expected(job.id), 3), duration_key=key)
+                      expected_s=round(self._expected(job.id), 3))
         if self.s.durations is not None:
+            key = self.s.durations.key(job)
+            record["duration_key"] = key
             self.s.durations.observe(key, job.planned_s, seconds)
             try:
                 self.s.durations.save()

@@ -177,9 +177,13 @@ class DurationLearner:
     :data:`LEARN_KEEP` per kind), read by every later plan and run of that cache; ``pita plan
     --calibrate RUN ...`` reads finished runs' attempts instead."""
 
-    def __init__(self, ratios: dict[str, list[float]] | None = None, path=None, scope: str = ""):
+    def __init__(self, ratios: dict[str, list[float]] | None = None, path=None, scope: str = "",
+                 apply: bool = True):
         self.ratios: dict[str, list[float]] = {k: list(v) for k, v in (ratios or {}).items()}
         self.path, self.scope = path, scope
+        self.apply = apply  # False (executor.learn_durations=false): record, never correct
+
+    key = staticmethod(duration_key)
 
     # ------------------------------------------------------------------ reading
     @staticmethod
@@ -234,7 +238,7 @@ class DurationLearner:
 
     def expected(self, job) -> float:
         """The job's expected seconds: the roofline's, corrected where its kind was measured."""
-        f = self.factor(duration_key(job))
+        f = self.factor(duration_key(job)) if self.apply else None
         planned = job.planned_s or job.duration_hint
         return planned * f if f is not None else job.duration_hint
 
