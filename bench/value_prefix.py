@@ -1,6 +1,6 @@
 """Value training with and without shared prefixes: tokens and wall time per epoch.
 
-    python -m bench.value_prefix [--json] [--cache .cache/pita] [--epochs 1]
+    python -m bench.value_prefix [--json] [--cache .cache/pita] [--epochs 1] [--run outputs/demo/<time>]
 
 Two data sets of value-model rows (token ids, the first continuation position, a target), each
 trained for ``--epochs`` epochs on the tiny family's reference backbone (bce loss, one thread),
@@ -11,6 +11,8 @@ once as today (rows batched by length, every row run whole) and once with
              4 continuations of 24 tokens (9 rows per prompt), 96 prompts
     tldr     TL;DR-shaped: 320-token posts, 4 cuts x 4 continuations of 48 tokens along a
              64-token roll-in (17 rows per prompt, ~80% of their tokens shared), 24 prompts
+    run      with ``--run``: the value rows a finished run collected (every
+             ``data.*value_rollouts*.merge`` of the folder, Q#'s targets), e.g. the demo's
 
 Prints per set and mode: real tokens run through the model (prefixes once where shared),
 padded tokens (what the batches' shapes hold), wall seconds per epoch, and the final loss of
@@ -43,6 +45,32 @@ def _rows(prompts: int, prompt_len: int, cuts: list[int], conts: int, cont_len: 
     return out
 
 
+def _run_rows(run: str):
+    """The value rows of a finished run's value-rollout collections (returns as Q# trains them)."""
+    from pathlib import Path
+
+    from datasets import load_from_disk
+
+    from pita.algos.value_guided import returns_examples
+
+    out = []
+    for merge in sorted(Path(run, "jobs").glob("data.*value_rollouts*.merge")):
+        recs = load_from_disk(str(merge / "artifacts" / "data")).to_list()
+        rnd = int(merge.name.split(".r", 1)[1].split(".", 1)[0]) if ".r" in merge.name else 0
+        for r in recs:
+            r["_round"] = rnd
+        task = "math" if ".arith." in merge.name else "reward"
+        targets = None
+        if task == "reward":  # rewards min-max normalised to [0, 1], as the bce head is trained on them
+            kept = [float(r["reward"]) for r in recs if r["continuation_ids"]]
+            lo, hi = min(kept), max(kept)
+            targets = [(x - lo) / (hi - lo) if hi > lo else 0.5 for x in kept]
+        out += returns_examples(recs, targets=targets, task=task)
+    if not out:
+        raise SystemExit(f"--run {run}: no value-rollout collections there (jobs/data.*value_rollouts*.merge)")
+    return out
+
+
 def _tokens(examples, s, share: bool) -> tuple[int, int]:
     """Real and padded tokens of one epoch's batches, as train() forms them."""
     from pita.guidance.train import _batches, _clip, _grouped_batches, shared_prefix_groups
@@ -72,7 +100,7 @@ def _tokens(examples, s, share: bool) -> tuple[int, int]:
     return real, padded
 
 
-def run(cache: str, epochs: int = 1) -> dict:
+def run(cache: str, epochs: int = 1, run_dir: str | None = None) -> dict:
     import logging
 
     from pita.guidance.train import TrainSettings, train
@@ -82,6 +110,8 @@ def run(cache: str, epochs: int = 1) -> dict:
     torch.set_num_threads(1)
     paths = build_tiny_family(cache, 0)
     sets = {"demo": _rows(96, 40, [0, 6, 12], 4, 24, 12, 0), "tldr": _rows(24, 320, [0, 16, 32, 48, 64], 4, 48, 64, 1)}
+    if run_dir:
+        sets["run"] = _run_rows(run_dir)
     out = {"benchmark": "value_prefix", "threads": 1, "epochs": epochs}
     quiet = logging.getLogger("bench.value_prefix")
     quiet.setLevel(logging.WARNING)
@@ -111,8 +141,9 @@ def main(argv=None) -> None:
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--cache", default=".cache/pita")
     ap.add_argument("--epochs", type=int, default=1)
+    ap.add_argument("--run", default=None, help="a finished run whose value rows to train on too")
     a = ap.parse_args(argv)
-    out = run(a.cache, a.epochs)
+    out = run(a.cache, a.epochs, a.run)
     print(json.dumps(out, indent=2) if a.json else "\n".join(f"{k}: {v}" for k, v in out.items()))
 
 
