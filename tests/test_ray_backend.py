@@ -169,3 +169,49 @@ def test_a_node_that_cannot_see_the_run_folder_is_reported(tmp_path):
 
     out = DeviceRunner().run("j", str(tmp_path / "nowhere" / "launch.json"), str(tmp_path / "log"), {}, [])
     assert out["rc"] is None and out["missing"].endswith("launch.json") and out["node_ip"]
+
+
+def test_on_a_cluster_of_two_gpu_nodes_k_device_jobs_get_one_nodes_gpus(tmp_path):
+    """ray.cluster_utils.Cluster: a head without GPUs and two nodes of 2 logical GPUs each (one
+    machine, so one address: nodes told apart by Ray's node id). Three 2-GPU jobs and two 1-GPU
+    jobs run through the executor and the Ray backend: every 2-GPU job's GPUs are on one node,
+    and a job asking for 3 is refused naming the largest node."""
+    from ray.cluster_utils import Cluster
+
+    from pita.core.backends.ray import RayBackend
+    from pita.core.executor import Executor, ExecutorSettings
+    from pita.core.gpu_manager import GPUManager
+    from pita.core.graph import JobGraph
+    from pita.core.job import Job, Resources
+    from pita.core.paths import RunPaths
+    from pita.plans.fit import node_problems
+
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "num_gpus": 0})
+    try:
+        for _ in range(2):
+            cluster.add_node(num_cpus=2, num_gpus=2)
+        cluster.wait_for_nodes()
+        ray.init(address=cluster.address, log_to_driver=False, configure_logging=False)
+        backend = RayBackend()
+        gpus = GPUManager(backend.devices(int(80e9)), source="ray")
+        nodes = [d.node for d in gpus.devices]
+        assert len(set(nodes)) == 2 and sorted(nodes.count(n) for n in set(nodes)) == [2, 2]
+        jobs = [Job(f"pair{i}", "synthetic.work", params={"seconds": 0.3}, resources=Resources(2, 1.0))
+                for i in range(3)]
+        jobs += [Job(f"one{i}", "synthetic.work", params={"seconds": 0.3}, resources=Resources(1, 1.0))
+                 for i in range(2)]
+        [problem] = node_problems([Job("GRPO.x.r0.train", "algo.grpo_train", resources=Resources(3, 1.0))],
+                                  gpus.devices)
+        assert "needs 3 GPUs of one node" in problem and "has 2" in problem
+        run = RunPaths.create(tmp_path, "nodes")
+        s = ExecutorSettings(progress="off", poll_interval_s=0.05, learn_memory=False)
+        summary = Executor(JobGraph(jobs).validate([d.total_bytes for d in gpus.devices]), gpus, backend, run,
+                           s).run()
+        assert summary.exit_code == 0, summary.failures
+        state = json.loads((run.root / "state.json").read_text())["jobs"]
+        for i in range(3):
+            used = {d["node"] for d in state[f"pair{i}"]["devices"]}
+            assert len(state[f"pair{i}"]["devices"]) == 2 and len(used) == 1, state[f"pair{i}"]["devices"]
+    finally:
+        ray.shutdown()
+        cluster.shutdown()

@@ -428,3 +428,42 @@ def test_a_foreign_tenant_is_seen_in_a_container_while_our_jobs_sit_below_their_
     assert dev.available() == (100 - 5 - 15 - 40) * GB  # our job may still grow to its reservation
     # no report yet: every job at its reservation, as before
     assert torch_usage({"a": 0}, dev.reserved, {}, 0, {"a": [0]}) == {"a": 0}
+
+
+# ---------------------------------------------------------------- several nodes
+def test_a_k_device_job_gets_k_devices_of_one_node_and_is_reserved_on_one():
+    """Two nodes of two devices (80 and 100 GB each). Two 70 GB jobs take the 80 GB devices (best
+    fit), one per node: a 2-device job cannot start though two devices are free (one per node);
+    it is reserved the node that frees first, and starts there on both of that node's devices."""
+    from pita.core.graph import JobGraph
+
+    jobs = [job("a", 70, dur=2.0), job("b", 70, dur=5.0), job("gate", 0, devices=0, dur=0.0),
+            job("pair", 70, devices=2, deps=["gate"], dur=10.0)]
+    t = [0.0]
+    s = Scheduler(JobGraph(jobs).validate(check_kinds=False), [int(g * GB) for g in (80, 100, 100, 80)],
+                  clock=lambda: t[0], device_nodes=["n1", "n1", "n2", "n2"])
+    first = dict(s.schedule())
+    s.mark_completed("gate")
+    assert sorted(first["a"] + first["b"]) == [0, 3]  # one per node: each node has one free device
+    assert s.schedule() == []
+    node_a = s.nodes[first["a"][0]]
+    assert s.reservation.job == "pair" and s.reservation.at == 2.0
+    assert {s.nodes[o] for o in s.reservation.spare} == {node_a}
+    t[0] = 2.0
+    s.mark_completed("a")
+    [(jid, devs)] = s.schedule()
+    assert jid == "pair" and {s.nodes[o] for o in devs} == {node_a} and len(devs) == 2
+
+
+def test_a_job_needing_more_gpus_than_any_node_has_is_refused_naming_the_largest_node():
+    from types import SimpleNamespace
+
+    from pita.plans.fit import node_problems
+
+    devs = [SimpleNamespace(node=n) for n in ("10.0.0.1", "10.0.0.1", "10.0.0.2", "10.0.0.2")]
+    jobs = [Job("GRPO.tiny.arith.r0.train", "algo.grpo_train", resources=Resources(3, 1.0)),
+            Job("DPO.tiny.arith.r0.train", "algo.dpo_train", resources=Resources(2, 1.0))]
+    [p] = node_problems(jobs, devs)
+    assert p.startswith("algos.GRPO.devices=3: GRPO.tiny.arith.r0.train needs 3 GPUs of one node")
+    assert "largest node of the cluster (node 10.0.0.2) has 2" in p and "algos.GRPO.devices=2" in p
+    assert node_problems(jobs, [SimpleNamespace(node="")] * 4) == []  # one machine: validate() says it

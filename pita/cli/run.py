@@ -120,6 +120,10 @@ def _run(cfg: DictConfig, overrides: list[str], run_dir: Path | None = None) -> 
 
         if fit := fit_problems(planned, totals, ex.memory_margin):
             raise ConfigError(fit)
+        from pita.plans.fit import node_problems
+
+        if nodes := node_problems(planned, gpus.devices):  # k-device jobs get k GPUs of one node
+            raise ConfigError(nodes)
         host_bytes = None
         if not gpus.is_cpu:  # on CPU devices the device memory is the host's
             from pita.plans.host import host_problems, host_ram_bytes

@@ -137,7 +137,8 @@ class Executor:
         self.sched = Scheduler(graph, totals, settings.memory_margin,
                                settings.max_jobs_per_device, settings.max_cpu_jobs, settings.starvation_passes,
                                max_running=settings.max_running, estimate=self.memory.estimate,
-                               host_bytes=settings.host_bytes, clock=time.monotonic, duration=self._expected)
+                               host_bytes=settings.host_bytes, clock=time.monotonic, duration=self._expected,
+                               device_nodes=[getattr(d, "node", "") for d in gpus.devices])
         self.reserved: dict[str, int] = {}  # running job -> bytes reserved per device at its start
         self.sampled_peak: Counter = Counter()  # running job -> most NVML saw its processes use on a device
         self.memory_retried: set[str] = set()  # jobs retried after an OOM on a lowered estimate

@@ -52,6 +52,7 @@ class Device:
     processes: list[tuple[int, int]] = field(default_factory=list)  # (pid, bytes) where NVML reports it
     utilization: int | None = None  # GPU utilization (%) over NVML's last sample period, where it tells
     mig: int | None = None  # a MIG slice: its position on the parent GPU (``index``)
+    node: str = ""  # the machine it is on ("" : this one); a k-device job takes k devices of one node
 
     @property
     def free_bytes(self) -> int:
@@ -70,7 +71,7 @@ class Device:
 
     def describe(self) -> dict:
         return {"ordinal": self.ordinal, "index": self.index, "uuid": self.uuid, "name": self.name,
-                "kind": self.kind, "total_bytes": self.total_bytes}
+                "kind": self.kind, "total_bytes": self.total_bytes, **({"node": self.node} if self.node else {})}
 
 
 def jobs_rss(pids_by_job: dict[str, set[int]], placement: dict[str, list[int]]) -> dict[int, int]:

@@ -13,7 +13,8 @@ Rules:
   where "others" is used - our measured usage, or used - our reservations when NVML attributes
   nothing to our workers (containers: NVML reports host pids)
   Several jobs share a device while memory allows; ``max_jobs_per_device`` caps the count.
-- A job asking for k devices gets k devices at once (gang) or none. Among the devices that fit,
+- A job asking for k devices gets k devices at once (gang) or none, all on one node (devices carry
+  their node: the Ray backend's GPUs of several machines). Among the devices that fit,
   the ones running the fewest jobs come first (co-located jobs share the GPU's compute, so an
   idle device is better than a busy one), then best fit (the least available memory that still
   fits), which keeps large holes open for large jobs.
@@ -84,8 +85,10 @@ class Scheduler:
                  starvation_passes: int | None = 50, max_running: int | None = None,
                  estimate: Callable[[str], int] | None = None, host_bytes: int | None = None,
                  clock: Callable[[], float] | None = None, duration: Callable[[str], float] | None = None,
-                 backfill: bool = True):
+                 backfill: bool = True, device_nodes: list[str] | None = None):
         self.graph = graph
+        # each device's node; a k-device job's devices all come from one node (None: one node)
+        self.nodes = list(device_nodes) if device_nodes and len(set(device_nodes)) > 1 else None
         # time now and each job's expected seconds, for reservations (the simulation's clock and
         # the plan's durations, or the executor's monotonic clock and the learned durations)
         self.clock = clock or (lambda: 0.0)
@@ -258,11 +261,25 @@ class Scheduler:
             when.append((t, count, o, room, count))
         when.sort()
         chosen = when[:k]
+        if self.nodes is not None and k > 1:  # the k that free first on one node
+            by: dict[str, list] = {}
+            for w in when:
+                by.setdefault(self.nodes[w[2]], []).append(w)
+            options = [ws[:k] for ws in by.values() if len(ws) >= k]
+            chosen = min(options, key=lambda ws: (ws[-1][0], [w[2] for w in ws])) if options else []
         if len(chosen) < k or chosen[-1][0] == float("inf"):
             return None
         at = chosen[-1][0]
         return Reservation(jid, at, {o: room - need for _, _, o, room, _ in chosen},
                            {o: c for _, _, o, _, c in chosen}, need)
+
+    def _one_node(self, devices: list[int], k: int, rank) -> list[int]:
+        """Of ``devices``, those of the one node whose best k are best (empty when no node has k)."""
+        by: dict[str, list[int]] = {}
+        for o in devices:
+            by.setdefault(self.nodes[o], []).append(o)
+        best = [sorted(ds, key=rank)[:k] for ds in by.values() if len(ds) >= k]
+        return min(best, key=lambda ds: [rank(o) for o in ds]) if best else []
 
     def _backfill_ok(self, res: "Reservation", o: int, jid: str, need: int, now: float) -> bool:
         """May ``jid`` start on device ``o`` now without delaying the reserved job?"""
@@ -322,10 +339,14 @@ class Scheduler:
                 fitting = [o for o in fitting if self._backfill_ok(res, o, jid, need, now)]
             if len(fitting) >= k and not self._host_fits(jid):
                 fitting = []  # the devices have room, the node's RAM does not: it waits like a device job
+            reserved = res.spare if res is not None else {}
+
+            def rank(o):
+                return (o in reserved, len(self.devices[o].reserved), self.devices[o].available(), o)
+            if self.nodes is not None and k > 1:
+                fitting = self._one_node(fitting, k, rank)
             if len(fitting) >= k:
-                reserved = res.spare if res is not None else {}
-                chosen = sorted(sorted(fitting, key=lambda o: (o in reserved, len(self.devices[o].reserved),
-                                                               self.devices[o].available(), o))[:k])
+                chosen = sorted(sorted(fitting, key=rank)[:k])
                 for o in chosen:
                     self.devices[o].reserved[jid] = need
                     if o in reserved and now + float(self.duration(jid)) > res.at:  # beside the reserved job

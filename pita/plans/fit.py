@@ -114,3 +114,28 @@ def vllm_problems(jobs, totals: list[int]) -> list[str]:
     return out
 
 
+
+
+THIS = "this machine"
+
+
+def node_problems(jobs, devices) -> list[str]:
+    """A k-device job needs k devices of one node: one line per algorithm whose jobs ask for more
+    than the largest node has (devices of one machine all have node "")."""
+    per_node: dict[str, int] = {}
+    for d in devices:
+        per_node[getattr(d, "node", "")] = per_node.get(getattr(d, "node", ""), 0) + 1
+    if len(per_node) <= 1:
+        return []
+    node, most = max(per_node.items(), key=lambda kv: (kv[1], kv[0]))
+    worst: dict = OrderedDict()
+    for j in jobs:
+        if j.resources.devices > most:
+            a = job_algorithm(j)
+            if a not in worst or j.resources.devices > worst[a].resources.devices:
+                worst[a] = j
+    return [f"algos.{a}.devices={j.resources.devices}: {j.id} needs {j.resources.devices} GPUs of one node, and the "
+            f"largest node of the cluster (node {node}) has {most} ({len(per_node)} nodes, "
+            f"{', '.join(f'{n or THIS}: {c}' for n, c in sorted(per_node.items()))}); set "
+            f"algos.{a}.devices={most} or fewer (sharding=fsdp splits the model over them), or add a larger node"
+            for a, j in worst.items()]

@@ -101,7 +101,9 @@ class DeviceRunner:
 
         ids = [str(g) for g in ray.get_gpu_ids()]
         return {"node_ip": ray.util.get_node_ip_address(), "hostname": socket.gethostname(), "gpu_ids": ids,
-                "gpu_uuids": _gpu_uuids(ids), "pid": os.getpid()}
+                "gpu_uuids": _gpu_uuids(ids), "pid": os.getpid(),
+                # Ray's own id of the node: nodes may share an address (several on one machine)
+                "node_id": ray.get_runtime_context().get_node_id()}
 
     def run(self, job_id: str, launch_path: str, log_path: str, env: dict, gpu_ids: list[str]) -> dict:
         import ray
@@ -169,7 +171,8 @@ class RayBackend(Backend):
         self.host_runner = cls.options(num_gpus=0, num_cpus=0, max_concurrency=max_jobs_per_gpu).remote()
         # the executor's device ordinal i is gpu_runners[i], on placement[i]'s node and GPU (by node, GPU id)
         info = ray.get([r.info.remote() for r in self.gpu_runners]) if n else []
-        order = sorted(range(n), key=lambda i: (info[i]["node_ip"], [int(g) for g in info[i]["gpu_ids"]]))
+        order = sorted(range(n), key=lambda i: (info[i]["node_ip"], info[i]["node_id"],
+                                                [int(g) for g in info[i]["gpu_ids"]]))
         self.gpu_runners = [self.gpu_runners[i] for i in order]
         self.placement = [info[i] for i in order]
         self.tasks: dict[str, _Task] = {}
@@ -184,7 +187,7 @@ class RayBackend(Backend):
             uuid = (p["gpu_uuids"] or [f"RAY-{p['node_ip']}-GPU{gid}"])[0]
             index = int(p["gpu_ids"][0]) if p["gpu_ids"] else i  # the GPU's id on its node (labels gpuN)
             out.append(Device(ordinal=i, index=index, uuid=uuid, name=f"node {p['node_ip']} GPU {gid}",
-                              total_bytes=total_bytes))
+                              total_bytes=total_bytes, node=f"{p['node_ip']} ({p['node_id'][:8]})"))
         return out
 
     def start(self, launch: Launch) -> None:
@@ -198,7 +201,7 @@ class RayBackend(Backend):
         env = {k: v for k, v in launch.env.items() if k != "CUDA_VISIBLE_DEVICES"}
         ordinals = [d["ordinal"] for d in launch.devices if d.get("kind") != "cpu"]
         if ordinals and self.gpu_runners:
-            nodes = {self.placement[o]["node_ip"] for o in ordinals}
+            nodes = {self.placement[o]["node_id"] for o in ordinals}
             if len(nodes) > 1:
                 raise RuntimeError(f"{launch.job_id} holds GPUs on {len(nodes)} nodes ({', '.join(sorted(nodes))}); "
                                    f"a k-device job needs its k GPUs on one node")
