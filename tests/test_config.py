@@ -296,3 +296,18 @@ def test_the_help_page_says_what_micro_batch_auto_does():
 
     text = " ".join(help_text().split())
     assert "training.micro_batch_size=0" in text and "pita plan shows the choice without running" in text
+
+
+def test_a_new_runs_paths_are_made_absolute_against_the_folder_it_started_from(tmp_path, monkeypatch):
+    """Workers on other nodes start elsewhere: output, cache and local dataset paths are absolute
+    in a new run's config (and in its config.yaml), a hub dataset keeps no path."""
+    from pita.cli.run import absolute_paths
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "mine.jsonl").write_text('{"question": "1+1?", "answer": "#### 2"}\n')
+    cfg = _compose("experiment=smoke", "system.output_dir=outs", "system.cache_dir=.cache/pita",
+                   "datasets.gsm8k.path=mine.jsonl")
+    absolute_paths(cfg)
+    assert cfg.system.output_dir == str(tmp_path / "outs") and cfg.system.cache_dir == str(tmp_path / ".cache/pita")
+    assert cfg.datasets.gsm8k.path == str(tmp_path / "mine.jsonl")
+    assert cfg.datasets.math500.get("path") is None

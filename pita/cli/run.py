@@ -55,6 +55,20 @@ def _run_experiment(cfg: DictConfig, overrides: list[str] | None, run_dir: Path 
         return 1
 
 
+def absolute_paths(cfg: DictConfig) -> None:
+    """The paths a new run reads and writes, made absolute against the folder it was started
+    from: ``system.output_dir``, ``system.cache_dir`` and each dataset's local ``path``. Workers on
+    other nodes (the Ray backend) start elsewhere, and the run's ``config.yaml`` then names the
+    same files wherever it is resumed from."""
+    sy = cfg.system
+    sy.output_dir = str(Path(sy.output_dir).expanduser().absolute())
+    sy.cache_dir = str(Path(sy.cache_dir).expanduser().absolute())
+    for ds in (cfg.get("datasets") or {}).values():
+        p = ds.get("path") if hasattr(ds, "get") else None
+        if p and not Path(p).expanduser().is_absolute() and Path(p).expanduser().exists():
+            ds.path = str(Path(p).expanduser().absolute())
+
+
 def mig_problems(jobs, gpus) -> list[str]:
     """A k-device job cannot run on MIG slices: CUDA gives one process one slice at most."""
     if not any(getattr(d, "mig", None) is not None for d in gpus.devices):
@@ -89,6 +103,8 @@ def _run(cfg: DictConfig, overrides: list[str], run_dir: Path | None = None) -> 
     owner = rebuilt = None
     if resume:
         run, saved, cfg, changed, owner, rebuilt = _resume_config(cfg, overrides)
+    else:
+        absolute_paths(cfg)
     validate_config(cfg, models=True)  # model folders and hub ids too: before any folder is made
     sy, ex = cfg.system, cfg.executor
     cpu_n = min(usable_cores(), 2) if sy.cpu_devices == "auto" else int(sy.cpu_devices)
