@@ -167,5 +167,17 @@ def print_summary(summary, run) -> None:
         print(f"  FAILED {f['job']} on {f['device']}: {f['error']}\n         log: {f['log']}")
     if summary.interrupted:
         print(f"interrupted; resume with: python run_parallel.py resume_from={run.root}")
-    print(f"run folder: {run.root}  (log: {run.run_log})")
+    print(f"run folder: {_here(run.root)}  (log: {_here(run.run_log)})")
+
+
+def _here(path) -> str:
+    """``path`` relative to the current folder when it lies below it (shorter to read and paste),
+    else as it is."""
+    import os
+    from pathlib import Path
+
+    try:
+        return str(Path(path).relative_to(Path(os.getcwd())))
+    except ValueError:
+        return str(path)
 
