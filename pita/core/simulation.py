@@ -37,14 +37,12 @@ class SimResult:
 def simulate(jobs: list[Job], device_totals: list[int], memory_margin: float = 0.05,
              max_jobs_per_device: int | None = None, starvation_passes: int | None = 50,
              true_peaks: dict[str, int] | None = None, learn_memory: bool = False,
-             host_bytes: int | None = None, backfill: bool = True,
-             expected: dict[str, float] | None = None) -> SimResult:
+             host_bytes: int | None = None, backfill: bool = True) -> SimResult:
     """``true_peaks``: bytes each job really peaks at (default: its estimate); a finished job
     reports it, and with ``learn_memory`` the executor's :class:`MemoryLearner` turns the reports
     into the estimates later jobs are placed with. Peaks are counted against the devices'
     whole memory (``overcommits``): with learning on, that is what its safety margin is for.
-    ``expected``: the seconds the scheduler expects of each job, where they differ from what it
-    takes (``duration_hint``); ``backfill=False``: no reservations (the starvation guard only)."""
+    ``backfill=False``: no reservations (the starvation guard only)."""
     graph = JobGraph(jobs).validate(device_totals, memory_margin, check_kinds=False)
     learner = None
     if learn_memory:
@@ -52,10 +50,9 @@ def simulate(jobs: list[Job], device_totals: list[int], memory_margin: float = 0
 
         learner = MemoryLearner(graph, "gpu", int(max(device_totals) * (1 - memory_margin)))
     clock = [0.0]
-    expect = (lambda jid: expected.get(jid, graph[jid].duration_hint)) if expected else None
     sched = Scheduler(graph, device_totals, memory_margin, max_jobs_per_device=max_jobs_per_device,
                       starvation_passes=starvation_passes, estimate=learner.estimate if learner else None,
-                      host_bytes=host_bytes, clock=lambda: clock[0], duration=expect, backfill=backfill)
+                      host_bytes=host_bytes, clock=lambda: clock[0], backfill=backfill)
     peaks = {j.id: j.resources.memory_bytes for j in jobs}
     peaks.update(true_peaks or {})
     now, events, timeline, seq, overcommits, changes = 0.0, [], [], 0, 0, []

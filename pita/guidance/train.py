@@ -96,19 +96,7 @@ def _grouped_batches(examples: list, lengths: list[int], budget: int, rng: rando
         groups.setdefault(e.group if e.group is not None else ("row", i), []).append(i)
     order = list(groups.values())
     rng.shuffle(order)
-    batches, cur, longest = [], [], 0
-    for g in order:
-        for i in sorted(g, key=lambda i: examples[i].ids):
-            L = max(longest, lengths[i])
-            if cur and (L * (len(cur) + 1) > budget or len(cur) >= max_rows):
-                batches.append(cur)
-                cur, L = [], lengths[i]
-            cur.append(i)
-            longest = L
-    if cur:
-        batches.append(cur)
-    rng.shuffle(batches)
-    return batches
+    return _cut([i for g in order for i in sorted(g, key=lambda i: examples[i].ids)], lengths, budget, rng, max_rows)
 
 
 def _common(a: list[int], b: list[int], limit: int) -> int:
@@ -148,8 +136,14 @@ def _batches(lengths: list[int], budget: int, rng: random.Random, max_rows: int 
     chunked = []
     for s in range(0, len(order), 256):
         chunked += sorted(order[s:s + 256], key=lambda i: lengths[i])
+    return _cut(chunked, lengths, budget, rng, max_rows)
+
+
+def _cut(order: list[int], lengths: list[int], budget: int, rng: random.Random, max_rows: int) -> list[list[int]]:
+    """Rows in ``order`` cut into consecutive batches under the token budget (padded length x
+    rows) and the row cap; the batches shuffled."""
     batches, cur, longest = [], [], 0
-    for i in chunked:
+    for i in order:
         L = max(longest, lengths[i])
         if cur and (L * (len(cur) + 1) > budget or len(cur) >= max_rows):
             batches.append(cur)

@@ -57,9 +57,8 @@ def _with_durations(cfg, jobs: list[Job], cuda: bool, learner=None) -> list[Job]
         learner = (DurationLearner.load(cfg.system.cache_dir, cfg.model.name, cuda)
                    if cfg.executor.get("learn_durations", True) else DurationLearner())
     for j in jobs:
-        j.planned_s = durations.seconds(j)
-        j.duration_hint = j.planned_s
-        j.duration_hint = learner.expected(j)
+        j.planned_s = j.duration_hint = durations.seconds(j)
+        j.duration_hint = learner.expected(j)  # the roofline's, corrected where its kind was measured
     return jobs
 
 
