@@ -215,3 +215,199 @@ def test_on_a_cluster_of_two_gpu_nodes_k_device_jobs_get_one_nodes_gpus(tmp_path
     finally:
         ray.shutdown()
         cluster.shutdown()
+
+
+def _cluster(gpu_nodes: int, gpus: int = 2):
+    """A head without GPUs (the driver's node) and ``gpu_nodes`` nodes of ``gpus`` logical GPUs;
+    a node that dies is noticed within a few seconds."""
+    from ray.cluster_utils import Cluster
+
+    cluster = Cluster(initialize_head=True, head_node_args={
+        "num_cpus": 1, "num_gpus": 0,
+        "_system_config": {"health_check_period_ms": 500, "health_check_failure_threshold": 3}})
+    nodes = [cluster.add_node(num_cpus=2, num_gpus=gpus) for _ in range(gpu_nodes)]
+    cluster.wait_for_nodes()
+    return cluster, nodes
+
+
+def _started_on(run: Path, node) -> list[str]:
+    """Jobs whose attempt started on a GPU of ``node`` (run.log's start lines name the device)."""
+    try:
+        text = (run / "run.log").read_text()
+    except OSError:
+        return []
+    tag = f"RAY-{node.node_id[:8]}-GPU"
+    return [line.split("start ", 1)[1].split(" on ")[0] for line in text.splitlines()
+            if " start " in line and tag in line]
+
+
+def test_a_node_lost_mid_run_costs_its_attempts_only_and_a_node_that_joins_is_used(tmp_path):
+    """Two 2-GPU nodes; once jobs run on the first, it is killed (no graceful stop) and a third
+    node joins. The run ends 0: every job completes, the attempts on the lost node are recorded
+    as lost and ran again elsewhere without a crash retry (crash_retries=0), the lost GPUs leave
+    the inventory, the new node's GPUs join it and take work, and merges (host jobs) run on the
+    driver's node throughout."""
+    cluster, (a, b) = _cluster(2)
+    try:
+        p = _start(tmp_path, "lose", ["synthetic.job_seconds=2", *SMALL, "executor.backend=ray",
+                                      f"executor.ray.address={cluster.address}", "executor.crash_retries=0"])
+        assert wait_for(lambda: (tmp_path / "lose").exists() and any((tmp_path / "lose").iterdir()), 90)
+        run = only_run(tmp_path, "lose")
+        assert wait_for(lambda: _started_on(run, a), 120), (run / "run.log").read_text()[-3000:]
+        cluster.remove_node(a, allow_graceful=False)
+        c = cluster.add_node(num_cpus=2, num_gpus=2)
+        out, err = p.communicate(timeout=300)
+        assert p.returncode == 0, err[-4000:]
+        state = json.loads((run / "state.json").read_text())
+        jobs = state["jobs"]
+        assert all(e["state"] == "COMPLETED" for e in jobs.values()), {j: e["state"] for j, e in jobs.items()}
+        lost = [(j, at) for j, e in jobs.items() for at in e["attempts"] if at["status"] == "lost"]
+        assert lost
+        for j, at in lost:  # only attempts on the lost node, each run again to success
+            assert [a.node_id[:8] in d["node"] for d in at["devices"]] == [True], at
+            assert "left the Ray cluster" in at["error"] or "Ray actor" in at["error"], at["error"]
+            assert jobs[j]["attempts"][-1]["status"] == "ok"
+            assert not any(x["status"] == "died" for x in jobs[j]["attempts"])
+        devices = {d["uuid"]: d for d in state["devices"]}
+        gone = [d for d in devices.values() if a.node_id[:8] in d.get("node", "")]
+        assert len(gone) == 2 and all("left the Ray cluster" in d["lost"] for d in gone)
+        joined = [u for u in devices if c.node_id[:8] in u]
+        assert len(joined) == 2, devices
+        assert _started_on(run, c), "the node that joined took no work"
+        log = (run / "run.log").read_text()
+        assert "left the inventory" in log and "joined the inventory" in log
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+
+
+FAKE_NVML = '''"""pynvml as a node with FAKE_NVML_GB-GB GPUs would answer (tests of per-node memory)."""
+import os
+from types import SimpleNamespace
+
+GB = 2**30
+class NVMLError(Exception):
+    pass
+def nvmlInit():
+    if "FAKE_NVML_GB" not in os.environ:
+        raise NVMLError("Driver Not Loaded")
+def nvmlDeviceGetCount():
+    return 8
+def nvmlDeviceGetHandleByIndex(i):
+    return int(i)
+def nvmlDeviceGetUUID(h):
+    return f"GPU-fake-{os.environ['FAKE_NVML_GB']}-{h}"
+def nvmlDeviceGetName(h):
+    return "Fake GPU"
+def nvmlDeviceGetMemoryInfo(h):
+    total = int(float(os.environ["FAKE_NVML_GB"]) * GB)
+    return SimpleNamespace(total=total, used=GB, free=total - GB)
+def nvmlDeviceGetUtilizationRates(h):
+    return SimpleNamespace(gpu=7, memory=0)
+def nvmlDeviceGetComputeRunningProcesses(h):
+    return []
+'''
+
+
+def test_each_gpu_has_the_memory_its_own_node_reads_and_a_node_without_nvml_says_so(tmp_path):
+    """Nodes whose NVML reports 40 GB and 24 GB GPUs, and one without NVML: each device carries
+    its own node's figure (and its used memory is read there during the run); the node without
+    NVML gets executor.ray.gpu_memory_gb, said in run.log."""
+    from ray.cluster_utils import Cluster
+
+    fake = tmp_path / "fake_nvml"
+    fake.mkdir()
+    (fake / "pynvml.py").write_text(FAKE_NVML)
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "num_gpus": 0})
+    try:
+        big = cluster.add_node(num_cpus=1, num_gpus=1, env_vars={"PYTHONPATH": str(fake), "FAKE_NVML_GB": "40"})
+        small = cluster.add_node(num_cpus=1, num_gpus=1, env_vars={"PYTHONPATH": str(fake), "FAKE_NVML_GB": "24"})
+        plain = cluster.add_node(num_cpus=1, num_gpus=1)
+        cluster.wait_for_nodes()
+        r = cli(["experiment.name=mem", "synthetic.job_seconds=0.5", *SMALL, "executor.backend=ray",
+                 f"executor.ray.address={cluster.address}", "executor.ray.gpu_memory_gb=16",
+                 "system.gpu_summary_interval_s=1"], tmp_path, timeout=300)
+        assert r.returncode == 0, r.stderr[-3000:]
+        run = only_run(tmp_path, "mem")
+        state = json.loads((run / "state.json").read_text())
+        by_node = {n.node_id[:8]: n for n in (big, small, plain)}
+        totals = {}
+        for d in state["devices"]:
+            [nid] = [k for k in by_node if k in d["node"]]
+            totals[nid] = d["total_bytes"]
+        assert totals == {big.node_id[:8]: 40 * 2**30, small.node_id[:8]: 24 * 2**30, plain.node_id[:8]: 16 * 2**30}
+        log = (run / "run.log").read_text()
+        assert "has no NVML: its GPUs are taken to have 16.0 GB" in log
+        assert "1.07 GB used, GPU utilization 7%" in log  # read on the GPU's node while the run went on
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+
+
+def test_start_up_names_the_gpus_it_waits_for_and_gives_up_with_exit_2_then_uses_one_that_frees(tmp_path):
+    """Every GPU of the cluster held by other Ray work: the run waits executor.ray.startup_timeout_s,
+    then exits 2 naming the node and what holds its GPUs. With one of two held, it starts on the
+    free one, and the other joins the run once it is released."""
+    cluster, _ = _cluster(1)
+    try:
+        ray.init(address=cluster.address, log_to_driver=False, configure_logging=False)
+
+        @ray.remote(num_gpus=1, num_cpus=0)
+        class Holder:
+            def ping(self):
+                return 1
+
+        holders = [Holder.remote() for _ in range(2)]
+        ray.get([h.ping.remote() for h in holders])
+        r = cli(["experiment.name=held", *SMALL, "executor.backend=ray", f"executor.ray.address={cluster.address}",
+                 "executor.ray.startup_timeout_s=3"], tmp_path, timeout=120)
+        assert r.returncode == 2, r.stderr[-3000:]
+        assert "no GPU of the Ray cluster came free within 3s (executor.ray.startup_timeout_s)" in r.stderr
+        assert "2 GPU(s), 0 this run's, 0 free, 2 held by other Ray work" in r.stderr
+        ray.kill(holders.pop())
+        p = _start(tmp_path, "half", ["synthetic.job_seconds=1.5", *SMALL, "executor.backend=ray",
+                                      f"executor.ray.address={cluster.address}"])
+        assert wait_for(lambda: (tmp_path / "half").exists() and any((tmp_path / "half").iterdir()), 90)
+        run = only_run(tmp_path, "half")
+        assert wait_for(lambda: (run / "run.log").exists() and " start " in (run / "run.log").read_text(), 90)
+        ray.kill(holders.pop())
+        out, err = p.communicate(timeout=300)
+        assert p.returncode == 0, err[-3000:]
+        log = (run / "run.log").read_text()
+        assert "starting on 1 of its 2 GPUs" in log and "joined the inventory" in log
+        state = json.loads((run / "state.json").read_text())
+        used = {d["uuid"] for e in state["jobs"].values() for at in e["attempts"] for d in at["devices"]}
+        assert len(used) == 2, used
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+
+
+def test_a_cluster_without_gpus_runs_its_jobs_on_every_nodes_cores(tmp_path):
+    """A head of 1 CPU and two nodes of 2 CPUs, no GPU: 5 CPU devices (2 per node at most, one
+    per core), each job's threads its node's share, and jobs run on every node."""
+    from ray.cluster_utils import Cluster
+
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "num_gpus": 0})
+    try:
+        nodes = [cluster.add_node(num_cpus=2, num_gpus=0) for _ in range(2)]
+        cluster.wait_for_nodes()
+        r = cli(["experiment.name=cpus", "synthetic.job_seconds=0.5", *SMALL, "executor.backend=ray",
+                 f"executor.ray.address={cluster.address}"], tmp_path, timeout=300)
+        assert r.returncode == 0, r.stderr[-3000:]
+        run = only_run(tmp_path, "cpus")
+        state = json.loads((run / "state.json").read_text())
+        devs = state["devices"]
+        assert [d["kind"] for d in devs] == ["cpu"] * 5, devs
+        per_node = {}
+        for d in devs:
+            per_node[d["node"]] = per_node.get(d["node"], 0) + 1
+        assert sorted(per_node.values()) == [1, 2, 2]
+        ran_on = {d["node"] for e in state["jobs"].values() for at in e["attempts"] for d in at["devices"]}
+        assert len(ran_on) == 3, ran_on
+        for n in nodes:
+            assert any(n.node_id[:8] in x for x in ran_on)
+        assert all(d["name"].endswith(" 1 core") for d in devs), devs  # each slot: its node's cores / slots
+    finally:
+        ray.shutdown()
+        cluster.shutdown()

@@ -185,3 +185,52 @@ def test_a_sharded_job_killed_mid_training_resumes_on_both_ranks(tiny_cache, tmp
 
     saved = AutoModelForCausalLM.from_pretrained(res["checkpoint"])
     assert sum(w.numel() for w in saved.parameters()) == sum(held)
+
+
+def test_value_training_stopped_after_a_checkpoint_continues_to_the_same_weights(tiny, tmp_path, monkeypatch):
+    """The value trainer writes its state (every step here); a run stopped during step 8 (in its
+    second epoch) and started again on a fresh model (as a re-attempt on another node would)
+    continues after step 7, drawing the epoch's batches again, and ends with the uninterrupted run's loss curve and weights; the file is gone
+    at the end."""
+    import torch
+
+    from pita.guidance import train as T
+    from pita.guidance.value_model import ValueModel
+
+    prompt = [5, 6, 7, 8]
+    ex = [T.SeqExample(prompt + [20 + i % 7, 9, 9], 4, float(i % 2)) for i in range(40)]
+
+    def model():
+        torch.manual_seed(0)
+        return ValueModel.create(tiny["guidance"], loss="bce")
+
+    class Stop(Exception):
+        pass
+
+    class Tracker:  # stands in for the worker dying during step 8 (its state not yet written)
+        def __init__(self, stop_at):
+            self.stop_at = stop_at
+
+        def log(self, metrics, step):
+            if step == self.stop_at:
+                raise Stop
+
+    s = T.TrainSettings(epochs=3, lr=1e-3, token_budget=128, batch_size=8)
+    whole = model()
+    want = T._train(whole, ex, s, T.log, 0, "cpu", Tracker(None))
+    ckpt = tmp_path / "train-state.pt"
+    s2 = T.TrainSettings(epochs=3, lr=1e-3, token_budget=128, batch_size=8, checkpoint=str(ckpt))
+    monkeypatch.setattr(T._Checkpoint, "due", lambda self: True)
+    first = model()
+    with pytest.raises(Stop):
+        T._train(first, ex, s2, T.log, 0, "cpu", Tracker(8))
+    assert ckpt.exists()
+    saved = torch.load(ckpt, weights_only=False)
+    assert saved["step"] == 7 and saved["epoch"] == 1  # the state before the stopped step, mid-epoch
+    again = model()
+    got = T._train(again, ex, s2, T.log, 0, "cpu", Tracker(None))
+    assert [c["step"] for c in got] == [c["step"] for c in want]
+    assert [round(c["loss"], 5) for c in got] == [round(c["loss"], 5) for c in want]
+    for (n, a), (_, b) in zip(whole.state_dict().items(), again.state_dict().items()):
+        assert torch.allclose(a, b, atol=1e-6), n
+    assert not ckpt.exists()

@@ -322,7 +322,8 @@ def value_train(ctx):
         ctx.log.info("head calibrated to the targets: %s", calibrate(vm, examples, device=dev, seed=p["seed"]))
     settings = TrainSettings(epochs=p["epochs"], lr=p["lr"], token_budget=p["token_budget"],
                              batch_size=p["batch_size"], **shared_settings(p), seed=p["seed"],
-                             share_prefixes=bool(p.get("share_prefixes", False)))
+                             share_prefixes=bool(p.get("share_prefixes", False)),
+                             checkpoint=str(ctx.paths.checkpoints / "train-state.pt"))
     ctx.log.info("%s: %d examples (%s loss), targets mean %.3f", algo, len(examples), p["loss"],
                  sum(e.target for e in examples) / len(examples))
     curve = train(vm, examples, settings, ctx.log, pad_id=0, device=dev, tracker=tracker_settings(ctx))

@@ -103,6 +103,8 @@ def _run(cfg: DictConfig, overrides: list[str], run_dir: Path | None = None) -> 
     owner = rebuilt = None
     if resume:
         run, saved, cfg, changed, owner, rebuilt = _resume_config(cfg, overrides)
+        if cfg.executor.backend == "ray":  # workers start in the run folder, maybe on another node
+            absolute_paths(cfg)
     else:
         absolute_paths(cfg)
     validate_config(cfg, models=True)  # model folders and hub ids too: before any folder is made
@@ -111,7 +113,7 @@ def _run(cfg: DictConfig, overrides: list[str], run_dir: Path | None = None) -> 
     devices = sy.devices if isinstance(sy.devices, str) else list(sy.devices)
     ray_backend = None
     if ex.backend == "ray":
-        gpus, ray_backend = _ray_inventory(ex, cpu_n)
+        gpus, ray_backend = _ray_inventory(ex, 2 if sy.cpu_devices == "auto" else int(sy.cpu_devices))
     else:
         gpus = GPUManager.detect(devices, cpu_devices=cpu_n)
     if not sy.use_parallel_execution:  # one job at a time: the first device only, one job on it
@@ -215,6 +217,7 @@ def _run(cfg: DictConfig, overrides: list[str], run_dir: Path | None = None) -> 
                          if ex.learn_durations else DurationLearner(apply=False))
         settings = ExecutorSettings(
             oom_retries=ex.oom_retries, crash_retries=ex.crash_retries, job_timeout_s=ex.job_timeout_s,
+            lost_retries=ex.lost_retries, device_wait_s=ex.device_wait_s,
             kill_grace_s=ex.kill_grace_s, poll_interval_s=ex.poll_interval_s, memory_margin=ex.memory_margin,
             max_jobs_per_device=1 if not sy.use_parallel_execution else (
                 ex.max_jobs_per_device if ex.max_jobs_per_device is not None else (1 if gpus.is_cpu else None)),
@@ -228,6 +231,8 @@ def _run(cfg: DictConfig, overrides: list[str], run_dir: Path | None = None) -> 
             max_running=None if sy.use_parallel_execution else 1, min_free_gb=sy.min_free_gb,
             learn_memory=ex.learn_memory, host_bytes=host_bytes, durations=durations)
         log.info("%s", start_note)
+        for line in getattr(backend, "notes", []):  # what start-up found, said before the run folder was
+            log.warning("%s", line)
         config_dict = OmegaConf.to_container(cfg, resolve=True)
         summary = Executor(graph, gpus, backend, run, settings, config_dict, owner=owner).run()
     except BaseException:
@@ -293,24 +298,24 @@ def _remove_new_run(run, owner) -> None:
     shutil.rmtree(run.root, ignore_errors=True)
 
 
-def _ray_inventory(ex, cpu_n: int):
-    """Join (or start) Ray and start the backend's per-GPU actors; the executor plans with one
-    device per cluster GPU (memory from executor.ray.gpu_memory_gb, else this node's first GPU,
-    else 80 GiB), or with CPU devices when the cluster has no GPU."""
+def _ray_inventory(ex, cpu_slots: int):
+    """Join (or start) Ray and start the backend's actors: one device per GPU of the cluster that
+    is free (its memory read on its node; executor.ray.gpu_memory_gb, else this node's first GPU,
+    else 80 GiB where a node has no NVML), or ``cpu_slots`` CPU devices per node on a cluster
+    without GPUs."""
     from pita.core.backends.ray import RayBackend, connect
     from pita.core.gpu_manager import GPUManager
 
     rc = ex.ray
     owns = connect(rc.address, rc.num_gpus, rc.num_cpus)
-    backend = RayBackend(owns_ray=owns, kill_grace_s=ex.kill_grace_s)
-    if not backend.gpu_runners:
-        return GPUManager.cpu_inventory(cpu_n), backend
     if rc.gpu_memory_gb:
-        total = int(rc.gpu_memory_gb * 2**30)
+        fallback = int(rc.gpu_memory_gb * 2**30)
     else:
         local = GPUManager.detect("auto", cpu_devices=1)
-        total = local.devices[0].total_bytes if not local.is_cpu else int(80 * 2**30)
-    return GPUManager(backend.devices(total), source="ray"), backend
+        fallback = local.devices[0].total_bytes if not local.is_cpu else int(80 * 2**30)
+    backend = RayBackend(owns_ray=owns, kill_grace_s=ex.kill_grace_s, gpu_memory_bytes=fallback,
+                         startup_timeout_s=rc.startup_timeout_s, cpu_slots=cpu_slots)
+    return GPUManager(backend.devices(), source="ray"), backend
 
 
 def _task(cfg: DictConfig):

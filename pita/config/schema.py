@@ -77,8 +77,12 @@ class RayConfig:
     # a local instance: logical GPUs to declare (null = those Ray detects); CPU tests use e.g. 4
     num_gpus: Optional[int] = None
     num_cpus: Optional[int] = None  # a local instance: CPUs to declare (null = the machine's)
-    # memory per cluster GPU for the executor's admission; null = this node's first GPU (80 if none)
+    # memory of a cluster GPU whose node has no NVML (each GPU is read on its own node where it
+    # can be); null = this node's first GPU (80 if none)
     gpu_memory_gb: Optional[float] = None
+    # how long start-up waits for a first GPU while every GPU of the cluster is held by other Ray
+    # work (naming them every 15 s); none free by then: exit 2. GPUs that come free later join
+    startup_timeout_s: float = 120.0
 
 
 @dataclass
@@ -90,6 +94,11 @@ class ExecutorConfig:
     worker_start: str = "auto"
     oom_retries: int = 2  # CUDA OOM: retry with the job's batch size halved, at most this often
     crash_retries: int = 0  # worker died (signal, exit without report): re-run this often
+    # its device left (a Ray node lost): re-run elsewhere this often, not counted as a crash
+    lost_retries: int = 5
+    # every device gone (all Ray nodes lost) with work left: wait this long for one to join,
+    # then stop as interrupted (resume_from= picks it up)
+    device_wait_s: float = 600.0
     job_timeout_s: Optional[float] = None  # kill and fail a job running longer (null = no limit)
     kill_grace_s: float = 10.0  # TERM, then KILL after this many seconds
     poll_interval_s: float = 0.1  # how often the executor checks workers and starts jobs

@@ -58,6 +58,10 @@ def validate_config(cfg: DictConfig, models: bool = False) -> None:
         p.append(unknown_name("executor.worker_start", ex.worker_start, WORKER_START_SETTINGS))
     need(ex.oom_retries >= 0, "executor.oom_retries", ex.oom_retries, "must be >= 0")
     need(ex.crash_retries >= 0, "executor.crash_retries", ex.crash_retries, "must be >= 0")
+    need(ex.lost_retries >= 0, "executor.lost_retries", ex.lost_retries, "must be >= 0")
+    need(ex.device_wait_s >= 0, "executor.device_wait_s", ex.device_wait_s, "must be >= 0 seconds")
+    need(ex.ray.startup_timeout_s > 0, "executor.ray.startup_timeout_s", ex.ray.startup_timeout_s,
+         "must be > 0 seconds")
     need(ex.job_timeout_s is None or ex.job_timeout_s > 0, "executor.job_timeout_s", ex.job_timeout_s,
          "must be > 0 seconds, or null for no limit")
     need(ex.kill_grace_s >= 0, "executor.kill_grace_s", ex.kill_grace_s, "must be >= 0")

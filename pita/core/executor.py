@@ -73,6 +73,11 @@ class ExecutorSettings:
     # measured / planned seconds per job kind (pita.plans.durations.DurationLearner): corrects the
     # expected durations reservations use, learns from every finished attempt, saved to its cache
     durations: Any = None
+    # attempts whose device left (a Ray node lost) rerun without counting as the job's crash, up
+    # to this many times per job; beyond, the job fails (something keeps taking its device away)
+    lost_retries: int = 5
+    # every device lost and work left: wait this long for a node to join, then stop (resumable)
+    device_wait_s: float = 600.0
 
 
 @dataclass
@@ -113,11 +118,15 @@ def torch_usage(nvml: dict[str, int], reserved: dict[str, int], reports: dict[st
 
 
 class Executor:
-    def _threads(self, n_devices: int) -> int | None:
-        """A CPU job's thread budget: the threads of every logical device it holds (a job that
-        holds both devices of a 2-core machine runs on both cores)."""
+    def _threads(self, ordinals: list[int]) -> int | None:
+        """A job's thread budget: the threads of every logical device it holds (a job that holds
+        both devices of a 2-core machine runs on both cores); a Ray node's device brings its own
+        share of that node's cores."""
+        own = [self.gpus.devices[o].threads for o in ordinals]
+        if own and all(own):
+            return sum(own)
         t = self.s.threads_per_job
-        return t * max(1, n_devices) if t else t
+        return t * max(1, len(ordinals)) if t else t
 
     def __init__(self, graph: JobGraph, gpus: GPUManager, backend: Backend, run: RunPaths,
                  settings: ExecutorSettings, config: dict | None = None, owner: OwnerLock | None = None):
@@ -149,6 +158,8 @@ class Executor:
         # OOM at its planned estimate: later jobs of the kind start there instead of failing first
         self.oom_batch: dict[str, int] = {}
         self.crash_count: Counter = Counter()
+        self.lost_count: Counter = Counter()
+        self._no_device_since: float | None = None
         self.started_at: dict[str, float] = {}
         self.pending_state: dict[str, dict] = {}
         self.pending_attempts: dict[str, list[dict]] = {}
@@ -321,6 +332,9 @@ class Executor:
                     if now - last_refresh >= self.s.memory_refresh_s:
                         self._observe_memory()
                         last_refresh = now
+                    self._follow_inventory()
+                    if self._no_device_left(now):
+                        return self._stop_without_devices(t0)
                     started = self.sched.schedule()
                     for job_id, ordinals in started:
                         self._launch(job_id, ordinals)
@@ -357,6 +371,48 @@ class Executor:
             self.pump.close()
             self.backend.close()
 
+    # ------------------------------------------------------------------ inventory
+    def _follow_inventory(self) -> None:
+        """Devices that joined or left since the last look (the Ray backend follows its cluster)."""
+        refresh = getattr(self.backend, "refresh", None)
+        if refresh is None:
+            return
+        added, lost = refresh()
+        for o, why in sorted(lost.items()):
+            d = self.gpus.devices[o]
+            d.lost = why
+            running = self.sched.remove_device(o)
+            log.warning("%s (%s) left the inventory: %s%s", d.label, d.name, why,
+                        f"; its running job(s) {', '.join(running)} run again elsewhere" if running else "")
+        for d in (self.backend.devices(ordinals=added) if added else []):
+            assert d.ordinal == len(self.gpus.devices), (d.ordinal, len(self.gpus.devices))
+            self.gpus.devices.append(d)
+            self.sched.add_device(d.total_bytes, d.node)
+            log.info("%s (%s, %.1f GB) joined the inventory", d.label, d.name, d.total_bytes / 1e9)
+        if added or lost:
+            self.pending_meta["devices"] = [dict(d.describe(), label=d.label, **({"lost": d.lost} if d.lost else {}))
+                                            for d in self.gpus.devices]
+            self._no_device_since = None
+
+    def _no_device_left(self, now: float) -> bool:
+        """Every device is lost and device work is left: wait ``device_wait_s`` for one to join."""
+        if self.sched.live_devices() or not self.gpus.devices or not any(
+                self.graph[j].resources.devices for j in self.sched.ready()):
+            self._no_device_since = None
+            return False
+        if self._no_device_since is None:
+            self._no_device_since = now
+            log.warning("every device has left the inventory; waiting up to %.0fs (executor.device_wait_s) for a "
+                        "node to join", self.s.device_wait_s)
+        return now - self._no_device_since > self.s.device_wait_s
+
+    def _stop_without_devices(self, t0: float) -> RunSummary:
+        log.error("no device joined within %.0fs after the last one left: stopping; the run resumes where it "
+                  "stopped with resume_from=%s once the cluster has nodes again", self.s.device_wait_s,
+                  self.run_paths.root.resolve())
+        self._end_running("no device left")
+        return self._finish(t0, interrupted=True)
+
     # ------------------------------------------------------------------ launching
     def _launch(self, job_id: str, ordinals: list[int]) -> None:
         job = self.graph[job_id]
@@ -373,7 +429,7 @@ class Executor:
         job_dict = dict(job.to_dict(), params=self.params[job_id])
         launch = Launch(job=job_dict, target=kind_target(job.kind), attempt=n, run_dir=str(self.run_paths.root),
                         config=self.config, devices=[dict(d.describe(), label=d.label) for d in devs],
-                        env=self.gpus.env_for(ordinals, self._threads(len(ordinals))), paths=jp, tag=f"{job_id} {labels}",
+                        env=self.gpus.env_for(ordinals, self._threads(ordinals)), paths=jp, tag=f"{job_id} {labels}",
                         fingerprint=job.fingerprint())
         self.pump.add(job_id, jp.log, launch.tag)
         self.started_at[job_id] = time.time()
@@ -457,6 +513,18 @@ class Executor:
             return
         if f.status == "ok":  # reported success but the marker is missing: treat as a crash
             f = Finished(f.job_id, f.attempt, "died", f.exit_code, "worker reported success but wrote no .done marker")
+        if f.status == "lost":
+            self.lost_count[f.job_id] += 1
+            if self.lost_count[f.job_id] <= self.s.lost_retries:
+                log.warning("%s lost its device on %s (attempt %d): %s; running it again (not counted as its "
+                            "crash; %d of %d)", f.job_id, where, f.attempt, f.error, self.lost_count[f.job_id],
+                            self.s.lost_retries)
+                self.sched.requeue(f.job_id)
+                self._note(f.job_id, state=JobState.PENDING.value, reason="device lost")
+                return
+            f = Finished(f.job_id, f.attempt, "lost", f.exit_code,
+                         f"{f.error} [its device was lost {self.lost_count[f.job_id]} times; executor.lost_retries="
+                         f"{self.s.lost_retries}]", f.traceback, f.extra)
         if f.status == "cancelled" and self._stop is not None:
             self.sched.requeue(f.job_id)
             self._note(f.job_id, state=JobState.PENDING.value, reason="interrupted")
@@ -621,20 +689,33 @@ class Executor:
     def _observe_memory(self) -> None:
         if not all(d.kind == "cuda" for d in self.gpus.devices):  # CPU devices: their jobs' RSS
             self._rss = jobs_rss({j: self.backend.pids(j) for j in self.backend.running()}, self.sched.placement)
-        if self.gpus.source != "nvml":
+        if self.gpus.source == "ray" and hasattr(self.backend, "read_memory"):
+            self._read_remote_memory()
+        elif self.gpus.source != "nvml":
             return
-        self.gpus.refresh()
+        else:
+            self.gpus.refresh()
         reports = None
         for d in self.gpus.devices:
+            if d.lost or (self.gpus.source == "ray" and d.job_bytes is None):  # not read on its node
+                continue
             usage = {}
             for jid in self.sched.devices[d.ordinal].reserved:
-                usage[jid] = self.gpus.process_usage(d.ordinal, self.backend.pids(jid))
+                usage[jid] = self.gpus.process_usage(d.ordinal, self.backend.pids(jid), jid)
                 self.sampled_peak[jid] = max(self.sampled_peak[jid], usage[jid])
             if usage and not any(usage.values()):  # NVML attributes nothing to our workers (container, MIG)
                 reports = self._torch_reports() if reports is None else reports
                 usage = torch_usage(usage, self.sched.devices[d.ordinal].reserved, reports, d.ordinal,
                                     self.sched.placement)
             self.sched.observe(d.ordinal, d.used_bytes, usage)
+
+    def _read_remote_memory(self) -> None:
+        """A Ray cluster's GPUs, read by NVML on their own nodes (nothing where a node has none)."""
+        live = [d.ordinal for d in self.gpus.devices if not d.lost and d.kind == "cuda"]
+        for o, m in self.backend.read_memory(live).items():
+            d = self.gpus.devices[o]
+            d.used_bytes, d.utilization = int(m["used"]), m.get("utilization")
+            d.job_bytes = {j: int(b) for j, b in m.get("jobs", {}).items()}
 
     def _torch_reports(self) -> dict[str, int]:
         """Running job -> the torch-reserved bytes its worker last reported (all its devices)."""

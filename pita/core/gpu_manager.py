@@ -53,6 +53,9 @@ class Device:
     utilization: int | None = None  # GPU utilization (%) over NVML's last sample period, where it tells
     mig: int | None = None  # a MIG slice: its position on the parent GPU (``index``)
     node: str = ""  # the machine it is on ("" : this one); a k-device job takes k devices of one node
+    threads: int | None = None  # a CPU device's cores (a Ray node's share), where not this machine's
+    lost: str = ""  # why it left the inventory (its Ray node left the cluster); "" : in use
+    job_bytes: dict[str, int] | None = None  # running job -> bytes, where read on its own node (Ray)
 
     @property
     def free_bytes(self) -> int:
@@ -361,9 +364,13 @@ class GPUManager:
             except (AttributeError, nv.NVMLError):  # MIG slices report none
                 d.utilization = None
 
-    def process_usage(self, ordinal: int, pids: set[int]) -> int:
-        """Bytes used on a device by the given processes (0 where NVML does not tell)."""
-        return sum(b for pid, b in self.devices[ordinal].processes if pid in pids)
+    def process_usage(self, ordinal: int, pids: set[int], job_id: str | None = None) -> int:
+        """Bytes used on a device by the given processes (0 where NVML does not tell), or by the
+        job as its node measured it (a Ray node's NVML: pids there are not this machine's)."""
+        d = self.devices[ordinal]
+        if d.job_bytes is not None and job_id is not None:
+            return int(d.job_bytes.get(job_id, 0))
+        return sum(b for pid, b in d.processes if pid in pids)
 
     def summary(self, jobs_per_device: dict[int, int] | None = None,
                 rss_per_device: dict[int, int] | None = None,
@@ -378,6 +385,9 @@ class GPUManager:
         lines = []
         for d in self.devices:
             n = jobs_per_device.get(d.ordinal, 0)
+            if d.lost:
+                lines.append(f"{'GPU' if d.kind == 'cuda' else 'CPU'} {d.index} ({d.name}): lost, {d.lost}")
+                continue
             if d.kind == "cuda":
                 kind, used = "GPU", f"{d.used_bytes / memory.GB:.2f} GB used, "
                 if d.utilization is not None:

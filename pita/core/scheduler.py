@@ -50,6 +50,7 @@ class DeviceLoad:
     measured_used: int = 0  # everything on the device, ours included (NVML); 0 when unknown
     reserved: dict[str, int] = field(default_factory=dict)  # running job -> estimate
     usage: dict[str, int] = field(default_factory=dict)  # running job -> measured bytes
+    alive: bool = True  # False: it left the inventory (its node is gone); nothing starts there
 
     def others(self) -> int:
         """Device memory held by processes that are not our running jobs. Where NVML attributes
@@ -88,7 +89,8 @@ class Scheduler:
                  backfill: bool = True, device_nodes: list[str] | None = None):
         self.graph = graph
         # each device's node; a k-device job's devices all come from one node (None: one node)
-        self.nodes = list(device_nodes) if device_nodes and len(set(device_nodes)) > 1 else None
+        self._device_nodes = list(device_nodes) if device_nodes else [""] * len(device_totals)
+        self.nodes = self._device_nodes if len(set(self._device_nodes)) > 1 else None
         # time now and each job's expected seconds, for reservations (the simulation's clock and
         # the plan's durations, or the executor's monotonic clock and the learned durations)
         self.clock = clock or (lambda: 0.0)
@@ -105,6 +107,7 @@ class Scheduler:
         # or what pita.core.memlearn learned from comparable jobs' measured peaks
         self.estimate = estimate or (lambda jid: self.graph[jid].resources.memory_bytes)
         self.max_running = max_running  # jobs running at once in all (None = no cap)
+        self.memory_margin = memory_margin
         self.devices = [DeviceLoad(int(t), int(t * memory_margin)) for t in device_totals]
         self.max_jobs_per_device = max_jobs_per_device
         self.max_cpu_jobs = max_cpu_jobs
@@ -191,6 +194,24 @@ class Scheduler:
         if self._waiting[job_id] == 0:
             self._add_ready(job_id)
 
+    def add_device(self, total_bytes: int, node: str = "") -> int:
+        """A device that joined (a Ray node came, or a GPU came free); returns its ordinal."""
+        self.devices.append(DeviceLoad(int(total_bytes), int(total_bytes * self.memory_margin)))
+        self._device_nodes.append(node)
+        self.nodes = self._device_nodes if len(set(self._device_nodes)) > 1 else None
+        return len(self.devices) - 1
+
+    def remove_device(self, ordinal: int) -> list[str]:
+        """A device that left (its node is gone): nothing starts there again. Returns the jobs
+        running on it; the executor requeues each when its attempt is reported over."""
+        self.devices[ordinal].alive = False
+        if self.reservation is not None and ordinal in self.reservation.spare:
+            self.reservation = None
+        return sorted(self.devices[ordinal].reserved)
+
+    def live_devices(self) -> int:
+        return sum(d.alive for d in self.devices)
+
     def _host_fits(self, job_id: str) -> bool:
         if self.host_bytes is None:
             return True
@@ -246,6 +267,8 @@ class Scheduler:
         cap = self.max_jobs_per_device
         when: list[tuple[float, int, int, int, int]] = []  # (time, jobs then, ordinal, room then, jobs then)
         for o, dev in enumerate(self.devices):
+            if not dev.alive:
+                continue
             room, count = dev.available(), len(dev.reserved)
             ends = sorted((self.expected_end(r, now), max(b, dev.usage.get(r, 0))) for r, b in dev.reserved.items())
             t, i = now, 0
@@ -291,7 +314,7 @@ class Scheduler:
     # ------------------------------------------------------------------ placement
     def _fits(self, o: int, need: int, held: set[int]) -> bool:
         dev = self.devices[o]
-        if o in held:
+        if o in held or not dev.alive:
             return False
         if self.max_jobs_per_device is not None and len(dev.reserved) >= self.max_jobs_per_device:
             return False
@@ -311,7 +334,7 @@ class Scheduler:
         for pos, (_, jid) in enumerate(list(self._ready_order)):
             if self.max_running is not None and running + len(started) >= self.max_running:
                 break
-            if cap is not None and all(len(d.reserved) >= cap for d in self.devices):
+            if cap is not None and all(len(d.reserved) >= cap or not d.alive for d in self.devices):
                 # No device takes another job: only host jobs can still start (and no device job
                 # starts ahead of a waiting one), so the rest of the pass looks at those alone; its
                 # cost does not grow with the number of jobs waiting for a device.
@@ -368,7 +391,8 @@ class Scheduler:
                         continue
                 if starving and not held and res is None:
                     # Hold the devices closest to fitting this job so lower-priority work cannot starve it.
-                    closest = sorted(range(len(self.devices)), key=lambda o: (-self.devices[o].available(), o))[:k]
+                    closest = sorted((o for o, d in enumerate(self.devices) if d.alive),
+                                     key=lambda o: (-self.devices[o].available(), o))[:k]
                     held.update(closest)
         for pos, jid in blocked:  # lower-priority work started while this job waited
             # with a reservation, only the reserved job counts, and only while the jobs it waits

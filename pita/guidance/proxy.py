@@ -149,7 +149,8 @@ def proxy_train(ctx):
     vm = ValueModel.create(p["backbone"], loss="bradley_terry", head_dim=p["head_dim"])
     dev = default_device()
     curve = train(vm, examples, TrainSettings(epochs=p["epochs"], lr=p["lr"], token_budget=p["token_budget"],
-                                              batch_size=p["batch_size"], seed=p["seed"], **shared_settings(p)),
+                                              batch_size=p["batch_size"], seed=p["seed"], **shared_settings(p),
+                                              checkpoint=str(ctx.paths.checkpoints / "train-state.pt")),
                   ctx.log, pad_id=0, device=dev, tracker=tracker_settings(ctx))
     out = ctx.paths.artifacts / "model"
     vm.save(out)

@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import random
+import time
 from dataclasses import dataclass
 
 import torch
@@ -43,6 +45,12 @@ class TrainSettings:
     # rows of one prompt (its roll-in cuts and continuations) batched together, and the prefix
     # they share run once per batch: the same loss and gradients per batch, fewer tokens
     share_prefixes: bool = False
+    # a file to keep the training state in (weights, optimizer, position, random state): written
+    # every checkpoint_s seconds at most (longer when a save costs more than 5% of that time), read
+    # back by a re-attempt, which then continues where it stopped (a lost node, a killed worker)
+    # with the same batches and the same result; removed when training ends. "" : none
+    checkpoint: str = ""
+    checkpoint_s: float = 300.0
 
     def check(self, where: str) -> None:
         p = []
@@ -247,11 +255,28 @@ def _train(vm, examples: list, s: TrainSettings, logger: logging.Logger, pad_id:
         clipped = [_clip(e.ids, e.start, s.max_len) for e in examples]
         lengths = [len(c[0]) for c in clipped]
     curve, step = [], 0
-    for epoch in range(s.epochs):
-        total, count = 0.0, 0
+    ckpt = _Checkpoint(s.checkpoint, s.checkpoint_s)
+    first_epoch, skip, total, count = 0, 0, 0.0, 0
+    saved = ckpt.load()
+    if saved is not None:
+        vm.load_state_dict(saved["model"])
+        opt.load_state_dict(saved["optimizer"])
+        first_epoch, skip, step, curve = saved["epoch"], saved["batch"], saved["step"], saved["curve"]
+        total, count = saved["total"], saved["count"]
+        rng.setstate(saved["rng_epoch"])
+        torch.set_rng_state(saved["torch_rng"])
+        if cuda and saved.get("cuda_rng") is not None:
+            torch.cuda.set_rng_state(saved["cuda_rng"])
+        logger.info("continuing from the checkpoint at epoch %d, step %d (%s)", first_epoch, step, s.checkpoint)
+    for epoch in range(first_epoch, s.epochs):
+        if epoch > first_epoch:
+            total, count, skip = 0.0, 0, 0
+        rng_epoch = rng.getstate()  # the epoch's batches are drawn from here (a resume draws them again)
         batching = (lambda: _grouped_batches(examples, lengths, s.token_budget, rng, s.batch_size)) \
             if s.share_prefixes and not pairs else (lambda: _batches(lengths, s.token_budget, rng, s.batch_size))
-        for batch in batching():
+        for k, batch in enumerate(batching()):
+            if k < skip:
+                continue
             # micro-batches: gradients accumulate, each part weighted by its share of the batch's
             # loss units (masked tokens, or pairs), so the step equals the whole batch's
             micro = s.micro_batch_size if s.micro_batch_size > 0 else len(batch)
@@ -276,9 +301,58 @@ def _train(vm, examples: list, s: TrainSettings, logger: logging.Logger, pad_id:
             count += len(batch)
             curve.append({"epoch": epoch, "step": step, "loss": lv})
             tracker.log({"train/loss": lv, "train/epoch": epoch}, step)
+            if ckpt.due():
+                ckpt.save(lambda: {"model": vm.state_dict(), "optimizer": opt.state_dict(), "epoch": epoch,
+                                   "batch": k + 1, "step": step, "curve": curve, "total": total, "count": count,
+                                   "rng_epoch": rng_epoch, "torch_rng": torch.get_rng_state(),
+                                   "cuda_rng": torch.cuda.get_rng_state() if cuda else None}, logger)
         logger.info("epoch %d: mean loss %.4f over %d examples", epoch, total / max(count, 1), count)
     vm.eval()
+    ckpt.remove()
     return curve
+
+
+class _Checkpoint:
+    """The training state in one file, replaced atomically: written when ``interval_s`` has passed
+    since the last write, and at least 20 times the last write's cost (so saving stays under 5%
+    of the time)."""
+
+    def __init__(self, path: str, interval_s: float):
+        self.path = path
+        self.interval_s = interval_s
+        self.last = time.monotonic()
+        self.cost = 0.0
+
+    def load(self) -> dict | None:
+        if not self.path or not os.path.exists(self.path):
+            return None
+        try:
+            return torch.load(self.path, map_location="cpu", weights_only=False)
+        except Exception as e:  # a torn file cannot be: it is replaced atomically; another version's
+            log.warning("ignoring the training checkpoint %s (%s): training starts over", self.path, e)
+            return None
+
+    def due(self) -> bool:
+        return bool(self.path) and self.interval_s > 0 and \
+            time.monotonic() - self.last >= max(self.interval_s, 20 * self.cost)
+
+    def save(self, state, logger) -> None:
+        t = time.monotonic()
+        os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
+        tmp = f"{self.path}.tmp"
+        torch.save(state(), tmp)
+        os.replace(tmp, self.path)
+        self.last = time.monotonic()
+        self.cost = self.last - t
+        logger.debug("training checkpoint written in %.1fs", self.cost)
+
+    def remove(self) -> None:
+        if self.path:
+            for p in (self.path, f"{self.path}.tmp"):
+                try:
+                    os.remove(p)
+                except FileNotFoundError:
+                    pass
 
 
 def _checkpointing(model) -> bool:

@@ -11,20 +11,31 @@ the executor believed them spread over four). Instead the backend starts one act
 GPU (``num_gpus=1``: Ray pins it to one GPU of its node) plus one for host jobs, and the
 executor's devices *are* those actors: its admission decides when and where a job runs, several
 small jobs share a GPU by running concurrently on its (threaded) actor, and a k-device job runs
-on k GPUs of one node.
+on k GPUs of one node. A cluster without GPUs gets CPU devices instead: ``cpu_slots`` actors on
+every node, each pinned to its node, with the node's cores and memory shared out between them.
 
 Each attempt runs the same worker as the local backend (``python -m pita.core.worker
-launch.json``) as a child of the actor with ``CUDA_VISIBLE_DEVICES`` = its GPU(s), output to the
-job's ``job.log`` (which the driver copies into ``run.log``); the node IP, GPU ids and UUIDs are
-recorded in ``state.json``. Run folders must be on a file system every node sees: an actor that
-cannot see the run folder fails the job with that reason. Killing an attempt signals the worker's
-process group (TERM, then KILL); a worker dies with its actor (PR_SET_PDEATHSIG), so stopping the
-run leaves no process holding GPU memory; an attempt whose actor is lost (its process or node)
-ends as a dead worker (``executor.crash_retries``).
+launch.json``) as a child of the actor, started in the run's folder, with ``CUDA_VISIBLE_DEVICES``
+= its GPU(s), output to the job's ``job.log`` (which the driver copies into ``run.log``); the node
+IP, GPU ids and UUIDs are recorded in ``state.json``. Run folders must be on a file system every
+node sees: an actor that cannot see the run folder fails the job with that reason. Killing an
+attempt signals the worker's process group (TERM, then KILL); a worker dies with its actor
+(PR_SET_PDEATHSIG), so stopping the run leaves no process holding GPU memory.
+
+The inventory follows the cluster (``refresh``, asked by the executor every loop, at most every
+``refresh_s``): a node that leaves (or an actor that dies) takes its devices out of the inventory
+and its running attempts end as ``lost`` (requeued by the executor without counting as the job's
+crash); GPUs that come free, on a node that joins or where a dead actor was, get new actors, which
+join the inventory once Ray has placed them. Each GPU's memory is read by NVML on its own node
+(``executor.ray.gpu_memory_gb`` or the driver's GPU only where a node has no NVML, said in the
+log). Host jobs (merges) run on an actor pinned to the driver's node, so losing any other node
+never loses them, and a host actor that dies is replaced.
 """
 
 from __future__ import annotations
 
+import logging
+import math
 import os
 import signal
 import socket
@@ -38,22 +49,53 @@ from pita.core.backends.local import finished_from
 from pita.core.errors import ConfigError
 from pita.core.paths import atomic_write_json
 
+log = logging.getLogger("pita.ray")
+
 INSTALL = "pip install -e '.[ray]' (or pip install 'ray[default]')"
 
 
-def _gpu_uuids(ids: list[str]) -> list[str]:
+def node_gpus(ids: list[str]) -> dict:
+    """What NVML says on this node about the GPUs ``ids`` (Ray's ids: indices on the node): UUIDs,
+    total and used memory, utilization, and the compute processes (pid, bytes). Empty where there
+    is no NVML (CPU nodes, logical GPUs)."""
     try:
         import pynvml
 
         pynvml.nvmlInit()
-        out = []
+    except Exception:
+        return {}
+    out = {"uuids": [], "total": [], "used": [], "utilization": [], "processes": []}
+    try:
         for i in ids:
             h = pynvml.nvmlDeviceGetHandleByIndex(int(i))
             u = pynvml.nvmlDeviceGetUUID(h)
-            out.append(u.decode() if isinstance(u, bytes) else str(u))
-        return out
-    except Exception:  # no NVML (CPU nodes, logical GPUs): ids only
-        return []
+            out["uuids"].append(u.decode() if isinstance(u, bytes) else str(u))
+            mem = pynvml.nvmlDeviceGetMemoryInfo(h)
+            out["total"].append(int(mem.total))
+            out["used"].append(int(mem.used))
+            try:
+                out["utilization"].append(int(pynvml.nvmlDeviceGetUtilizationRates(h).gpu))
+            except Exception:
+                out["utilization"].append(None)
+            try:
+                procs = pynvml.nvmlDeviceGetComputeRunningProcesses(h)
+                out["processes"].append([(int(p.pid), int(p.usedGpuMemory or 0)) for p in procs])
+            except Exception:
+                out["processes"].append([])
+    except Exception:
+        return {}
+    return out
+
+
+def _tree(pid: int) -> set[int]:
+    """A process and its descendants (a worker's children hold GPU memory too)."""
+    try:
+        import psutil
+
+        p = psutil.Process(pid)
+        return {pid} | {c.pid for c in p.children(recursive=True)}
+    except Exception:
+        return {pid}
 
 
 def import_ray():
@@ -91,38 +133,60 @@ def cluster_gpus() -> int:
 
 
 class DeviceRunner:
-    """A Ray actor, one per cluster GPU (and one for host jobs): runs attempts' workers on its node."""
+    """A Ray actor, one per cluster GPU (or CPU slot, and one for host jobs): runs attempts'
+    workers on its node."""
 
     def __init__(self):
         self.procs: dict[str, subprocess.Popen] = {}
 
     def info(self) -> dict:
+        import psutil
         import ray
 
         ids = [str(g) for g in ray.get_gpu_ids()]
+        nv = node_gpus(ids)
+        try:
+            cores = len(os.sched_getaffinity(0))
+        except (AttributeError, OSError):
+            cores = os.cpu_count() or 1
         return {"node_ip": ray.util.get_node_ip_address(), "hostname": socket.gethostname(), "gpu_ids": ids,
-                "gpu_uuids": _gpu_uuids(ids), "pid": os.getpid(),
+                "gpu_uuids": nv.get("uuids", []), "gpu_total_bytes": nv.get("total", []), "pid": os.getpid(),
+                "cores": cores, "host_available_bytes": int(psutil.virtual_memory().available),
                 # Ray's own id of the node: nodes may share an address (several on one machine)
                 "node_id": ray.get_runtime_context().get_node_id()}
 
-    def run(self, job_id: str, launch_path: str, log_path: str, env: dict, gpu_ids: list[str]) -> dict:
+    def memory(self) -> dict:
+        """This actor's GPU(s) now (NVML on its node), with the bytes each running job's processes use."""
+        import ray
+
+        ids = [str(g) for g in ray.get_gpu_ids()]
+        nv = node_gpus(ids)
+        if not nv:
+            return {}
+        procs = dict(p for ps in nv["processes"] for p in ps)
+        jobs = {j: sum(procs.get(pid, 0) for pid in _tree(p.pid)) for j, p in list(self.procs.items())}
+        return {"used": sum(nv["used"]), "total": sum(nv["total"]), "utilization": nv["utilization"][0],
+                "jobs": jobs}
+
+    def run(self, job_id: str, launch_path: str, log_path: str, env: dict, gpu_ids: list[str],
+            cwd: str | None = None) -> dict:
         import ray
 
         where = {"node_ip": ray.util.get_node_ip_address(), "hostname": socket.gethostname(), "gpu_ids": gpu_ids}
         if not os.path.exists(launch_path):
             return dict(where, rc=None, missing=launch_path)
-        uuids = _gpu_uuids(gpu_ids)
+        uuids = node_gpus(gpu_ids).get("uuids", [])
         full = dict(os.environ)
         full.update(env)
         full["CUDA_VISIBLE_DEVICES"] = ",".join(gpu_ids)
         full["PITA_PARENT_PID"] = str(os.getpid())
         full["PYTHONUNBUFFERED"] = "1"
-        with open(log_path, "ab", buffering=0) as log:
-            log.write(f"[ray] node {where['node_ip']} ({where['hostname']}), GPU ids {','.join(gpu_ids) or '-'}"
-                      f"{' ' + ','.join(uuids) if uuids else ''}, pid {os.getpid()}\n".encode())
-            proc = subprocess.Popen([sys.executable, "-m", "pita.core.worker", launch_path], stdout=log,
+        with open(log_path, "ab", buffering=0) as log_file:
+            log_file.write(f"[ray] node {where['node_ip']} ({where['hostname']}), GPU ids {','.join(gpu_ids) or '-'}"
+                           f"{' ' + ','.join(uuids) if uuids else ''}, pid {os.getpid()}\n".encode())
+            proc = subprocess.Popen([sys.executable, "-m", "pita.core.worker", launch_path], stdout=log_file,
                                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=full, close_fds=True,
-                                    start_new_session=True)
+                                    start_new_session=True, cwd=cwd if cwd and os.path.isdir(cwd) else None)
             self.procs[job_id] = proc
             try:
                 rc = proc.wait()
@@ -150,6 +214,7 @@ class _Task:
     ref: object
     runner: object
     started: float
+    ordinals: list[int]
     forced_status: str | None = None
     forced_reason: str = ""
     term_sent: float | None = None
@@ -157,39 +222,252 @@ class _Task:
 
 
 class RayBackend(Backend):
+    """``gpu_memory_bytes``: a GPU's memory where its node has no NVML (None: the driver's GPU,
+    else 80 GiB); ``startup_timeout_s``: how long to wait for a first GPU when every GPU of the
+    cluster is held by other Ray work; ``cpu_slots``: devices per node on a cluster without GPUs."""
+
     name = "ray"
 
-    def __init__(self, owns_ray: bool = False, kill_grace_s: float = 10.0, max_jobs_per_gpu: int = 64):
+    def __init__(self, owns_ray: bool = False, kill_grace_s: float = 10.0, max_jobs_per_gpu: int = 64,
+                 gpu_memory_bytes: int | None = None, startup_timeout_s: float = 120.0, cpu_slots: int = 2,
+                 refresh_s: float = 2.0):
         ray = import_ray()
         self.ray = ray
         self.owns_ray = owns_ray
         self.kill_grace_s = kill_grace_s
-        cls = ray.remote(DeviceRunner)
-        n = cluster_gpus()
-        self.gpu_runners = [cls.options(num_gpus=1, num_cpus=0, max_concurrency=max_jobs_per_gpu).remote()
-                            for _ in range(n)]
-        self.host_runner = cls.options(num_gpus=0, num_cpus=0, max_concurrency=max_jobs_per_gpu).remote()
-        # the executor's device ordinal i is gpu_runners[i], on placement[i]'s node and GPU (by node, GPU id)
-        info = ray.get([r.info.remote() for r in self.gpu_runners]) if n else []
-        order = sorted(range(n), key=lambda i: (info[i]["node_ip"], info[i]["node_id"],
-                                                [int(g) for g in info[i]["gpu_ids"]]))
-        self.gpu_runners = [self.gpu_runners[i] for i in order]
-        self.placement = [info[i] for i in order]
+        self.max_jobs = max_jobs_per_gpu
+        self.gpu_memory_bytes = gpu_memory_bytes
+        self.cpu_slots = max(1, int(cpu_slots))
+        self.refresh_s = refresh_s
+        self._fallback_noted: set[str] = set()  # nodes without NVML, said once each
+        self.notes: list[str] = []  # start-up findings, for run.log (written once its folder exists)
+        self.started = False
+        self.cls = ray.remote(DeviceRunner)
+        self.driver_node = ray.get_runtime_context().get_node_id()
+        self.runners: list = []  # ordinal -> actor
+        self.placement: list[dict] = []  # ordinal -> the actor's info (node, GPU ids, memory)
+        self.lost: dict[int, str] = {}  # ordinal -> why it left the inventory
+        self.pending: dict = {}  # info ref -> actor, started but not yet placed by Ray
+        self.added: list[int] = []  # ordinals placed since the executor last asked
+        self.newly_lost: dict[int, str] = {}  # ordinals lost since the executor last asked
         self.tasks: dict[str, _Task] = {}
+        self._last_refresh = 0.0
+        self.gpu_mode = cluster_gpus() > 0
+        self.host_runner = self._host_actor()
+        self._start_up(startup_timeout_s)
 
-    def devices(self, total_bytes: int):
-        """The executor's inventory: one device per cluster GPU, named by node and GPU id."""
+    # ------------------------------------------------------------------ actors and inventory
+    def _host_actor(self):
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        # on the driver's node: losing any other node never loses the merges
+        return self.cls.options(num_gpus=0, num_cpus=0, max_concurrency=self.max_jobs, scheduling_strategy=
+                                NodeAffinitySchedulingStrategy(self.driver_node, soft=False)).remote()
+
+    def _alive(self) -> dict[str, dict]:
+        return {n["NodeID"]: n for n in self.ray.nodes() if n.get("Alive")}
+
+    def _request(self) -> None:
+        """Ask for actors on whatever this run does not hold yet: each free GPU of the cluster (GPU
+        mode), or ``cpu_slots`` per node that has none of ours (CPU mode)."""
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        if self.gpu_mode:
+            free = math.floor(self.ray.available_resources().get("GPU", 0) + 1e-9) - len(self.pending)
+            for _ in range(max(0, free)):
+                a = self.cls.options(num_gpus=1, num_cpus=0, max_concurrency=self.max_jobs).remote()
+                self.pending[a.info.remote()] = a
+            return
+        ours = {p["node_id"] for o, p in enumerate(self.placement) if o not in self.lost}
+        ours |= {getattr(a, "_pita_node", None) for a in self.pending.values()}
+        for nid, n in self._alive().items():
+            if nid in ours or n.get("Resources", {}).get("CPU", 0) < 1:
+                continue
+            slots = max(1, min(self.cpu_slots, int(n["Resources"]["CPU"])))
+            for _ in range(slots):
+                a = self.cls.options(num_cpus=0, max_concurrency=self.max_jobs, scheduling_strategy=
+                                     NodeAffinitySchedulingStrategy(nid, soft=False)).remote()
+                a._pita_node = nid
+                self.pending[a.info.remote()] = a
+
+    def _collect_placed(self, timeout: float = 0.0) -> list[int]:
+        """Actors Ray has placed since the last call join the inventory; returns their ordinals."""
+        if not self.pending:
+            return []
+        ready, _ = self.ray.wait(list(self.pending), num_returns=len(self.pending), timeout=timeout)
+        placed = []
+        for ref in ready:
+            actor = self.pending.pop(ref)
+            try:
+                info = self.ray.get(ref)
+            except Exception as e:  # died before it was placed (its node left): nothing to add
+                log.debug("an actor died before it was placed: %s", e)
+                continue
+            placed.append((info, actor))
+        if not self.gpu_mode:  # a node's slots, numbered on the node, share its cores and memory
+            nodes = self._alive()
+            for info, _ in placed:
+                n = nodes.get(info["node_id"], {})
+                same = [p for p in placed if p[0]["node_id"] == info["node_id"]]
+                declared = int(n.get("Resources", {}).get("CPU", info["cores"]) or info["cores"])
+                info["slots"] = len(same)
+                info["threads"] = max(1, declared // len(same))
+                info["cpu_bytes"] = int(info["host_available_bytes"] // len(same))
+                info["slot"] = next(i for i, p in enumerate(same) if p[0] is info)
+        placed.sort(key=lambda p: (p[0]["node_ip"], p[0]["node_id"], [int(g) for g in p[0]["gpu_ids"]],
+                                   p[0].get("slot", 0)))
+        out = []
+        for info, actor in placed:
+            self.runners.append(actor)
+            self.placement.append(info)
+            out.append(len(self.runners) - 1)
+        self.added.extend(out)
+        return out
+
+    def _held_elsewhere(self) -> str:
+        """Per node: its GPUs, how many are this run's, how many are free (for the start-up wait)."""
+        try:
+            from ray._private.state import available_resources_per_node
+
+            avail = available_resources_per_node()
+        except Exception:
+            avail = {}
+        ours: dict[str, int] = {}
+        for o, p in enumerate(self.placement):
+            if o not in self.lost:
+                ours[p["node_id"]] = ours.get(p["node_id"], 0) + 1
+        parts = []
+        for nid, n in sorted(self._alive().items(), key=lambda kv: kv[1].get("NodeManagerAddress", "")):
+            total = int(n.get("Resources", {}).get("GPU", 0))
+            if total:
+                free = int(avail.get(nid, {}).get("GPU", 0))
+                parts.append(f"node {n.get('NodeManagerAddress')} ({nid[:8]}): {total} GPU(s), {ours.get(nid, 0)} "
+                             f"this run's, {free} free, {total - free - ours.get(nid, 0)} held by other Ray work")
+        return "; ".join(parts)
+
+    def _start_up(self, timeout_s: float) -> None:
+        """Start actors on the cluster's free GPUs (or every node's CPU slots). Waits for a first
+        GPU while every one is held by other Ray work, naming them every 15 s; none within
+        ``timeout_s``: exit 2."""
+        t0 = time.monotonic()
+        last_note = t0
+        while True:
+            self._request()
+            self._collect_placed(timeout=1.0)
+            now = time.monotonic()
+            # every free GPU placed, or some placed and the rest slow to come (they join later)
+            if self.runners and (not self.pending or now - t0 > 10):
+                break
+            if now - t0 > timeout_s:
+                for a in self.pending.values():
+                    self.ray.kill(a)
+                self.pending.clear()
+                raise ConfigError(f"no {'GPU' if self.gpu_mode else 'node'} of the Ray cluster came free within "
+                                  f"{timeout_s:g}s (executor.ray.startup_timeout_s): "
+                                  f"{self._held_elsewhere() or 'no node could take an actor'}. Free them "
+                                  f"(ray list actors, ray job list), wait longer with "
+                                  f"executor.ray.startup_timeout_s=600, or add a node")
+            if now - last_note >= 15:
+                last_note = now
+                log.warning("waiting for GPUs of the Ray cluster (%d s of %g s, executor.ray.startup_timeout_s): %s",
+                            now - t0, timeout_s, self._held_elsewhere())
+            if not self.pending:
+                time.sleep(1.0)
+        if self.gpu_mode and (self.pending or cluster_gpus() > len(self.runners)):
+            self._note(f"Ray cluster: starting on {len(self.runners)} of its {cluster_gpus()} GPUs; the others join "
+                       f"the run when they come free ({self._held_elsewhere()})")
+        self.added.clear()  # the start-up devices are the executor's first inventory, not additions
+        self.devices()  # their memory: a node without NVML is said with the start-up notes
+        self.started = True
+
+    def _note(self, line: str) -> None:
+        """Start-up findings wait in ``notes`` for run.log (the run folder does not exist yet);
+        later ones are logged now."""
+        if self.started:
+            log.warning("%s", line)
+        else:
+            self.notes.append(line)
+
+    def refresh(self) -> tuple[list[int], dict[int, str]]:
+        """Follow the cluster: (ordinals placed since the last call, {ordinal: why} lost since the
+        last call). Looks at the cluster at most every ``refresh_s``."""
+        now = time.monotonic()
+        if now - self._last_refresh >= self.refresh_s:
+            self._last_refresh = now
+            self._check_nodes()
+            self._request()
+            self._collect_placed()
+        added, self.added = self.added, []
+        lost, self.newly_lost = self.newly_lost, {}
+        return added, lost
+
+    def _check_nodes(self) -> None:
+        alive = self._alive()
+        for o, p in enumerate(self.placement):
+            if o not in self.lost and p["node_id"] not in alive:
+                self._lose(o, f"node {p['node_ip']} ({p['node_id'][:8]}) left the Ray cluster")
+
+    def _lose(self, ordinal: int, why: str) -> None:
+        if ordinal in self.lost:
+            return
+        self.lost[ordinal] = self.newly_lost[ordinal] = why
+        try:
+            self.ray.kill(self.runners[ordinal])  # its GPU comes free for a new actor (a live node)
+        except Exception:
+            pass
+
+    def devices(self, total_bytes: int | None = None, ordinals: list[int] | None = None):
+        """The executor's inventory (``ordinals``: those devices only): one device per GPU actor,
+        named by node and GPU id, with its memory as NVML read it on its node; or a CPU slot."""
         from pita.core.gpu_manager import Device
 
         out = []
-        for i, p in enumerate(self.placement):
+        fallback = self.gpu_memory_bytes or total_bytes
+        for i in (range(len(self.placement)) if ordinals is None else ordinals):
+            p = self.placement[i]
+            node = f"{p['node_ip']} ({p['node_id'][:8]})"
+            if not self.gpu_mode:
+                cores = p.get("threads", 1)
+                out.append(Device(ordinal=i, index=p.get("slot", 0), uuid=f"RAY-{p['node_id'][:8]}-CPU{p.get('slot', 0)}",
+                                  name=f"node {p['node_ip']} {cores} core{'s' if cores != 1 else ''}",
+                                  total_bytes=int(p.get("cpu_bytes", p["host_available_bytes"])), kind="cpu",
+                                  node=node, threads=cores))
+                continue
             gid = ",".join(p["gpu_ids"]) or str(i)
-            uuid = (p["gpu_uuids"] or [f"RAY-{p['node_ip']}-GPU{gid}"])[0]
+            uuid = (p["gpu_uuids"] or [f"RAY-{p['node_id'][:8]}-GPU{gid}"])[0]
             index = int(p["gpu_ids"][0]) if p["gpu_ids"] else i  # the GPU's id on its node (labels gpuN)
+            measured = (p.get("gpu_total_bytes") or [None])[0]
+            if measured is None:
+                if not fallback:
+                    fallback = int(80 * 2**30)
+                if node not in self._fallback_noted:
+                    self._fallback_noted.add(node)
+                    self._note(f"node {node} has no NVML: its GPUs are taken to have {fallback / 2**30:.1f} GB "
+                               f"(executor.ray.gpu_memory_gb, else the driver's first GPU, else 80 GiB)")
             out.append(Device(ordinal=i, index=index, uuid=uuid, name=f"node {p['node_ip']} GPU {gid}",
-                              total_bytes=total_bytes, node=f"{p['node_ip']} ({p['node_id'][:8]})"))
+                              total_bytes=int(measured or fallback), node=node))
         return out
 
+    def read_memory(self, ordinals: list[int], timeout: float = 2.0) -> dict[int, dict]:
+        """NVML on each live GPU actor's node: {ordinal: {used, total, utilization, jobs: {job: bytes}}}."""
+        if not self.gpu_mode:
+            return {}
+        live = [o for o in ordinals if o not in self.lost and o < len(self.runners)]
+        refs = {self.runners[o].memory.remote(): o for o in live}
+        if not refs:
+            return {}
+        ready, _ = self.ray.wait(list(refs), num_returns=len(refs), timeout=timeout)
+        out = {}
+        for ref in ready:
+            try:
+                m = self.ray.get(ref)
+            except Exception:
+                continue
+            if m:
+                out[refs[ref]] = m
+        return out
+
+    # ------------------------------------------------------------------ attempts
     def start(self, launch: Launch) -> None:
         p = launch.paths
         p.dir.mkdir(parents=True, exist_ok=True)
@@ -199,18 +477,22 @@ class RayBackend(Backend):
         except FileNotFoundError:
             pass
         env = {k: v for k, v in launch.env.items() if k != "CUDA_VISIBLE_DEVICES"}
-        ordinals = [d["ordinal"] for d in launch.devices if d.get("kind") != "cpu"]
-        if ordinals and self.gpu_runners:
+        ordinals = [d["ordinal"] for d in launch.devices]
+        lost = [o for o in ordinals if o in self.lost]
+        if lost:
+            raise RuntimeError(f"{launch.job_id} was given a lost device ({self.lost[lost[0]]})")
+        if ordinals and self.runners:
             nodes = {self.placement[o]["node_id"] for o in ordinals}
             if len(nodes) > 1:
-                raise RuntimeError(f"{launch.job_id} holds GPUs on {len(nodes)} nodes ({', '.join(sorted(nodes))}); "
-                                   f"a k-device job needs its k GPUs on one node")
-            runner = self.gpu_runners[ordinals[0]]
+                raise RuntimeError(f"{launch.job_id} holds devices on {len(nodes)} nodes ({', '.join(sorted(nodes))}); "
+                                   f"a k-device job needs its k devices on one node")
+            runner = self.runners[ordinals[0]]
             gpu_ids = [g for o in ordinals for g in self.placement[o]["gpu_ids"]]
         else:
             runner, gpu_ids = self.host_runner, []
-        ref = runner.run.remote(launch.job_id, str(p.launch.resolve()), str(p.log.resolve()), env, gpu_ids)
-        self.tasks[launch.job_id] = _Task(launch, ref, runner, time.time())
+        run_dir = os.path.abspath(launch.run_dir)
+        ref = runner.run.remote(launch.job_id, str(p.launch.resolve()), str(p.log.resolve()), env, gpu_ids, run_dir)
+        self.tasks[launch.job_id] = _Task(launch, ref, runner, time.time(), ordinals)
 
     def running(self) -> list[str]:
         return list(self.tasks)
@@ -224,17 +506,27 @@ class RayBackend(Backend):
         t.runner.signal.remote(job_id, signal.SIGTERM)
         t.term_sent = time.time()
 
+    def _lost_finished(self, t: _Task, why: str) -> Finished:
+        f = finished_from(t.launch, None, t.started, "lost", why)
+        f.error = why
+        return f
+
     def _collect(self, job_id: str, t: _Task) -> Finished:
         try:
             info = self.ray.get(t.ref)
         except Exception as e:  # the actor died (its process or its node)
             if t.forced_status:
                 return finished_from(t.launch, None, t.started, t.forced_status, t.forced_reason)
-            f = finished_from(t.launch, None, t.started)
-            if f.status == "died":
-                first = str(e).splitlines()[0] if str(e) else ""
-                f.error = f"the Ray actor running it died: {type(e).__name__}: {first}"
-            return f
+            first = str(e).splitlines()[0] if str(e) else ""
+            if t.runner is self.host_runner:
+                self.host_runner = self._host_actor()  # the next host job gets a fresh one
+                why = f"the host actor died ({type(e).__name__}: {first}); a new one runs the next host jobs"
+            else:
+                self._check_nodes()
+                for o in t.ordinals:
+                    self._lose(o, f"its Ray actor died ({type(e).__name__}: {first})")
+                why = self.lost[t.ordinals[0]]
+            return self._lost_finished(t, why)
         where = {k: info.get(k) for k in ("node_ip", "hostname", "gpu_ids", "gpu_uuids")}
         if info.get("missing"):
             return Finished(job_id, t.launch.attempt, "error", None,
@@ -245,11 +537,20 @@ class RayBackend(Backend):
 
     def poll(self, timeout: float = 0.0) -> list[Finished]:
         now = time.time()
-        for jid, t in self.tasks.items():  # TERM went unheeded: KILL
+        out = []
+        for jid, t in list(self.tasks.items()):
+            if any(o in self.lost for o in t.ordinals) and not t.forced_status:
+                # its device left the inventory (its node is gone): the attempt is over now,
+                # whenever Ray gets round to failing the call
+                out.append(self._lost_finished(self.tasks.pop(jid), self.lost[next(o for o in t.ordinals
+                                                                                    if o in self.lost)]))
+                continue
             grace = t.grace_s if t.grace_s is not None else self.kill_grace_s
-            if t.term_sent is not None and now - t.term_sent > grace:
+            if t.term_sent is not None and now - t.term_sent > grace:  # TERM went unheeded: KILL
                 t.runner.signal.remote(jid, signal.SIGKILL)
                 t.term_sent = now + 3600  # KILL sent; again only if the actor never answers
+        if out:
+            return out
         if not self.tasks:
             if timeout:
                 time.sleep(min(timeout, 0.05))
@@ -274,11 +575,12 @@ class RayBackend(Backend):
                 self.ray.wait(left, num_returns=len(left), timeout=5.0)
         finished = [self._collect(jid, t) for jid, t in list(self.tasks.items())]
         self.tasks.clear()
-        for r in self.gpu_runners + [self.host_runner]:
+        for r in self.runners + list(self.pending.values()) + [self.host_runner]:
             try:
                 self.ray.kill(r)  # any worker still there dies with it (PR_SET_PDEATHSIG)
             except Exception:
                 pass
+        self.pending.clear()
         if self.owns_ray:
             self.ray.shutdown()
         return finished
