@@ -337,7 +337,7 @@ def test_each_gpu_has_the_memory_its_own_node_reads_and_a_node_without_nvml_says
             totals[nid] = d["total_bytes"]
         assert totals == {big.node_id[:8]: 40 * 2**30, small.node_id[:8]: 24 * 2**30, plain.node_id[:8]: 16 * 2**30}
         log = (run / "run.log").read_text()
-        assert "has no NVML: its GPUs are taken to have 16.0 GB" in log
+        assert "has no NVML: its GPUs are taken to have 16.0 GiB" in log
         assert "1.07 GB used, GPU utilization 7%" in log  # read on the GPU's node while the run went on
     finally:
         ray.shutdown()
@@ -411,3 +411,53 @@ def test_a_cluster_without_gpus_runs_its_jobs_on_every_nodes_cores(tmp_path):
     finally:
         ray.shutdown()
         cluster.shutdown()
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_the_readmes_several_nodes_recipe_runs_as_written(tmp_path):
+    """The README's recipe, command by command (its environment steps are this test's own venv):
+    a head and a second node on this machine (the second with 2 logical GPUs, distinct ports),
+    `ray job submit -- pita run ...` with the synthetic workload added, then `ray stop`. The job
+    succeeds and every job ran on the second node's GPUs or (merges) the head."""
+    import re
+    import time
+
+    text = (ROOT / "README.md").read_text()
+    block = text.split("<!-- ray-recipe -->", 1)[1].split("<!-- /ray-recipe -->", 1)[0]
+    lines = [ln.strip() for ln in block.splitlines() if ln.strip() and not ln.startswith(("#", "`"))]
+    commands = [ln for ln in lines if not ln.startswith(("python -m venv", "source "))]
+    assert [c.split(" ")[:2] for c in commands] == [["ray", "start"], ["ray", "start"], ["ray", "job"], ["ray", "stop"]]
+    port, dash = _free_port(), _free_port()
+    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+               RAY_USAGE_STATS_ENABLED="0", PYTHONPATH=str(ROOT))
+    extra = {0: " --num-cpus=1 --num-gpus=0", 1: " --num-cpus=2 --num-gpus=2",
+             2: " experiment.workload=synthetic " + " ".join(SMALL) + " executor.progress=plain", 3: ""}
+    out = tmp_path / "shared"
+    try:
+        for i, cmd in enumerate(commands):
+            cmd = (cmd.replace("<head-ip>", "127.0.0.1").replace("6379", str(port)).replace("8265", str(dash))
+                   .replace("/shared/", f"{out}/")) + extra[i]
+            for _ in range(30):  # the head's job agent takes some seconds to come up after ray start
+                r = subprocess.run(cmd, shell=True, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+                if "No available agent to submit job" not in r.stderr:
+                    break
+                time.sleep(2)
+            assert r.returncode == 0, (cmd, r.stdout[-3000:], r.stderr[-3000:])
+            if cmd.startswith("ray job submit"):
+                assert re.search(r"Job '\S+' succeeded", r.stdout + r.stderr), r.stdout[-2000:]
+    finally:
+        subprocess.run("ray stop --force", shell=True, env=env, capture_output=True, timeout=120)
+    run = only_run(out / "outputs", "big")
+    state = json.loads((run / "state.json").read_text())
+    assert all(e["state"] == "COMPLETED" for e in state["jobs"].values())
+    assert len(state["devices"]) == 2 and len({d["node"] for d in state["devices"]}) == 1
+    from omegaconf import OmegaConf
+
+    assert OmegaConf.load(run / "config.yaml").system.cache_dir == str(out / "cache")

@@ -442,7 +442,7 @@ class RayBackend(Backend):
                     fallback = int(80 * 2**30)
                 if node not in self._fallback_noted:
                     self._fallback_noted.add(node)
-                    self._note(f"node {node} has no NVML: its GPUs are taken to have {fallback / 2**30:.1f} GB "
+                    self._note(f"node {node} has no NVML: its GPUs are taken to have {fallback / 2**30:.1f} GiB "
                                f"(executor.ray.gpu_memory_gb, else the driver's first GPU, else 80 GiB)")
             out.append(Device(ordinal=i, index=index, uuid=uuid, name=f"node {p['node_ip']} GPU {gid}",
                               total_bytes=int(measured or fallback), node=node))
