@@ -461,3 +461,19 @@ def test_the_readmes_several_nodes_recipe_runs_as_written(tmp_path):
     from omegaconf import OmegaConf
 
     assert OmegaConf.load(run / "config.yaml").system.cache_dir == str(out / "cache")
+
+
+@pytest.mark.slow  # two smoke runs on simulated clusters (about 5 minutes on 2 cores); the default tier
+# loses a node under the synthetic workload above
+def test_losing_a_node_mid_smoke_run_changes_no_result(tiny_cache):
+    """bench/ray_cluster.py's two runs: experiment=smoke on a head and 3 one-GPU nodes, undisturbed
+    and with the busiest node killed after 8 jobs. Both end 0 with every job completed, the second
+    records lost attempts, and every results.csv row is identical (timing columns aside)."""
+    from bench.ray_cluster import run
+
+    out = run(nodes=3, gpus=1, exp="smoke", cache=str(tiny_cache), remove_after=8)
+    a, b, rows = out["undisturbed"], out["node_lost"], out["rows_node_lost_vs_undisturbed"]
+    assert a["exit_code"] == 0 and b["exit_code"] == 0, (a["stderr_tail"], b["stderr_tail"])
+    assert a["states"]["COMPLETED"] == a["jobs"] and b["states"]["COMPLETED"] == b["jobs"]
+    assert b["removed"] and b["lost_attempts"], b
+    assert rows["rows"] > 0 and rows["identical_rows"] == rows["rows"] == rows["rows_other"], rows

@@ -429,7 +429,7 @@ class RayBackend(Backend):
             if not self.gpu_mode:
                 cores = p.get("threads", 1)
                 out.append(Device(ordinal=i, index=p.get("slot", 0), uuid=f"RAY-{p['node_id'][:8]}-CPU{p.get('slot', 0)}",
-                                  name=f"node {p['node_ip']} {cores} core{'s' if cores != 1 else ''}",
+                                  name=f"node {node} {cores} core{'s' if cores != 1 else ''}",
                                   total_bytes=int(p.get("cpu_bytes", p["host_available_bytes"])), kind="cpu",
                                   node=node, threads=cores))
                 continue
@@ -444,7 +444,7 @@ class RayBackend(Backend):
                     self._fallback_noted.add(node)
                     self._note(f"node {node} has no NVML: its GPUs are taken to have {fallback / 2**30:.1f} GiB "
                                f"(executor.ray.gpu_memory_gb, else the driver's first GPU, else 80 GiB)")
-            out.append(Device(ordinal=i, index=index, uuid=uuid, name=f"node {p['node_ip']} GPU {gid}",
+            out.append(Device(ordinal=i, index=index, uuid=uuid, name=f"node {node} GPU {gid}",
                               total_bytes=int(measured or fallback), node=node))
         return out
 
