@@ -8,7 +8,7 @@ is the worst of them.
 
 import sys
 
-from pita.cli import run_main
+from pita.entry import run_parallel
 
 if __name__ == "__main__":
-    sys.exit(run_main(sys.argv[1:], prog="python run_parallel.py"))
+    sys.exit(run_parallel())

@@ -2,7 +2,7 @@
 
 import sys
 
-from pita.cli import console_main
+from pita.entry import main
 
 if __name__ == "__main__":
-    sys.exit(console_main())
+    sys.exit(main())

@@ -92,7 +92,7 @@ def test_the_text_plan_names_kinds_devices_memory_and_the_makespan(capsys):
     rc = plan_main(["experiment=paper_math", "gpu=auto", "model=llama", "system.inventory=8xH100", *LORA])
     out, err = capsys.readouterr()
     assert rc == 0, err
-    assert "8 x H100 (85.52 GB)" in out
+    assert "8 x H100-SXM (85.52 GB); durations for H100-SXM (989 TFLOP/s bf16, 3.35 TB/s)" in out
     for kind in ("algo.dpo_train", "algo.value_train", "eval.shard (guided)", "gen.shard (value_rollouts, reference)"):
         assert kind in out
     assert "makespan" in out and "durations assumed" in out
@@ -342,3 +342,36 @@ def test_durations_learn_the_median_ratio_per_kind_and_keep_each_family_and_devi
     assert again.expected(job) == 50.0
     with pytest.raises(ConfigError, match="no readable state.json"):
         DurationLearner.from_runs([tmp_path / "nope"])
+
+
+def test_a_gpu_name_is_one_card_with_its_own_memory_and_speed(capsys):
+    """A100 alone is two cards: refused, naming both. A100-80GB plans at the A100's speed (its
+    training jobs about 989 / 312 times an H100's) and says so; sizes alone assume an H100 and say that
+    the card was not named; a mixed inventory is timed at its slowest card."""
+    rc, _, err = _plan(capsys, "experiment=paper_math", "model=smollm2", "system.inventory=4xA100")
+    assert rc == 2 and "A100 is 2 cards with different memory; write A100-40GB or A100-80GB" in err
+    speeds = {}
+    for inv in ("4xA100-80GB", "4xH100"):
+        rc, plan, err = _plan(capsys, "--json", "experiment=paper_math", "model=smollm2", f"system.inventory={inv}")
+        assert rc == 0, err
+        speeds[inv] = {j["id"]: j["seconds"] for j in plan["jobs"] if j["kind"] in ("algo.value_train", "algo.dpo_train")}
+        assert plan["card"]["name"] == ("A100-80GB" if "A100" in inv else "H100-SXM")
+        assert f"for {plan['card']['name']}:" in plan["durations"]
+    ratios = [speeds["4xA100-80GB"][j] / speeds["4xH100"][j] for j in speeds["4xH100"] if speeds["4xH100"][j] > 5]
+    assert ratios and all(2.5 < r < 3.5 for r in ratios), ratios  # training is compute-bound: 989 / 312 TFLOP/s
+    rc, plan, err = _plan(capsys, "--json", "experiment=paper_math", "model=smollm2", "system.inventory=4x80GB")
+    assert plan["card"]["name"] == "H100-SXM" and "do not name a GPU pita knows" in plan["card"]["note"]
+    rc, plan, err = _plan(capsys, "--json", "experiment=paper_math", "model=smollm2",
+                          "system.inventory=[2xA100-80GB,2xL4]")
+    assert plan["card"]["name"] == "L4" and "slowest" in plan["card"]["note"]
+
+
+def test_nvml_names_map_to_their_cards():
+    from pita.core.gpu_manager import card_of
+
+    assert card_of("NVIDIA H100 80GB HBM3").name == "H100-SXM"
+    assert card_of("NVIDIA H100 PCIe").name == "H100-PCIE"
+    assert card_of("NVIDIA A100-SXM4-40GB").name == "A100-40GB"
+    assert card_of("NVIDIA A100-SXM4-80GB").name == "A100-80GB"
+    assert card_of("NVIDIA L4").name == "L4" and card_of("Tesla T4").name == "T4"
+    assert card_of("node 1.2.3.4 (abc) GPU 0") is None

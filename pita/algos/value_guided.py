@@ -141,8 +141,11 @@ class ValueGuidedAlgorithm(Algorithm):
             p.append(f"{k}.num_atoms={c.num_atoms} must be >= 2")
         if c.v_min is not None and c.v_max is not None and c.v_min >= c.v_max:
             p.append(f"{k}.v_min={c.v_min} must be < {k}.v_max={c.v_max}")
-        if c.eta < 0 or any(e < 0 for e in c.etas):
-            p.append(f"{k}.eta={c.eta} / {k}.etas={list(c.etas)} must be >= 0")
+        if c.eta < 0:
+            p.append(f"{k}.eta={c.eta} must be >= 0")
+        bad = [e for e in c.etas if e < 0]
+        if bad:
+            p.append(f"{k}.etas={list(c.etas)} must all be >= 0 ({', '.join(map(str, bad))} is not)")
         if not c.etas:
             p.append(f"{k}.etas must list at least one value")
         if c.top_k == 0 or c.top_k < -1:

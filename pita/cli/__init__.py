@@ -47,8 +47,14 @@ def console_main(argv: list[str] | None = None) -> int:
     if argv[:1] in (["-h"], ["--help"]):
         print(help_text("pita run"))
         return 0
+    if argv[:1] in (["-V"], ["--version"]):
+        from pita.core.provenance import source_line
+
+        print(source_line())
+        return 0
     ap = argparse.ArgumentParser(prog="pita", description="Run pita experiments and inspect their runs "
                                  "(pita --help: the whole page).")
+    ap.add_argument("-V", "--version", action="store_true", help="pita's version (and commit, from a checkout)")
     sub = ap.add_subparsers(dest="cmd", required=True)
     sub.add_parser("run", help="run an experiment: pita run key=value ... (pita run --help)")
     sub.add_parser("plan", help="the plan a run would make (jobs, memory, makespan), on this machine or "

@@ -144,7 +144,11 @@ def check_overrides(overrides: list[str]) -> None:
             try:
                 compose(config_name="config", overrides=[o])
             except Exception as e:
-                problems.append(f"{o}: {first_line(e)}")
+                line = first_line(e)
+                if "is not a ListConfig, list or tuple" in line and "=" in o:
+                    key, value = o.lstrip("+~").split("=", 1)
+                    line = f"{key} takes a list: write '{key}=[{value}]' (quoted, for the shell)"
+                problems.append(f"{o}: {line}")
     raise ConfigError(problems or [f"{' '.join(plain)}: {whole}"])
 
 

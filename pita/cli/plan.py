@@ -85,7 +85,10 @@ def make_plan(cfg, durations=None) -> dict:
         from pita.plans.durations import DurationLearner
 
         durations = DurationLearner.load(sy.cache_dir, cfg.model.name, cuda)
-    jobs = build_plan(cfg, totals, cuda=cuda, plan_only=True, durations=durations)
+    from pita.core.gpu_manager import plan_card
+
+    card, card_note = plan_card([d.name for d in gpus.devices]) if cuda else (None, "")
+    jobs = build_plan(cfg, totals, cuda=cuda, plan_only=True, durations=durations, card=card)
     problems = fit_problems(jobs, totals, ex.memory_margin)
     host = None
     if cuda and (inventory is None or sy.get("host_ram") is not None):
@@ -98,9 +101,10 @@ def make_plan(cfg, durations=None) -> dict:
         raise ConfigError(problems)
     graph = JobGraph(jobs).validate(totals, ex.memory_margin)
     if cfg.experiment.workload != "synthetic":  # build_plan gave every job its expected seconds
-        from pita.plans.durations import ASSUMED
+        from pita.plans.durations import assumed as assumed_for
 
-        assumed = ASSUMED if cuda else "durations assumed: a GPU's (pita/plans/durations.py), though this plan is for CPU devices"
+        assumed = assumed_for(card, card_note) if cuda else \
+            "durations assumed: a GPU's (pita/plans/durations.py), though this plan is for CPU devices"
         if durations is not None and durations.ratios:
             src = f"{durations.path}" if durations.path else "the runs given to --calibrate"
             assumed += (f"; corrected by measured / planned seconds per job kind ({src}: "
@@ -118,6 +122,8 @@ def make_plan(cfg, durations=None) -> dict:
              "batch_size": j.params.get("batch_size"), "deps": list(j.deps)} for j in graph.jobs]
     return {"experiment": cfg.experiment.name, "model": cfg.model.name,
             "inventory": [{"name": d.name, "total_gb": round(d.total_bytes / 1e9, 2)} for d in gpus.devices],
+            "card": ({"name": card.name, "memory_mib": card.memory_mib, "tflops_bf16": card.tflops,
+                      "hbm_tb_s": card.hbm_tbs, "note": card_note} if card else None),
             "device_kind": "cuda" if cuda else "cpu", "memory_margin": ex.memory_margin,
             "host_ram_gb": round(host / 1e9, 1) if host else None,
             "training": {a: {"micro_batch_size": m, "gradient_checkpointing": g,
@@ -187,7 +193,10 @@ def render(plan: dict) -> str:
     train = ", ".join(f"{a} {t['micro_batch_size']}{' +ckpt' if t['gradient_checkpointing'] else ''}"
                       f"{' fsdp x' + str(t['devices']) if t.get('sharding') == 'fsdp' else ''}"
                       for a, t in plan["training"].items())
-    lines = [f"plan: {plan['experiment']} (model={plan['model']}) on {inv_text}",
+    card = plan.get("card")
+    card_text = (f"; durations for {card['name']} ({card['tflops_bf16']:g} TFLOP/s bf16, {card['hbm_tb_s']:g} TB/s)"
+                 + (f": {card['note']}" if card["note"] != card["name"] else "") if card else "")
+    lines = [f"plan: {plan['experiment']} (model={plan['model']}) on {inv_text}{card_text}",
              f"training micro-batches (+ckpt: gradient checkpointing; fsdp xK: sharded over K devices): "
              f"{train or 'none'}", ""]
     host = plan.get("host_ram_gb")

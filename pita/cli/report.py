@@ -60,7 +60,7 @@ def report_main(run_dirs: str | list[str], out: str | None = None, kl_budgets: s
         return 2
     dirs = [run_dirs] if isinstance(run_dirs, str) else list(run_dirs)
     try:
-        runs = [RunPaths.open_existing(d) for d in dirs]
+        runs = [RunPaths.open_existing(d, "pita report") for d in dirs]
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -159,14 +159,14 @@ def pooled_report(runs, rows_per_run: list[list[dict]], roster, out: str | None,
     return 0
 
 
-def print_summary(summary, run) -> None:
+def print_summary(summary, run, command: str = "pita run") -> None:
     c = summary.counts
     print(f"\n{c['COMPLETED']} completed, {c['FAILED']} failed, {c['SKIPPED']} skipped, "
           f"{c['PENDING'] + c['RUNNING']} not run, in {summary.wall_s:.1f}s")
     for f in summary.failures:
         print(f"  FAILED {f['job']} on {f['device']}: {f['error']}\n         log: {f['log']}")
     if summary.interrupted:
-        print(f"interrupted; resume with: python run_parallel.py resume_from={run.root}")
+        print(f"interrupted; resume with: {command} resume_from={run.root.resolve()}")
     print(f"run folder: {_here(run.root)}  (log: {_here(run.run_log)})")
 
 

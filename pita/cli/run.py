@@ -130,7 +130,10 @@ def _run(cfg: DictConfig, overrides: list[str], run_dir: Path | None = None) -> 
         backend = ray_backend if ex.backend == "ray" else make_backend(ex.backend)
         start_note = f"workers: {ex.backend} backend"
     try:
-        planned = build_plan(cfg, totals, cuda=not gpus.is_cpu)
+        from pita.core.gpu_manager import plan_card
+
+        planned = build_plan(cfg, totals, cuda=not gpus.is_cpu,
+                             card=plan_card([d.name for d in gpus.devices])[0] if not gpus.is_cpu else None)
         if len(planned) > ex.max_jobs:
             raise ConfigError(f"the plan has {len(planned)} jobs, more than executor.max_jobs={ex.max_jobs}: plan fewer "
                               f"rounds, algorithms or datasets, or raise executor.max_jobs")
@@ -191,7 +194,10 @@ def _run(cfg: DictConfig, overrides: list[str], run_dir: Path | None = None) -> 
                 raise ConfigError(f"cannot write to the new run folder {run.root} ({e.strerror}); "
                                   f"{_space_hint(sy, run.root, e)}") from e
         try:
-            atomic_write(run.config, OmegaConf.to_yaml(cfg, resolve=True) if not resume else OmegaConf.to_yaml(cfg))
+            from pita.core.provenance import source_line
+
+            atomic_write(run.config, f"# written by {source_line()}\n"
+                         + (OmegaConf.to_yaml(cfg, resolve=True) if not resume else OmegaConf.to_yaml(cfg)))
         except OSError as e:
             if not resume:  # nothing ran and nothing is kept: the next try starts clean
                 _remove_new_run(run, owner)
@@ -217,7 +223,7 @@ def _run(cfg: DictConfig, overrides: list[str], run_dir: Path | None = None) -> 
                          if ex.learn_durations else DurationLearner(apply=False))
         settings = ExecutorSettings(
             oom_retries=ex.oom_retries, crash_retries=ex.crash_retries, job_timeout_s=ex.job_timeout_s,
-            lost_retries=ex.lost_retries, device_wait_s=ex.device_wait_s,
+            lost_retries=ex.lost_retries, device_wait_s=ex.device_wait_s, command=START_COMMAND[0],
             kill_grace_s=ex.kill_grace_s, poll_interval_s=ex.poll_interval_s, memory_margin=ex.memory_margin,
             max_jobs_per_device=1 if not sy.use_parallel_execution else (
                 ex.max_jobs_per_device if ex.max_jobs_per_device is not None else (1 if gpus.is_cpu else None)),
@@ -242,7 +248,7 @@ def _run(cfg: DictConfig, overrides: list[str], run_dir: Path | None = None) -> 
         raise
     if summary.disk_full:
         owner.release()
-        print_summary(summary, run)
+        print_summary(summary, run, START_COMMAND[0])
         print(f"error: {summary.disk_full}", file=sys.stderr)
         return summary.exit_code
     from pita.report.results import table, write
@@ -253,7 +259,7 @@ def _run(cfg: DictConfig, overrides: list[str], run_dir: Path | None = None) -> 
         print(f"results: {run.results / 'results.csv'}")
     write_report(run, rows)
     owner.release()
-    print_summary(summary, run)
+    print_summary(summary, run, START_COMMAND[0])
     return summary.exit_code
 
 
@@ -348,6 +354,26 @@ def launcher_problem(env) -> str | None:
             f"job alone)")
 
 
+def start_command(prog: str, argv0: str | None = None) -> str:
+    """The command that starts pita as this process was started, as typed where it was: ``pita
+    run``, ``python -m pita run``, or ``python <the script as given>``; the interpreter by its
+    full path when ``python`` on PATH is another one (a venv not activated)."""
+    import shutil
+
+    py = "python" if shutil.which("python") and os.path.realpath(shutil.which("python")) == \
+        os.path.realpath(sys.executable) else sys.executable
+    if prog == "python run_parallel.py":
+        return f"{py} {argv0 or 'run_parallel.py'}"
+    if prog == "pita run" and argv0 and os.path.basename(argv0) == "__main__.py":
+        return f"{py} -m pita run"
+    if prog == "pita run" and argv0 and os.path.basename(argv0) == "pita" and not shutil.which("pita"):
+        return f"{argv0} run"  # the pita script, not on PATH: by its path
+    return prog
+
+
+START_COMMAND = ["pita run"]  # how this process was started: resume hints repeat it
+
+
 def run_main(argv: list[str] | None = None, prog: str = "python run_parallel.py") -> int:
     """Start an experiment and return its exit code: ``python run_parallel.py ...``, ``pita run
     ...`` and ``python -m pita run ...`` all come here. ``-h`` / ``--help`` print our page
@@ -358,6 +384,7 @@ def run_main(argv: list[str] | None = None, prog: str = "python run_parallel.py"
     from pita import sweep
 
     argv = list(sys.argv[1:] if argv is None else argv)
+    START_COMMAND[0] = start_command(prog, sys.argv[0] if sys.argv else None)
     if any(a in ("-h", "--help") for a in argv):
         print(help_text(prog))
         return 0

@@ -52,7 +52,7 @@ def status_main(run_dir: str, show_all: bool = False) -> int:
             print(f"  {r}  ({'running' if owned else 'not running'})")
         return 0
     try:
-        run = RunPaths.open_existing(run_dir)
+        run = RunPaths.open_existing(run_dir, "pita status")
         store = StateStore(run.state)
         if not store.exists():
             raise ResumeError(f"{run.root} has no state (state.db, state.json); resume_from= rebuilds it from "
@@ -75,8 +75,9 @@ def status_main(run_dir: str, show_all: bool = False) -> int:
     counts = Counter(j.get("state", "PENDING") for j in jobs.values())
     print(f"{run.root} ({live}): {len(jobs)} jobs; " + ", ".join(f"{k.lower()} {v}" for k, v in sorted(counts.items())))
     if not owned and counts.get("RUNNING"):
+        command = next((r["command"] for r in reversed(data.get("runs", [])) if r.get("command")), "pita run")
         print(f"  ({counts['RUNNING']} job(s) were running when it stopped; resume with: "
-              f"python run_parallel.py resume_from={run.root})")
+              f"{command} resume_from={run.root.resolve()})")
     groups: dict[str, Counter] = {}
     for j in jobs.values():
         groups.setdefault(j.get("group") or "-", Counter())[j.get("state", "PENDING")] += 1

@@ -39,6 +39,7 @@ from pita.core.logs import LogPump
 from pita.core.memlearn import MemoryLearner, device_peak
 from pita.core.owner import OwnerLock
 from pita.core.paths import RunPaths
+from pita.core.provenance import source
 from pita.core.progress import Progress
 from pita.core.scheduler import Scheduler
 from pita.core.state import StateBusy, StateStore, is_disk_full
@@ -78,6 +79,7 @@ class ExecutorSettings:
     lost_retries: int = 5
     # every device lost and work left: wait this long for a node to join, then stop (resumable)
     device_wait_s: float = 600.0
+    command: str = ""  # how pita was started (``pita run``, ``python run_parallel.py``): resume hints repeat it
 
 
 @dataclass
@@ -245,7 +247,8 @@ class Executor:
             data["version"] = 2
             data["devices"] = devices
             data.setdefault("runs", []).append({"started": time.time(), "pid": os.getpid(),
-                                                "backend": self.backend.name})
+                                                "backend": self.backend.name, "pita": source(),
+                                                **({"command": self.s.command} if self.s.command else {})})
             for j in self.graph.jobs:
                 entry = data["jobs"].setdefault(j.id, {})
                 entry.update(kind=j.kind, group=j.group, deps=j.deps, log=f"jobs/{j.id}/job.log",

@@ -426,12 +426,69 @@ class GPUManager:
         return env
 
 
+@dataclass(frozen=True)
+class Card:
+    """A GPU model an inventory may name: the memory NVML reports for it (MiB), and the figures
+    the duration model scales by (dense bf16 tensor TFLOP/s, or fp16 where the card has no bf16;
+    memory bandwidth TB/s), from the vendors' data sheets."""
+
+    name: str
+    memory_mib: int
+    tflops: float
+    hbm_tbs: float
+
+
+CARDS = {c.name: c for c in (
+    Card("H100-SXM", 81559, 989, 3.35), Card("H100-PCIE", 81559, 756, 2.0), Card("H100-NVL", 95830, 835, 3.9),
+    Card("H200", 143771, 989, 4.8), Card("GH200", 97871, 989, 4.0), Card("B200", 183359, 2250, 8.0),
+    Card("A100-80GB", 81920, 312, 2.04), Card("A100-40GB", 40960, 312, 1.56),
+    Card("L40S", 46068, 362, 0.864), Card("L40", 46068, 181, 0.864), Card("A6000", 49140, 155, 0.768),
+    Card("A10G", 23028, 70, 0.6), Card("A10", 23028, 125, 0.6), Card("L4", 23034, 121, 0.3),
+    Card("RTX4090", 24564, 165, 1.0), Card("V100-32GB", 32768, 125, 0.9), Card("V100-16GB", 16384, 125, 0.9),
+    Card("T4", 15360, 65, 0.32),
+)}
+# other names of one card; a name that is several cards is refused with the choice (AMBIGUOUS)
+CARD_ALIASES = {"H100": "H100-SXM", "H100-80GB": "H100-SXM", "H100-SXM5": "H100-SXM", "A100-SXM4-80GB": "A100-80GB",
+                "A100-SXM4-40GB": "A100-40GB", "RTX-4090": "RTX4090", "RTXA6000": "A6000", "RTX-A6000": "A6000"}
+AMBIGUOUS = {"A100": ("A100-40GB", "A100-80GB"), "V100": ("V100-16GB", "V100-32GB")}
+# the card durations are computed for when an inventory gives sizes only, or the GPU is not in CARDS
+DEFAULT_CARD = "H100-SXM"
 # What NVML reports as total memory (MiB) for GPUs an inventory may name (system.inventory=8xH100)
-GPU_MEMORY_MIB = {
-    "H100": 81559, "H100-80GB": 81559, "H200": 143771, "B200": 183359, "GH200": 97871,
-    "A100": 81920, "A100-80GB": 81920, "A100-40GB": 40960, "L40S": 46068, "L40": 46068, "A6000": 49140,
-    "A10G": 23028, "A10": 23028, "L4": 23034, "RTX4090": 24564, "V100": 32768, "V100-16GB": 16384, "T4": 15360,
-}
+GPU_MEMORY_MIB = {**{n: c.memory_mib for n, c in CARDS.items()},
+                  **{a: CARDS[n].memory_mib for a, n in CARD_ALIASES.items()}}
+
+
+def card_of(name: str) -> Card | None:
+    """The card a GPU name means (an inventory's ``A100-40GB``, or NVML's ``NVIDIA A100-SXM4-80GB``);
+    None when pita does not know it or it is ambiguous."""
+    key = name.upper().replace("NVIDIA", "").replace("TESLA", "").strip().replace(" ", "-").replace("_", "-")
+    key = CARD_ALIASES.get(key, key)
+    if key in CARDS:
+        return CARDS[key]
+    for n in sorted(CARDS, key=len, reverse=True):  # NVML's long names: "H100-80GB-HBM3" -> H100
+        if key.startswith(n):
+            return CARDS[n]
+    for a in sorted(CARD_ALIASES, key=len, reverse=True):
+        if key.startswith(a) and not (a in ("H100", "H100-80GB") and "PCIE" in key):
+            return CARDS[CARD_ALIASES[a]]
+    if "PCIE" in key and key.startswith("H100"):
+        return CARDS["H100-PCIE"]
+    return None
+
+
+def plan_card(names: list[str]) -> tuple[Card, str]:
+    """The card a plan's durations are computed for, and a note saying why: the devices' own
+    card when they name one (the slowest, when they name several), else DEFAULT_CARD."""
+    known = [c for c in (card_of(n) for n in names) if c is not None]
+    if not known:
+        return CARDS[DEFAULT_CARD], (f"{DEFAULT_CARD} speed assumed (the devices do not name a GPU pita knows; "
+                                     f"name the card in system.inventory, e.g. 8xA100-80GB)")
+    slowest = min(known, key=lambda c: c.tflops)
+    if len({c.name for c in known}) > 1 or len(known) < len(names):
+        return slowest, f"{slowest.name} speed assumed for every device (the slowest card named)"
+    return slowest, f"{slowest.name}"
+
+
 _SIZE = re.compile(r"^(\d+(?:\.\d+)?)\s*(GB|GIB|G|MB|MIB)$")
 _COUNT = re.compile(r"^(\d+)\s*[xX*]\s*(.+)$")
 
@@ -443,7 +500,7 @@ def parse_inventory(value) -> list[tuple[str, int]]:
     items = str(value).strip().strip("[]").split(",") if isinstance(value, (str, int, float)) \
         else [str(x) for x in value]
     fix = ("write N x SIZE or N x GPU, e.g. system.inventory=8x80GB, system.inventory=8xH100 or "
-           "system.inventory=[80GB,80GB,40GB]; known GPUs: " + ", ".join(GPU_MEMORY_MIB))
+           "system.inventory=[80GB,80GB,40GB]; known GPUs: " + ", ".join(CARDS))
     devices: list[tuple[str, int]] = []
     problems = []
     for raw in items:
@@ -461,10 +518,15 @@ def parse_inventory(value) -> list[tuple[str, int]]:
             name = f"{x:g} {unit.replace('GIB', 'GiB').replace('MIB', 'MiB')} GPU"
         else:
             key_ = what.upper().replace("NVIDIA", "").replace(" ", "").replace("_", "-")
+            if key_ in AMBIGUOUS:
+                problems.append(f"system.inventory={value!r}: {key_} is {len(AMBIGUOUS[key_])} cards with different "
+                                f"memory; write {' or '.join(AMBIGUOUS[key_])} (e.g. {n}x{AMBIGUOUS[key_][-1]})")
+                continue
             if key_ not in GPU_MEMORY_MIB:
                 problems.append(f"system.inventory={value!r}: {item!r} is neither a size nor a GPU pita knows; {fix}")
                 continue
-            total, name = GPU_MEMORY_MIB[key_] * 2**20, key_
+            name = CARD_ALIASES.get(key_, key_)
+            total = GPU_MEMORY_MIB[name] * 2**20
         if n < 1 or total <= 0:
             problems.append(f"system.inventory={value!r}: {item!r} describes no memory; {fix}")
             continue

@@ -22,12 +22,30 @@ from pathlib import Path
 from pita.core.errors import ConfigError, ResumeError
 
 
+def file_mode() -> int:
+    """The mode a plain ``open(path, "w")`` would give a new file: 0o666 less the umask (read from
+    /proc where it can be, since reading it with os.umask means setting it for a moment)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return 0o666 & ~int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return 0o666 & ~mask
+
+
 def atomic_write(path: Path | str, data: str | bytes) -> None:
-    """Write to a temporary file in the same folder, fsync, then rename over ``path``."""
+    """Write to a temporary file in the same folder, fsync, then rename over ``path``. The file
+    gets the permissions the umask allows, as a plain write would (a temporary file is made 0600:
+    labmates on a shared node could not read a run's results)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        os.fchmod(fd, file_mode())
         with os.fdopen(fd, "wb") as f:
             f.write(data.encode() if isinstance(data, str) else data)
             f.flush()
@@ -301,18 +319,23 @@ class RunPaths:
         return cls(root)
 
     @classmethod
-    def open_existing(cls, root: Path | str) -> "RunPaths":
-        """An earlier run's folder, for resume and status; ResumeError when it is not one."""
+    def open_existing(cls, root: Path | str, what: str = "resume_from") -> "RunPaths":
+        """An earlier run's folder, for resume, status and report; ResumeError (resume) or
+        ConfigError naming ``what`` (``resume_from``, ``pita status``, ``pita report``) when it is
+        not one."""
         root = Path(root)
+        shown = f"{what}={str(root)!r}" if what == "resume_from" else f"{what} {root}"
+
+        def error(msg: str):
+            return ResumeError(msg) if what == "resume_from" else ConfigError(msg, header=f"cannot read {root}")
+
         if not root.exists():
-            raise ResumeError(f"resume_from={str(root)!r} does not exist; pass a run folder such as "
-                              f"outputs/<experiment>/<YYYY-MM-DD_HH-MM-SS>")
+            raise error(f"{shown} does not exist; pass a run folder such as outputs/<experiment>/<YYYY-MM-DD_HH-MM-SS>")
         if not root.is_dir():
-            raise ResumeError(f"resume_from={str(root)!r} is a file, not a run folder; pass the folder that "
-                              f"holds state.json (e.g. {root.parent})")
+            raise error(f"{shown} is a file, not a run folder; pass the folder that holds state.json (e.g. {root.parent})")
         paths = cls(root)
         marks = [paths.state, paths.state.with_suffix(".db"), paths.config, paths.jobs_dir]
         if not any(p.exists() for p in marks):
-            raise ResumeError(f"resume_from={str(root)!r} is not a run folder: it has none of state.db, state.json, "
-                              f"config.yaml, jobs/; pass outputs/<experiment>/<YYYY-MM-DD_HH-MM-SS>")
+            raise error(f"{shown} is not a run folder: it has none of state.db, state.json, config.yaml, jobs/; "
+                        f"pass outputs/<experiment>/<YYYY-MM-DD_HH-MM-SS>")
         return paths

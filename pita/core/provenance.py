@@ -85,11 +85,51 @@ def _version(name: str) -> str | None:
         return None
 
 
+_SOURCE: dict | None = None
+
+
+def source() -> dict:
+    """Which pita computed: its version and, when it runs from a git checkout, the commit and
+    whether tracked files differed from it (``dirty``). Asked once per process."""
+    global _SOURCE
+    if _SOURCE is None:
+        import subprocess
+        from pathlib import Path
+
+        import pita
+
+        out = {"version": getattr(pita, "__version__", None) or _version("pita")}
+        root = Path(pita.__file__).resolve().parents[1]
+        if (root / ".git").exists():
+            try:
+                git = ["git", "-C", str(root)]
+                head = subprocess.run(git + ["rev-parse", "HEAD"], capture_output=True, text=True, timeout=10)
+                if head.returncode == 0:
+                    out["commit"] = head.stdout.strip()
+                    st = subprocess.run(git + ["status", "--porcelain", "--untracked-files=no"], capture_output=True,
+                                        text=True, timeout=10)
+                    out["dirty"] = bool(st.stdout.strip()) if st.returncode == 0 else None
+            except (OSError, subprocess.SubprocessError):
+                pass
+        _SOURCE = out
+    return dict(_SOURCE)
+
+
+def source_line(src: dict | None = None) -> str:
+    """``pita 0.1.0 (commit 1a2b3c4d5e6f, uncommitted changes)``, or ``pita 0.1.0`` off a checkout."""
+    src = source() if src is None else src
+    line = f"pita {src.get('version')}"
+    if src.get("commit"):
+        line += f" (commit {src['commit'][:12]}{', uncommitted changes' if src.get('dirty') else ''})"
+    return line
+
+
 def describe() -> dict:
     """This process's platform, as far as it decides the job's floating-point results."""
     from pita.core.gpu_manager import usable_cores
 
     out = {
+        "pita": source(),
         "host": _platform.node(),
         "cpu": {"model": cpu_model(), "machine": _platform.machine(), "cores": usable_cores()},
         "python": _platform.python_version(),
@@ -106,7 +146,8 @@ def describe() -> dict:
 
 
 def summary(d: dict) -> str:
-    """One line a reader compares between two runs: CPU, kernel ISA, torch, BLAS, threads, GPUs."""
+    """One line a reader compares between two runs: CPU, kernel ISA, torch, BLAS, threads, GPUs
+    (which pita computed is said apart: :func:`source_line`)."""
     parts = [d.get("cpu", {}).get("model", "unknown CPU")]
     t = d.get("torch")
     if t:

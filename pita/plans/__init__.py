@@ -8,11 +8,12 @@ WORKLOADS = ("synthetic", "generate", "experiment")
 
 
 def build_plan(cfg, device_totals: list[int] | None = None, cuda: bool = False, plan_only: bool = False,
-               durations=None) -> list[Job]:
+               durations=None, card=None) -> list[Job]:
     """All jobs of the experiment described by ``cfg`` (validated by the caller). ``plan_only``:
     for ``pita plan``, which never asks the hub (see experiment_plan). ``durations``: the
     :class:`~pita.plans.durations.DurationLearner` whose corrections apply (default: the one
-    ``system.cache_dir`` keeps for this family and device class)."""
+    ``system.cache_dir`` keeps for this family and device class). ``card``: the GPU
+    (pita.core.gpu_manager.Card) the durations are computed for (None: an H100)."""
     if cfg.experiment.workload == "synthetic":
         from pita.plans.synthetic import demo_grid
 
@@ -32,16 +33,16 @@ def build_plan(cfg, device_totals: list[int] | None = None, cuda: bool = False, 
         from pita.plans.generation import generation_plan
 
         return _with_durations(cfg, _with_host(cfg, generation_plan(cfg, list(device_totals or [1]), cuda, plan_only), cuda),
-                               cuda, durations)
+                               cuda, durations, card)
     if cfg.experiment.workload == "experiment":
         from pita.plans.experiment import experiment_plan
 
         return _with_durations(cfg, _with_host(cfg, experiment_plan(cfg, list(device_totals or [1]), cuda, plan_only),
-                                               cuda), cuda, durations)
+                                               cuda), cuda, durations, card)
     raise AssertionError(f"unvalidated workload {cfg.experiment.workload!r}")
 
 
-def _with_durations(cfg, jobs: list[Job], cuda: bool, learner=None) -> list[Job]:
+def _with_durations(cfg, jobs: list[Job], cuda: bool, learner=None, card=None) -> list[Job]:
     """Every job's expected seconds as its ``duration_hint``: the roofline's
     (pita/plans/durations.py, kept as ``planned_s``) times what measured runs taught about its
     kind. The one figure ``pita plan``'s simulation and a run's scheduler both order jobs by
@@ -52,7 +53,8 @@ def _with_durations(cfg, jobs: list[Job], cuda: bool, learner=None) -> list[Job]
     from pita.plans.memory import PROMPT_TOKENS
 
     paths = resolve_family(cfg.model, cfg.system.cache_dir, cfg.system.seed, defer="plan")
-    durations = Durations(jobs, lambda part: model_shape(paths[part], f"model.{part}"), cfg.model.dtype, PROMPT_TOKENS)
+    durations = Durations(jobs, lambda part: model_shape(paths[part], f"model.{part}"), cfg.model.dtype, PROMPT_TOKENS,
+                          card=card)
     if learner is None:
         learner = (DurationLearner.load(cfg.system.cache_dir, cfg.model.name, cuda)
                    if cfg.executor.get("learn_durations", True) else DurationLearner())

@@ -13,9 +13,10 @@ A roofline, stated so a reader can scale it (``ASSUMED``):
                overhead, split over the job's devices when colocated)
     merges     1 s
 
-The figures are an H100's (bf16 dense 989 TFLOP/s, 3.35 TB/s HBM) at the utilisation such jobs
-reach with transformers and TRL, not peak: the makespan is for comparing plans and sizing a
-booking, the run itself measures what happens.
+The figures are the plan's card's (``pita.core.gpu_manager.CARDS``: an H100's bf16 dense 989
+TFLOP/s and 3.35 TB/s unless the devices name another card) at the utilisation such jobs reach
+with transformers and TRL, not peak (MFU, and 60% of the memory bandwidth): the makespan is for
+comparing plans and sizing a booking, the run itself measures what happens.
 """
 
 from __future__ import annotations
@@ -24,22 +25,33 @@ import math
 
 PEAK_FLOPS = 989e12
 MFU = 0.35
-HBM_BYTES_S = 2.0e12  # of 3.35 TB/s: what a decode step achieves with small batches
+HBM_SHARE = 0.6  # of the card's memory bandwidth: what a decode step achieves with small batches
+HBM_BYTES_S = HBM_SHARE * 3.35e12
 MERGE_S = 1.0
 VLLM_BATCH = 256  # rows vLLM decodes at once (its max_num_seqs default)
 # eager transformers: a decode step costs about this much beyond the roofline (kernel launches,
 # Python), which is most of a small model's step
 STEP_BASE_S = 0.004
 STEP_PER_LAYER_S = 0.0005
-ASSUMED = ("durations assumed (pita/plans/durations.py): decoding reads the weights once per token step at "
-           f"{HBM_BYTES_S / 1e12:.1f} TB/s or computes at {MFU:.0%} of {PEAK_FLOPS / 1e12:.0f} TFLOP/s, whichever "
-           f"is slower, plus {STEP_BASE_S * 1e3:g} ms + {STEP_PER_LAYER_S * 1e3:g} ms per layer of launch overhead; "
-           f"training 6 x params x tokens FLOPs at {MFU:.0%} of {PEAK_FLOPS / 1e12:.0f} TFLOP/s; "
-           f"merges {MERGE_S:g} s")
 
 
-def _flops_s(flops: float) -> float:
-    return flops / (PEAK_FLOPS * MFU)
+def assumed(card=None, why: str = "") -> str:
+    """The duration model's assumptions, as ``pita plan`` states them (``card``: a
+    pita.core.gpu_manager.Card; None: the H100 the constants describe)."""
+    peak = card.tflops * 1e12 if card else PEAK_FLOPS
+    hbm = card.hbm_tbs * 1e12 * HBM_SHARE if card else HBM_BYTES_S
+    name = why or (card.name if card else "H100-SXM")
+    return (f"durations assumed (pita/plans/durations.py) for {name}: decoding reads the weights once per token "
+            f"step at {hbm / 1e12:.2f} TB/s or computes at {MFU:.0%} of {peak / 1e12:.0f} TFLOP/s, whichever is "
+            f"slower, plus {STEP_BASE_S * 1e3:g} ms + {STEP_PER_LAYER_S * 1e3:g} ms per layer of launch overhead; "
+            f"training 6 x params x tokens FLOPs at {MFU:.0%} of {peak / 1e12:.0f} TFLOP/s; merges {MERGE_S:g} s")
+
+
+ASSUMED = assumed()
+
+
+def _flops_s(flops: float, peak: float | None = None) -> float:
+    return flops / ((peak or PEAK_FLOPS) * MFU)
 
 
 def step_overhead(n_layers: int) -> float:
@@ -48,11 +60,12 @@ def step_overhead(n_layers: int) -> float:
 
 
 def decode_seconds(n_params: int, weight_bytes: float, rows: int, batch: int, prompt: int, new: int,
-                   n_layers: int = 32, overhead: bool = True) -> float:
+                   n_layers: int = 32, overhead: bool = True, peak: float | None = None,
+                   hbm: float | None = None) -> float:
     batches = math.ceil(rows / max(1, batch))
-    step = max(weight_bytes / HBM_BYTES_S, _flops_s(2 * n_params * min(rows, batch))) + (
+    step = max(weight_bytes / (hbm or HBM_BYTES_S), _flops_s(2 * n_params * min(rows, batch), peak)) + (
         step_overhead(n_layers) if overhead else 0.0)
-    return batches * (new * step + _flops_s(2 * n_params * min(rows, batch) * prompt))
+    return batches * (new * step + _flops_s(2 * n_params * min(rows, batch) * prompt, peak))
 
 
 def rows_per_example(req: dict) -> int:
@@ -72,13 +85,18 @@ class Durations:
     """Seconds per job of a plan; ``shape(part)`` gives the family's ModelShape ("reference",
     "guidance")."""
 
-    def __init__(self, jobs, shape, dtype: str, prompt_tokens: int):
+    def __init__(self, jobs, shape, dtype: str, prompt_tokens: int, card=None):
         from pita.core.memory import bytes_per_param
 
+        self.peak = card.tflops * 1e12 if card else PEAK_FLOPS
+        self.hbm = card.hbm_tbs * 1e12 * HBM_SHARE if card else HBM_BYTES_S
         self.by_id = {j.id: j for j in jobs}
         self.shape = shape
         self.b = bytes_per_param(dtype)
         self.prompt = prompt_tokens
+
+    def _f(self, flops: float) -> float:
+        return _flops_s(flops, self.peak)
 
     @staticmethod
     def examples(shard) -> int:
@@ -112,12 +130,12 @@ class Durations:
                 n += g.n_params
             s = req["sampling"]
             return max(1.0, decode_seconds(n, wbytes, rows, s["batch_size"], self.prompt, s["max_new_tokens"],
-                                           ref.n_layers))
+                                           ref.n_layers, peak=self.peak, hbm=self.hbm))
         if job.kind in ("algo.value_train", "algo.proxy_train"):
             g = self.shape("guidance")
             rows = sum(self.rows_of_merge(d) for d in p.get("data", []))
             tokens = rows * (self.prompt + 128) * int(p.get("epochs", 1))
-            return max(1.0, _flops_s(6 * g.n_params * tokens))
+            return max(1.0, self._f(6 * g.n_params * tokens))
         if job.kind in ("algo.dpo_train", "algo.grpo_train"):
             ref = self.shape("reference")
             per_param = 4 if p.get("lora_r", 0) > 0 else 6
@@ -125,7 +143,7 @@ class Durations:
             if job.kind == "algo.dpo_train":
                 rows = sum(self.rows_of_merge(d) for d in job.deps)  # completions: both sides of each pair
                 tokens = rows * seq * int(p.get("epochs", 1))  # split over the job's devices (DDP or FSDP)
-                return max(1.0, _flops_s((per_param + 2) * ref.n_params * tokens) / max(1, p["devices"]))
+                return max(1.0, self._f((per_param + 2) * ref.n_params * tokens) / max(1, p["devices"]))
             from pita.datasets.config import DatasetConfig
             from pita.datasets.loading import count_examples
 
@@ -141,12 +159,12 @@ class Durations:
                 # continuous batch (up to VLLM_BATCH rows), CUDA graphs instead of per-kernel launches
                 sample = steps * decode_seconds(ref.n_params, ref.n_params * self.b, p["batch_size"],
                                                 min(VLLM_BATCH, p["batch_size"]), self.prompt, seq - self.prompt,
-                                                ref.n_layers, overhead=False)
+                                                ref.n_layers, overhead=False, peak=self.peak, hbm=self.hbm)
                 sample /= max(1, p["devices"]) if p.get("vllm_mode") == "colocate" else 1
             else:
                 sample = decode_seconds(ref.n_params, ref.n_params * 4, rows, max(1, p["batch_size"] // p["devices"]),
-                                        self.prompt, seq - self.prompt, ref.n_layers) / max(1, p["devices"])
-            return max(1.0, sample + _flops_s((per_param + 2) * ref.n_params * rows * seq) / max(1, p["devices"]))
+                                        self.prompt, seq - self.prompt, ref.n_layers, peak=self.peak, hbm=self.hbm) / max(1, p["devices"])
+            return max(1.0, sample + self._f((per_param + 2) * ref.n_params * rows * seq) / max(1, p["devices"]))
         if job.kind == "model.build_tiny":
             return 20.0
         return MERGE_S

@@ -55,6 +55,20 @@ def compute_table(state: dict, results_of) -> list[dict]:
     return sorted(acc.values(), key=lambda r: (order.index(r["phase"]) if r["phase"] in order else 99, r["phase"]))
 
 
+def source_lines(state: dict) -> list[str]:
+    """Which pita ran the run (each start and resume records it in state.json's ``runs``)."""
+    from pita.core.provenance import source_line
+
+    seen = []
+    for r in state.get("runs", []):
+        if r.get("pita") and source_line(r["pita"]) not in seen:
+            seen.append(source_line(r["pita"]))
+    if not seen:
+        return []
+    return [f"- software: {seen[0]}" if len(seen) == 1 else
+            "- software (the run was resumed by another version): " + "; ".join(seen)]
+
+
 def platform_lines(state: dict) -> list[str]:
     """Where the jobs computed (each one's last attempt, ``pita.core.provenance``), one line per
     distinct platform: two runs whose lines differ are not expected to agree to the last digit."""
@@ -349,6 +363,7 @@ def render(run: RunPaths, rows: list[dict] | None = None, roster: Roster | None 
                      f"{max(finished) - min(started):.0f} s of wall time")
     lines.append("- configuration: [`config.yaml`](../config.yaml) (the resolved config that ran; "
                  "`resume_from` reloads it)")
+    lines += source_lines(state)
     lines += platform_lines(state)
     lines += oom_lines(state)
     lines.append("- files: `results/final_results.json`, `results/results.csv`, `results/cells/`, "
