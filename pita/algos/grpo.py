@@ -132,10 +132,10 @@ class Rewards:
 
             self.proxy = ValueModel.load(proxy_ckpt, device=device).eval()
         elif p["reward_model"]:
-            from pita.rewards.reward_model import RewardModelScorer
+            from pita.rewards.function import reward_scorer
 
-            self.rm = RewardModelScorer(p["reward_model"], device=device, inputs=p.get("reward_input", "prompt_completion"),
-                                        score=p.get("reward_score", "margin"))
+            self.rm = reward_scorer(p["reward_model"], device=device, inputs=p.get("reward_input", "prompt_completion"),
+                                    score=p.get("reward_score", "margin"))
         if p["task"] == "reward" and self.rm is None and self.proxy is None:
             raise JobError(f"dataset {p['dataset']['name']} is a reward task but no reward model is configured "
                            f"(model.reward_models.{p['dataset']['name']})")

@@ -73,6 +73,19 @@ def _explain(e: BaseException) -> str | None:
     return None
 
 
+def _search_dirs(parsed) -> list[str]:
+    """The folders a ``hydra.searchpath=[file://conf,...]`` override adds (config groups of your own:
+    conf/dataset/NAME.yaml), relative to the current folder."""
+    out = []
+    for o in parsed:
+        if o.key_or_group == "hydra.searchpath":
+            v = o.value()
+            for entry in (v if isinstance(v, list) else [v]):
+                if isinstance(entry, str) and entry.startswith("file://"):
+                    out.append(entry[len("file://"):])
+    return out
+
+
 def check_overrides(overrides: list[str]) -> None:
     """Raise ConfigError (every problem at once) for overrides that name unknown keys or bad values."""
     from hydra import compose, initialize_config_dir
@@ -112,7 +125,7 @@ def check_overrides(overrides: list[str]) -> None:
                             f"with a list write '{key}=[{value}]', to sweep add --multirun")
             continue
         if key in GROUPS:
-            choices = sorted(p.stem for p in (CONF_DIR / key).glob("*.yaml"))
+            choices = sorted({p.stem for d in [CONF_DIR, *_search_dirs(parsed)] for p in (Path(d) / key).glob("*.yaml")})
             value = o.value()
             if isinstance(value, str) and value not in choices:
                 problems.append(unknown_name(key, value, choices))

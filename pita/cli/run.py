@@ -67,6 +67,8 @@ def absolute_paths(cfg: DictConfig) -> None:
         p = ds.get("path") if hasattr(ds, "get") else None
         if p and not Path(p).expanduser().is_absolute() and Path(p).expanduser().exists():
             ds.path = str(Path(p).expanduser().absolute())
+        if hasattr(ds, "get") and ds.get("reward") and not ds.get("reward_dir"):
+            ds.reward_dir = os.getcwd()  # a reward function is imported from where the run started
 
 
 def mig_problems(jobs, gpus) -> list[str]:

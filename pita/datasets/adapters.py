@@ -225,7 +225,7 @@ class ToyAdapter(DatasetAdapter):
         return self.cfg.toy_train_size if split == "train" else self.cfg.toy_test_size
 
     def to_example(self, row: Example, index: int, split: str) -> Example:
-        question = row.prompt if self.name == "arith" else row.prompt.split(": ", 1)[1]
+        question = row.prompt if (getattr(self.cfg, "base", None) or self.name) == "arith" else row.prompt.split(": ", 1)[1]
         return Example(id=row.id, prompt=apply_template(self.template, question), answer=row.answer,
                        task=row.task, meta={**row.meta, "source": "toy", "row": index,
                                             "extractor": self.cfg.answer_extractor})

@@ -29,7 +29,13 @@ FILE_FORMATS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv"
 
 @dataclass
 class DatasetConfig:
-    name: str  # a registered dataset: gsm8k, math500, aime22to24, aime2024, aime2025, imdb, tldr, arith, sentiment
+    # what the run calls the dataset (its key under datasets.*, in every table, file and plot): a
+    # registered dataset (gsm8k, math500, aime22to24, aime2024, aime2025, imdb, tldr, arith,
+    # sentiment), or a name of your own whose format is ``base``'s
+    name: str
+    # the registered dataset whose format and defaults this one has: set when datasets.NAME composes
+    # another's config (+dataset@datasets.NAME=gsm8k); null = ``name`` itself
+    base: Optional[str] = None
     hub_id: Optional[str] = None  # Hugging Face dataset repo, e.g. openai/gsm8k (unused when path is set)
     hub_config: Optional[str] = None  # the repo's config name, e.g. "main" for gsm8k
     # Local data replacing the hub: a .jsonl/.json/.parquet/.csv file, or a folder written by
@@ -53,6 +59,11 @@ class DatasetConfig:
     # How the verifier extracts a final answer from model outputs on this dataset; stored in every
     # Example.meta["extractor"]. auto | boxed (\boxed{...}) | hash ("#### x") | last_number.
     answer_extractor: str = "auto"
+    # a reward task scored by a Python function of your own instead of a reward model:
+    # module:function, imported from reward_dir (the folder the run was started in); see
+    # pita/rewards/function.py. null: model.reward_models.<name>
+    reward: Optional[str] = None
+    reward_dir: Optional[str] = None
     prefix_words: int = 8  # imdb / sentiment: words of the review kept in the prompt
     n_ops: int = 2  # arith: operations per problem
     max_operand: int = 20  # arith: operands drawn from 1..max_operand
@@ -84,12 +95,31 @@ def _is_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
+def base_of(cfg: Any) -> str:
+    """The registered dataset whose adapter reads ``cfg`` (its ``base``, else its ``name``)."""
+    return getattr(cfg, "base", None) or cfg.name
+
+
 def check_dataset_config(cfg: Any) -> list[str]:
     """Every problem with ``cfg`` (a DatasetConfig or an equivalent DictConfig), one line each."""
-    if cfg.name not in DATASETS:
-        return [unknown_name(key(cfg.name, "name"), cfg.name, DATASETS.names())]
-    adapter = DATASETS.get(cfg.name)
+    if base_of(cfg) not in DATASETS:
+        if getattr(cfg, "base", None):
+            return [unknown_name(key(cfg.name, "base"), cfg.base, DATASETS.names())]
+        return [f"{key(cfg.name, 'name')}={cfg.name!r} is not a registered dataset: build yours on one with "
+                f"+dataset@datasets.{cfg.name}=<one of {', '.join(DATASETS.names())}> (or set "
+                f"{key(cfg.name, 'base')}=<one of them>)"]
+    adapter = DATASETS.get(base_of(cfg))
     p: list[str] = []
+    if getattr(cfg, "reward", None) is not None:
+        from pita.rewards.function import target_problem
+
+        bad = target_problem(cfg.reward, key(cfg.name, "reward"))
+        if bad:
+            p.append(bad)
+        elif adapter.task != "reward":
+            p.append(f"{key(cfg.name, 'reward')}={cfg.reward!r}: {cfg.name} is a math task, scored by the verifier "
+                     f"against its gold answers; a reward function scores reward tasks (build yours on one: "
+                     f"+dataset@datasets.{cfg.name}=imdb or tldr)")
 
     def need(cond: bool, field: str, rule: str) -> None:
         if not cond:

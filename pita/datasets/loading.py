@@ -32,7 +32,7 @@ from pita.core.errors import ConfigError
 from pita.core.names import unknown_name
 from pita.datasets.adapters import DATASETS, DatasetAdapter, key
 from pita.datasets.base import Example
-from pita.datasets.config import FILE_FORMATS, validate_dataset_config
+from pita.datasets.config import FILE_FORMATS, base_of, validate_dataset_config
 
 SPLITS = ("train", "test", "held_out")
 
@@ -45,7 +45,7 @@ def load_examples(cfg: Any, split: str) -> list[Example]:
     if split == "held_out" and cfg.held_out == 0:
         raise ConfigError(f"{key(cfg.name, 'held_out')}=0: the held_out split is empty; set "
                           f"{key(cfg.name, 'held_out')}=N to set aside N train examples")
-    adapter = DATASETS.get(cfg.name)(cfg)
+    adapter = DATASETS.get(base_of(cfg))(cfg)
     source = "test" if split == "test" else "train"
     rows = adapter.generate(source) if adapter.generated else _source_rows(cfg, adapter, source)
     n = len(rows)
@@ -186,7 +186,7 @@ def count_examples(cfg: Any, split: str, known_rows: bool = False) -> tuple[int,
     held_out split and caps (``assumed`` is then True)."""
     try:
         ex = load_examples(cfg, split)
-        return len(ex), (ex[0].task if ex else DATASETS.get(cfg.name).task), False
+        return len(ex), (ex[0].task if ex else DATASETS.get(base_of(cfg)).task), False
     except ConfigError:
         if not known_rows or cfg.path is not None:
             raise
@@ -200,4 +200,4 @@ def count_examples(cfg: Any, split: str, known_rows: bool = False) -> tuple[int,
                               f"{n} rows, so none would be left for train; set held_out below {n}")
         n = cfg.held_out if split == "held_out" else n - cfg.held_out
     cap = {"train": cfg.train_cap, "test": cfg.test_cap}.get(split)
-    return (min(n, cap) if cap is not None else n), DATASETS.get(cfg.name).task, True
+    return (min(n, cap) if cap is not None else n), DATASETS.get(base_of(cfg)).task, True

@@ -70,9 +70,9 @@ def shard(ctx):
         sc = req["scoring"]
         rm = None
         if sc.get("reward_model"):
-            from pita.rewards.reward_model import RewardModelScorer
+            from pita.rewards.function import reward_scorer
 
-            rm = RewardModelScorer(sc["reward_model"], device=dev, batch_size=sc["reward_batch_size"],
+            rm = reward_scorer(sc["reward_model"], device=dev, batch_size=sc["reward_batch_size"],
                                    inputs=sc.get("reward_input", "prompt_completion"),
                                    score=sc.get("reward_score", "margin"))
         extractor = examples[0].meta.get("extractor", "auto") if examples else "auto"

@@ -18,9 +18,34 @@ def dataset_cfg(cfg, name: str):
 
     if name not in cfg.datasets:
         raise ConfigError(unknown_name("experiment.datasets", name, list(cfg.datasets)))
-    ds = DatasetConfig(**OmegaConf.to_container(cfg.datasets[name], resolve=True))
+    d = OmegaConf.to_container(cfg.datasets[name], resolve=True)
+    if d.get("name") != name:  # datasets.NAME composed from another's config: NAME in that one's format
+        d["base"], d["name"] = d.get("base") or d.get("name"), name
+    ds = DatasetConfig(**d)
     validate_dataset_config(ds)
+    if ds.reward:  # imported and tried on a sample now: a bad one is exit 2 before anything runs
+        import os
+
+        from pita.rewards.function import check
+
+        ds.reward_dir = ds.reward_dir or os.getcwd()
+        check(ds.reward, ds.reward_dir, f"datasets.{name}.reward")
     return ds
+
+
+def with_reward_functions(paths: dict, configs) -> dict:
+    """The family's paths with each dataset's reward function (``datasets.NAME.reward``) in place
+    of ``model.reward_models.NAME``: every job that scores that dataset calls the function. A
+    dataset built on another (``base``) without a reward model of its own gets its base's."""
+    from pita.rewards.function import spec
+
+    configs = list(configs)
+    rms = dict(paths["reward_models"])
+    for ds in configs:  # a dataset of your own built on a reward task: that task's reward model by default
+        if getattr(ds, "base", None) and ds.name not in rms and rms.get(ds.base):
+            rms[ds.name] = rms[ds.base]
+    rms.update({ds.name: spec(ds.reward, ds.reward_dir or "") for ds in configs if getattr(ds, "reward", None)})
+    return dict(paths, reward_models=rms) if rms != paths["reward_models"] else paths
 
 
 def reward_scoring(model_cfg, dataset: str) -> dict:

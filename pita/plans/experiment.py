@@ -16,7 +16,7 @@ from omegaconf import open_dict
 from pita.core.errors import ConfigError
 from pita.core.job import Job
 from pita.core.names import unknown_name
-from pita.plans.common import dataset_cfg, request_for
+from pita.plans.common import dataset_cfg, request_for, with_reward_functions
 
 log = logging.getLogger(__name__)
 
@@ -103,7 +103,8 @@ def experiment_plan(cfg, device_totals: list[int], cuda: bool, plan_only: bool =
                 problems += [f"{key}: {x}" for x in e.problems]
     if problems:
         raise ConfigError(problems)
-    paths = resolve_family(cfg.model, cfg.system.cache_dir, cfg.system.seed, defer="plan" if plan_only else True)
+    paths = with_reward_functions(resolve_family(cfg.model, cfg.system.cache_dir, cfg.system.seed,
+                                                 defer="plan" if plan_only else True), configs.values())
     check_tokenizers(paths["reference"], paths["guidance"], missing_ok=plan_only)
     model_problems = [x for alg in algos.values() for x in alg.check_models(paths)]
     if model_problems:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pita.core.errors import ConfigError
 from pita.core.job import Job
-from pita.plans.common import dataset_cfg, request_for
+from pita.plans.common import dataset_cfg, request_for, with_reward_functions
 
 
 def generation_plan(cfg, device_totals: list[int], cuda: bool, plan_only: bool = False) -> list[Job]:
@@ -29,7 +29,8 @@ def generation_plan(cfg, device_totals: list[int], cuda: bool, plan_only: bool =
             problems.extend(e.problems)
     if problems:
         raise ConfigError(problems)
-    paths = resolve_family(cfg.model, cfg.system.cache_dir, cfg.system.seed, defer="plan" if plan_only else True)
+    paths = with_reward_functions(resolve_family(cfg.model, cfg.system.cache_dir, cfg.system.seed,
+                                                 defer="plan" if plan_only else True), datasets)
     check_tokenizers(paths["reference"], paths["guidance"], missing_ok=plan_only)
     gen = ParallelDataGenerator(device_totals)
     jobs: list[Job] = []

@@ -99,7 +99,9 @@ def job_host_bytes(job, cfg, paths: dict) -> float:
         b += 4 * _params(paths, "guidance")
     ds = req.get("dataset")
     ds = ds.get("name") if isinstance(ds, dict) else ds
-    if ds and (paths.get("reward_models") or {}).get(ds):
+    from pita.rewards.function import is_function
+
+    if ds and (paths.get("reward_models") or {}).get(ds) and not is_function(paths["reward_models"][ds]):
         b += 4 * _params(paths, "reward", ds)
     return HOST_PROCESS_BYTES + b
 

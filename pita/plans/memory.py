@@ -58,6 +58,7 @@ class JobMemory:
 
         if part == "reward":
             return model_shape(self.paths["reward_models"][dataset], f"model.reward_models.{dataset}")
+        # (a reward function has no shape: reward_bytes leaves it out)
         return model_shape(self.paths[part], f"model.{part}")
 
     def reward_bytes(self, datasets, beside: float = 0.0) -> float:
@@ -66,8 +67,10 @@ class JobMemory:
         working memory, freed before scoring starts)."""
         dc = self.cfg.data_collection
         out = 0.0
+        from pita.rewards.function import is_function
+
         for d in datasets:
-            if self.paths["reward_models"].get(d):
+            if self.paths["reward_models"].get(d) and not is_function(self.paths["reward_models"][d]):
                 sh = self.shape("reward", d)
                 w = weights_bytes(sh, "float32") * 1.10
                 seq = PROMPT_TOKENS + self._new(False)
