@@ -105,9 +105,9 @@ def check_dataset_config(cfg: Any) -> list[str]:
     if base_of(cfg) not in DATASETS:
         if getattr(cfg, "base", None):
             return [unknown_name(key(cfg.name, "base"), cfg.base, DATASETS.names())]
-        return [f"{key(cfg.name, 'name')}={cfg.name!r} is not a registered dataset: build yours on one with "
-                f"+dataset@datasets.{cfg.name}=<one of {', '.join(DATASETS.names())}> (or set "
-                f"{key(cfg.name, 'base')}=<one of them>)"]
+        return [unknown_name(key(cfg.name, "name"), cfg.name, DATASETS.names())
+                + f"; for data of your own, build it on one of them: +dataset@datasets.{cfg.name}=<that one> (or set "
+                  f"{key(cfg.name, 'base')})"]
     adapter = DATASETS.get(base_of(cfg))
     p: list[str] = []
     if getattr(cfg, "reward", None) is not None:
