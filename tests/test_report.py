@@ -424,3 +424,30 @@ def test_pita_report_reads_a_run_at_other_kl_budgets_and_refuses_bad_ones(record
     assert report_main([str(recorded_run.root)]) == 0  # back to the run's eval.kl_budgets
     assert json.loads((recorded_run.results / "final_results.json").read_text())["kl_matched"]["budgets_from"] == \
         "eval.kl_budgets"
+
+
+def test_pita_report_out_leaves_the_run_as_it_was_and_a_changing_reread_keeps_the_old_files(recorded_run, tmp_path,
+                                                                                             capsys):
+    """One run with --out DIR: the report, tables and plots go to DIR and the run's results/ is
+    byte for byte what it was. Without --out, a re-read that changes the run's files says which,
+    keeps the previous ones under results/previous/<time>/, and prints the headline tables; a
+    re-read that changes nothing says nothing of the kind."""
+    from pita.cli.report import report_main
+
+    assert report_main([str(recorded_run.root)]) == 0
+    capsys.readouterr()
+    files = {p: p.read_bytes() for p in recorded_run.results.rglob("*") if p.is_file()}
+    out = tmp_path / "at-0.3"
+    assert report_main([str(recorded_run.root)], out=str(out), kl_budgets="0.3") == 0
+    printed = capsys.readouterr().out
+    assert {p: p.read_bytes() for p in recorded_run.results.rglob("*") if p.is_file()} == files
+    assert json.loads((out / "final_results.json").read_text())["kl_matched"]["budgets"] == [0.3]
+    assert (out / "report.md").exists() and (out / "results.csv").exists() and any((out / "plots").iterdir())
+    assert "### Headline" in printed and "| algorithm |" in printed and f"{recorded_run.results} is unchanged" in printed
+    assert report_main([str(recorded_run.root)], kl_budgets="0.3") == 0
+    printed = capsys.readouterr().out
+    assert "report.md, final_results.json changed" in printed
+    [kept] = list((recorded_run.results / "previous").iterdir())
+    assert (kept / "final_results.json").read_bytes() == files[recorded_run.results / "final_results.json"]
+    assert report_main([str(recorded_run.root)], kl_budgets="0.3") == 0
+    assert "changed" not in capsys.readouterr().out

@@ -65,7 +65,8 @@ def console_main(argv: list[str] | None = None) -> int:
     rp = sub.add_parser("report", help="re-render results/report.md and its plots from the saved results")
     rp.add_argument("run_dir", nargs="+", help="a run folder; several (one per seed of the same experiment): "
                     "also the KL-matched comparison pooled over them")
-    rp.add_argument("--out", help="with several runs: write the pooled comparison to OUT.md and OUT.json")
+    rp.add_argument("--out", help="one run: write its report, tables and plots to the folder OUT, leaving the run's "
+                    "files as they are; several runs: write the pooled comparison to OUT.md and OUT.json")
     rp.add_argument("--kl-budgets", metavar="B1,B2,...", help="read the KL-matched comparison at these budgets "
                     "(nats per sequence) instead of the runs' eval.kl_budgets; the rows are the same")
     args = ap.parse_args(argv)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import sys
+from pathlib import Path
 
 from pita.core.errors import ConfigError
 
@@ -46,10 +47,72 @@ def parse_budgets(text: str | None) -> tuple[list[float] | None, list[str]]:
     return (None if problems else budgets), problems
 
 
+REPORT_FILES = ("report.md", "final_results.json", "results.csv")
+
+
+def _read(path) -> bytes | None:
+    try:
+        return path.read_bytes()
+    except OSError:
+        return None
+
+
+def _snapshot(run) -> dict:
+    return {n: _read(run.results / n) for n in REPORT_FILES}
+
+
+def _keep(run, before: dict, changed: list[str]):
+    """The run's report files as they were, kept under results/previous/<time>/."""
+    import time
+
+    from pita.core.paths import atomic_write
+
+    dest = run.results / "previous" / time.strftime("%Y-%m-%d_%H-%M-%S")
+    for n in changed:
+        atomic_write(dest / n, before[n])
+    return dest
+
+
+def results_in(run, folder: Path):
+    """``run`` with its results (report.md, tables, plots) read from and written to ``folder``."""
+    from pita.core.paths import RunPaths
+
+    class Elsewhere(RunPaths):
+        @property
+        def results(self):
+            return folder
+
+    folder.mkdir(parents=True, exist_ok=True)
+    return Elsewhere(run.root)
+
+
+def headline(report: Path) -> list[str]:
+    """The report's headline: the equal-KL tables (their headings and rows, not the prose)."""
+    try:
+        lines = report.read_text().splitlines()
+    except OSError:
+        return []
+    out, inside = [], False
+    for line in lines:
+        if line.startswith("### "):
+            inside = line.startswith("### Headline")
+            if inside:
+                out.append(line)
+            continue
+        if inside and (line.startswith("#### ") or line.startswith("|")):
+            if line.startswith("#### "):
+                out.append("")
+            out.append(line)
+    return out
+
+
 def report_main(run_dirs: str | list[str], out: str | None = None, kl_budgets: str | None = None) -> int:
-    """Re-render each run's results and report; with several runs (one per seed), also print the
-    KL-matched comparison pooled over them (and write it to ``out``.md / .json). ``kl_budgets``
-    (comma-separated) reads the same rows at other budgets than the runs' ``eval.kl_budgets``."""
+    """Re-render each run's results and report, print its headline (the equal-KL tables) and say
+    which of the run's files changed (the previous ones kept in results/previous/<time>/). One run
+    with ``out``: the report goes to the folder ``out`` and the run's files stay as they are. With
+    several runs (one per seed), also print the KL-matched comparison pooled over them (and write
+    it to ``out``.md / .json). ``kl_budgets`` (comma-separated) reads the same rows at other
+    budgets than the runs' ``eval.kl_budgets``."""
     from pita.core.paths import RunPaths
     from pita.report.report import render
     from pita.report.results import write
@@ -66,9 +129,25 @@ def report_main(run_dirs: str | list[str], out: str | None = None, kl_budgets: s
         return 2
     roster = algorithm_roster()
     written = []
+    if out and len(runs) == 1:  # one run: its report re-read into OUT, the run's own files untouched
+        target = results_in(runs[0], Path(out))
+        rows = write(target, roster, budgets)
+        path = render(target, rows or None, roster)
+        print("\n".join(headline(path)))
+        print(f"written: {path} with results.csv, final_results.json and plots/ in {target.results} "
+              f"({runs[0].results} is unchanged)")
+        return 0
     for run in runs:
+        before = _snapshot(run)
         rows = write(run, roster, budgets)
-        print(render(run, rows or None, roster))
+        path = render(run, rows or None, roster)
+        changed = [n for n, b in before.items() if b is not None and _read(run.results / n) != b]
+        print("\n".join(headline(path)))
+        if changed:
+            kept = _keep(run, before, changed)
+            print(f"re-read {run.root}: {', '.join(changed)} changed (e.g. --kl-budgets, or a newer pita); the "
+                  f"previous files are in {kept}; pita report RUN --out DIR leaves a run's files as they are")
+        print(path)
         written.append(rows)
     if len(runs) > 1:
         problems = pooling_problems(runs)
