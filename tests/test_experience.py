@@ -93,3 +93,8 @@ def test_ctrl_c_at_any_moment_is_short_and_exit_130(tmp_path, after_s):
     out, err = p.communicate(timeout=120)
     assert p.returncode == 130, err[-2000:]
     assert "Traceback" not in err and "leaked semaphore" not in err and "KeyboardInterrupt" not in err, err[-3000:]
+
+
+def test_plan_help_reads_as_plain_text(tmp_path):
+    r = subprocess.run([PITA, "plan", "--help"], cwd=tmp_path, capture_output=True, text=True, env=env())
+    assert r.returncode == 0 and "system.inventory" in r.stdout and "``" not in r.stdout

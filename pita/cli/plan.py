@@ -253,7 +253,7 @@ def plan_main(argv: list[str] | None = None, prog: str = "pita plan") -> int:
                   file=sys.stderr)
             return 2
     if any(a in ("-h", "--help") for a in argv):
-        print((__doc__ or "").strip())
+        print((__doc__ or "").strip().replace("``", ""))  # the module's reST quoting, not for a terminal
         return 0
     if any(a in ("-m", "--multirun") for a in argv):
         print(f"error: {prog} plans one configuration; drop --multirun and plan each point (e.g. model=qwen3, "
