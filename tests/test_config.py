@@ -218,9 +218,9 @@ def test_the_readme_configuration_reference_matches_the_schema():
 
     from pita.config.reference import block_of, render
 
-    readme = Path(__file__).resolve().parents[1] / "README.md"
+    readme = Path(__file__).resolve().parents[1] / "docs" / "configuration.md"
     assert block_of(readme.read_text()) == render().strip(), \
-        "README's configuration reference is stale: python -m pita.config.reference --write README.md"
+        "docs/configuration.md's reference is stale: python -m pita.config.reference --write docs/configuration.md"
 
 
 @pytest.mark.parametrize("preset", ["paper_math", "paper_reward"])

@@ -421,15 +421,15 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_the_readmes_several_nodes_recipe_runs_as_written(tmp_path):
-    """The README's recipe, command by command (its environment steps are this test's own venv):
+def test_the_guides_several_nodes_recipe_runs_as_written(tmp_path):
+    """docs/guide.md's recipe, command by command (its environment steps are this test's own venv):
     a head and a second node on this machine (the second with 2 logical GPUs, distinct ports),
     `ray job submit -- pita run ...` with the synthetic workload added, then `ray stop`. The job
     succeeds and every job ran on the second node's GPUs or (merges) the head."""
     import re
     import time
 
-    text = (ROOT / "README.md").read_text()
+    text = (ROOT / "docs" / "guide.md").read_text()
     block = text.split("<!-- ray-recipe -->", 1)[1].split("<!-- /ray-recipe -->", 1)[0]
     lines = [ln.strip() for ln in block.splitlines() if ln.strip() and not ln.startswith(("#", "`"))]
     commands = [ln for ln in lines if not ln.startswith(("python -m venv", "source "))]

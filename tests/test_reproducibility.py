@@ -1,4 +1,4 @@
-"""What the project promises about reproducibility (README, "Reproducibility"), checked.
+"""What the project promises about reproducibility (docs/guide.md, "Reproducibility"), checked.
 
 Same seed, same machine: a job's thread count comes from its budget (the devices it holds), never
 from the load, and at a fixed thread count torch's CPU kernels repeat bit for bit (no atomics;

@@ -8,7 +8,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from pita.cli.overrides import CONF_DIR
 
-EXIT_CODES = (  # what run_main returns; help_text and the README list these
+EXIT_CODES = (  # what run_main returns; help_text and docs/guide.md list these
     (0, "every job completed"),
     (1, "a job failed, or was skipped because a dependency failed; or the disk filled (free space, then "
         "resume); or pita itself failed (a traceback is printed)"),
@@ -74,7 +74,7 @@ def help_text(prog: str = "pita run") -> str:
         out.append(f"  {group + '=':<12} {note}: {shown}" + ("" if d else "; none by default"))
     datasets = sorted(p.stem for p in (CONF_DIR / "dataset").glob("*.yaml"))
     out += [f"  {'datasets.<name>.KEY=VALUE':<12} per dataset: {', '.join(datasets)}", "",
-            "main keys (key=default: meaning; every key: README.md \"Configuration\", or --cfg job for the "
+            "main keys (key=default: meaning; every key: docs/configuration.md, or --cfg job for the "
             "resolved config):"]
     for key, default, note in rows():
         if not key.startswith(HELP_KEYS) or key.startswith("executor.ray."):
@@ -90,7 +90,7 @@ def help_text(prog: str = "pita run") -> str:
         pair = f"{key}={default}"
         out.append(f"  {pair:<40} {note}" if len(pair) < 40 else f"  {pair}\n  {'':<40} {note}")
     out += [            "  executor.ray.*, model.*, datasets.*, algos.<name>.*, eval.*, data_collection.*, training.*: "
-            "see the README", ""]
+            "see docs/configuration.md", ""]
     out += [
         "outputs (relative to the current folder unless system.output_dir is absolute):",
         "  outputs/<experiment.name>/<YYYY-MM-DD_HH-MM-SS>/",
@@ -113,6 +113,6 @@ def help_text(prog: str = "pita run") -> str:
     ]
     out += [textwrap.fill(f"{code:<4} {text}", width=width, initial_indent="  ", subsequent_indent=" " * 7)
             for code, text in EXIT_CODES]
-    out += ["", "Hydra's own help: --hydra-help. More: README.md and docs/architecture.md."]
+    out += ["", "Hydra's own help: --hydra-help. More: README.md, docs/guide.md, docs/configuration.md and docs/architecture.md."]
     return "\n".join(out)
 

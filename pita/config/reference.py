@@ -1,8 +1,8 @@
 """The configuration reference, generated from the schema's dataclasses and their comments.
 
     python -m pita.config.reference            print it (Markdown)
-    python -m pita.config.reference --check README.md
-                                              exit 1 if README's block differs (the tests run this)
+    python -m pita.config.reference --check docs/configuration.md
+                                              exit 1 if the block differs (the tests run this)
 
 Each field's meaning is the comment on its line in the source, plus any comment lines right above
 it. ``datasets.<name>`` and ``algos.<name>`` are maps: their keys are listed once.
@@ -129,7 +129,7 @@ def block_of(text: str) -> str | None:
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["--check"]:
-        path = Path(argv[1] if len(argv) > 1 else "README.md")
+        path = Path(argv[1] if len(argv) > 1 else "docs/configuration.md")
         got = block_of(path.read_text())
         if got is None:
             print(f"{path}: no configuration reference block ({START} ... {END})", file=sys.stderr)
@@ -140,7 +140,7 @@ def main(argv=None) -> int:
             return 1
         return 0
     if argv[:1] == ["--write"]:
-        path = Path(argv[1] if len(argv) > 1 else "README.md")
+        path = Path(argv[1] if len(argv) > 1 else "docs/configuration.md")
         text = path.read_text()
         if block_of(text) is None:
             print(f"{path}: add the markers {START} and {END} where the reference goes", file=sys.stderr)

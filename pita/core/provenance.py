@@ -8,7 +8,7 @@
 The worker writes ``describe()`` into every ``attempt-<n>.json`` (the worker, not the
 orchestrator: with the ray backend the two run on different machines, and only the process that
 computes knows which kernels it ran), and the report lists the distinct summaries of a run's
-jobs. What a reader may expect (README, "Reproducibility"): for the same seed on the same
+jobs. What a reader may expect (docs/guide.md, "Reproducibility"): for the same seed on the same
 machine the results are the same, and the tiny family's build is the same bit for bit whatever
 the thread count and load; across CPUs (another vector ISA, another BLAS build) and across GPUs
 float sums round differently, so trained weights and sampled tables differ. Two runs whose

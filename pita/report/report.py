@@ -83,8 +83,8 @@ def platform_lines(state: dict) -> list[str]:
     if not seen:
         return []
     if len(seen) == 1:
-        return [f"- platform: {next(iter(seen))} (every job; see README, \"Reproducibility\")"]
-    return ["- platforms (README, \"Reproducibility\"):"] + [f"  - {line}: {n} job{'s' if n != 1 else ''}"
+        return [f"- platform: {next(iter(seen))} (every job; see docs/guide.md, \"Reproducibility\")"]
+    return ["- platforms (docs/guide.md, \"Reproducibility\"):"] + [f"  - {line}: {n} job{'s' if n != 1 else ''}"
                                                              for line, n in sorted(seen.items(), key=lambda x: -x[1])]
 
 
