@@ -114,3 +114,14 @@ def assert_same_gradient(a: list, b: list, rel: float = 1e-4) -> None:
         assert x.shape == y.shape, (i, x.shape, y.shape)
         err, scale = float((x - y).norm()), max(float(x.norm()), 1e-3 * total)
         assert err <= rel * scale, f"tensor {i} {tuple(x.shape)}: |a-b| = {err:.3g}, |a| = {float(x.norm()):.3g}"
+
+
+def pita_here(argv: list[str], cwd, monkeypatch) -> int:
+    """``pita <argv>`` in this process (no interpreter start-up), from the folder ``cwd``."""
+    from pita.entry import main
+
+    monkeypatch.chdir(cwd)
+    try:
+        return main(list(argv))
+    except SystemExit as e:  # argparse and the override checks exit
+        return int(e.code or 0)

@@ -17,7 +17,8 @@ LAYERS = [
     {"algos"},
     {"plans", "config"},
     {"report"},
-    {"sweep", "cli", "setup_check", "__main__", "__init__"},
+    {"sweep", "cli", "setup_check", "__init__"},
+    {"entry", "__main__"},
 ]
 RANK = {name: i for i, names in enumerate(LAYERS) for name in names}
 

@@ -121,3 +121,13 @@ def test_a_reward_function_that_cannot_score_is_exit_2_naming_the_key(tmp_path, 
               "experiment.datasets=[myrev]"], tmp_path)
     assert r.returncode == 2, r.stderr
     assert "datasets.myrev.reward" in r.stderr and needle in r.stderr, r.stderr
+
+
+def test_a_model_family_of_your_own_by_name_from_your_own_config_folder(tmp_path):
+    (tmp_path / "conf" / "model").mkdir(parents=True)
+    (tmp_path / "conf" / "model" / "mine.yaml").write_text(
+        "name: mine\nreference: builtin:tiny/reference\nguidance: builtin:tiny/guidance\ndtype: float32\n")
+    r = pita(["plan", "--json", "experiment=smoke", "hydra.searchpath=[file://conf]", "model=mine"], tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    plan = json.loads(r.stdout)
+    assert plan["model"] == "mine" and any(".mine." in j["id"] for j in plan["jobs"])

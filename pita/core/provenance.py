@@ -96,10 +96,9 @@ def source() -> dict:
         import subprocess
         from pathlib import Path
 
-        import pita
-
-        out = {"version": getattr(pita, "__version__", None) or _version("pita")}
-        root = Path(pita.__file__).resolve().parents[1]
+        # the package this module belongs to is loaded already (a parent package always is)
+        out = {"version": getattr(sys.modules.get("pita"), "__version__", None) or _version("pita")}
+        root = Path(__file__).resolve().parents[2]
         if (root / ".git").exists():
             try:
                 git = ["git", "-C", str(root)]

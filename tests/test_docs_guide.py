@@ -1,0 +1,140 @@
+"""Every command docs/guide.md shows in a bash block, checked the way tests/test_docs_commands.py
+checks the README's: runs are composed, validated and planned (`pita plan` with the same
+arguments; a sweep: each of its points), `pita status` / `pita report` / `pita plan` and the
+machine check run. What the check changes, and why:
+
+- `.venv/bin/python run_parallel.py`, `.venv/bin/python -m pita` and `pita` are one command;
+- a run folder named in an example (`outputs/my_experiment/<time>`) is a finished run of the
+  check's own (a resume of it runs), and `/data/gsm8k.jsonl` a GSM8K-format file it writes;
+- a command for a GPU node (a `gpu=` preset, or a model family other than the tiny one) is
+  planned for one (`system.inventory=8xH100`) unless it names its own inventory: this machine
+  has no GPU; `CUDA_VISIBLE_DEVICES=...` and `system.devices=[...]` select GPUs, so those
+  commands are planned for the inventory too;
+- `system.cache_dir=/tmp/democache` is the tests' built family; the real_* presets read their
+  data relative to the checkout, so they are planned from there.
+
+The Ray recipe is run command by command by tests/test_ray_backend.py; environment steps
+(`make`, `pip`, `python -m venv`, `source`) are what CI itself runs."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from helpers import ROOT, pita_here
+
+pytestmark = pytest.mark.integration
+BIN = Path(sys.executable).parent
+ENV_STEPS = ("make ", "python -m venv", "source ", "ray ", "pip ")
+
+
+def guide_commands() -> list[str]:
+    out, inside, lang, buf = [], False, "", ""
+    for line in (ROOT / "docs" / "guide.md").read_text().splitlines():
+        if line.startswith("```"):
+            inside, lang = (False, "") if inside else (True, line[3:].strip())
+            continue
+        if not inside or lang != "bash":
+            continue
+        line = (buf + " " + line.strip()) if buf else line.rstrip()
+        buf = ""
+        if line.endswith("\\"):
+            buf = line[:-1].strip()
+            continue
+        c = line.split("  #")[0].strip()
+        if c and not c.startswith("#"):
+            out.append(c)
+    return out
+
+
+def _points(args: list[str]) -> list[list[str]]:
+    """A sweep's points: every comma list outside brackets is one axis."""
+    axes = []
+    for a in args:
+        k, eq, v = a.partition("=")
+        if eq and "," in v and not v.startswith("["):
+            axes.append([f"{k}={x}" for x in v.split(",")])
+        else:
+            axes.append([a])
+    return [list(p) for p in itertools.product(*axes)]
+
+
+def translate(command: str, run_dir: Path, data: Path, cache: str) -> tuple[list[list[str]], bool]:
+    """The argv(s) that check ``command``, and whether they run from the checkout."""
+    gpu_env = command.startswith("CUDA_VISIBLE_DEVICES=")
+    command = re.sub(r"^CUDA_VISIBLE_DEVICES=\S+\s+", "", command)
+    argv = shlex.split(command)
+    for prefix, repl in ((["python", "run_parallel.py"], ["pita", "run"]),
+                         ([".venv/bin/python", "run_parallel.py"], ["pita", "run"]),
+                         ([".venv/bin/python", "-m", "pita"], ["pita"]), (["python", "-m", "pita"], ["pita"]),
+                         ([".venv/bin/python", "test_parallel_setup.py"], [sys.executable, str(ROOT / "test_parallel_setup.py")])):
+        if argv[:len(prefix)] == prefix:
+            argv = repl + argv[len(prefix):]
+    if argv[:2] == ["pita", "run"] and "--plan" in argv:
+        argv = ["pita", "plan"] + [a for a in argv[2:] if a != "--plan"]
+    argv = [re.sub(r"outputs/my_experiment/[\w-]+", str(run_dir), a).replace("/data/gsm8k.jsonl", str(data))
+            .replace("/tmp/democache", cache) for a in argv]
+    if argv[:2] not in (["pita", "run"], ["pita", "plan"]):
+        return [argv], False
+    args = [a for a in argv[2:] if a not in ("-m", "--multirun")]
+    if not any(a.startswith("resume_from=") for a in args) and not any(a.startswith("system.inventory=") for a in args):
+        on_gpu = gpu_env or any(re.match(r"(gpu=(?!none)|model=(?!tiny)|system\.devices=\[)", a) for a in args)
+        if on_gpu:
+            args.append("system.inventory=8xH100")
+    if any(a.startswith("resume_from=") for a in args):
+        return [["pita", "run", *args, "executor.progress=off"]], False  # resumes the check's finished run
+    from_root = any(a.startswith("experiment=real_") for a in args)
+    return [["pita", "plan", *p] for p in _points(args)], from_root
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    d = tmp_path_factory.mktemp("user")
+    rows = [{"question": f"What is {a} plus {a}?", "answer": f"#### {2 * a}", "split": "train" if a < 20 else "test"}
+            for a in range(2, 26)]
+    (d / "gsm8k.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    r = _run(["pita", "run", "experiment.name=my_experiment", "experiment.workload=synthetic", "synthetic.algos=[PITA]",
+              "synthetic.datasets=[arith]", "synthetic.rounds=1", "synthetic.job_seconds=0", "executor.progress=off"], d)
+    assert r.returncode == 0, r.stderr[-2000:]
+    return d
+
+
+def _run(argv, cwd):
+    env = dict(os.environ, PATH=f"{BIN}{os.pathsep}{os.environ['PATH']}")
+    env.pop("PYTHONPATH", None)
+    return subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
+
+
+def test_the_guide_shows_only_commands_this_check_knows():
+    for c in guide_commands():
+        assert c.startswith(ENV_STEPS) or re.match(
+            r"(CUDA_VISIBLE_DEVICES=\S+ )?(\.venv/bin/python (run_parallel\.py|-m pita|test_parallel_setup\.py)|"
+            r"pita (run|plan|status|report))\b", c), c
+
+
+def test_each_guide_command_runs_or_plans_as_written(folder, tiny_cache, monkeypatch, capsys):
+    """Plans, status and report in this process (each would pay an interpreter's start-up
+    otherwise); runs (a resume) and the machine check as processes."""
+    [run_dir] = list((folder / "outputs" / "my_experiment").iterdir())
+    failed = []
+    for command in [c for c in guide_commands() if not c.startswith(ENV_STEPS)]:
+        argvs, from_root = translate(command, run_dir, folder / "gsm8k.jsonl", str(tiny_cache))
+        for argv in argvs:
+            where = ROOT if from_root else folder
+            capsys.readouterr()
+            if argv[0] == "pita" and argv[1] != "run":
+                rc, err = pita_here(argv[1:], where, monkeypatch), capsys.readouterr().err
+            else:
+                r = _run(argv, where)
+                rc, err = r.returncode, r.stderr
+            if rc != 0:
+                failed.append((command, argv, rc, err[-1500:]))
+    assert not failed, "\n\n".join(map(str, failed))
