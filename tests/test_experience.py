@@ -57,7 +57,7 @@ def test_messages_name_the_fix(tmp_path, args, want, not_want):
     assert want in r.stderr and not_want not in r.stderr, r.stderr
 
 
-@pytest.mark.parametrize("how", ["pita", "script"])
+@pytest.mark.parametrize("how", ["pita", pytest.param("script", marks=pytest.mark.slow)])
 def test_the_resume_hint_is_the_command_that_started_the_run_and_works_where_it_was_printed(tmp_path, how):
     """Started as `pita run` (by its path: a venv not activated) or as `python <checkout>/run_parallel.py`
     from a folder outside the checkout; Ctrl-C mid-run: one line, exit 130, and the printed hint,
