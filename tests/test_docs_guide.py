@@ -138,3 +138,29 @@ def test_each_guide_command_runs_or_plans_as_written(folder, tiny_cache, monkeyp
             if rc != 0:
                 failed.append((command, argv, rc, err[-1500:]))
     assert not failed, "\n\n".join(map(str, failed))
+
+
+def test_the_testing_notes_name_benchmarks_and_targets_that_exist():
+    """docs/testing.md's commands take minutes to an hour each: the check is that each names a
+    make target, a bench module with a command line, or a preset that exists."""
+    import importlib
+
+    text = (ROOT / "docs" / "testing.md").read_text()
+    makefile = (ROOT / "Makefile").read_text()
+    seen = 0
+    for block in re.findall(r"```bash\n(.*?)```", text, re.S):
+        for line in block.splitlines():
+            c = line.split("  #")[0].split(" #")[0].strip()
+            if not c or c.startswith("#"):
+                continue
+            seen += 1
+            if c.startswith("make "):
+                assert re.search(rf"^{re.escape(c.split()[1])}:", makefile, re.M), c
+            elif m := re.match(r"\.venv/bin/python -m (bench\.\w+)", c):
+                mod = importlib.import_module(m.group(1))
+                assert callable(getattr(mod, "main", None)), c
+            elif m := re.match(r"\.venv/bin/python run_parallel\.py experiment=(\w+)", c):
+                assert (ROOT / "pita" / "conf" / "experiment" / f"{m.group(1)}.yaml").exists(), c
+            else:
+                assert c.startswith(".venv/bin/python -m pytest"), c
+    assert seen >= 10
