@@ -50,6 +50,11 @@ def test_version_and_the_software_that_made_a_run(tmp_path):
     (["plan", "experiment=smoke", "algos.PITA.etas=0.5"], "write 'algos.PITA.etas=[0.5]'", "ListConfig"),
     (["plan", "experiment=smoke", "algos.PITA.etas=[0,-1]"], "algos.PITA.etas=[0.0, -1.0] must all be >= 0",
      "algos.PITA.eta="),
+    (["plan", "experiment=smoke", "datasets.mymath.path=x.jsonl"],
+     "datasets.mymath is not a dataset yet; add yours built on one pita knows", "not in struct"),
+    (["plan", "experiment=smoke", "+datasets.mymath.path=x.jsonl"], "+dataset@datasets.mymath=<", "subclass"),
+    (["plan", "experiment=smoke", "experiment.datasets=[mymath]"], "a dataset of your own: +dataset@datasets.mymath=",
+     "Traceback"),
 ])
 def test_messages_name_the_fix(tmp_path, args, want, not_want):
     r = subprocess.run([PITA, *args], cwd=tmp_path, capture_output=True, text=True, env=env(), timeout=120)

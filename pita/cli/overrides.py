@@ -109,6 +109,9 @@ def check_overrides(overrides: list[str]) -> None:
     except Exception as e:
         raise ConfigError(_parse_problems(plain) or [f"cannot parse the overrides {plain}: {str(e).splitlines()[0]}"])
     sweep = any(o.is_sweep_override() for o in parsed)
+    # datasets this command line adds (+dataset@datasets.NAME=<config>): their keys may follow
+    added = {o.package.split(".", 1)[1] for o in parsed
+             if o.key_or_group == "dataset" and (o.package or "").startswith("datasets.")}
     for o in parsed:
         key = o.key_or_group
         if key.startswith("hydra.run.dir") or key.startswith("hydra.sweep.dir"):
@@ -129,6 +132,12 @@ def check_overrides(overrides: list[str]) -> None:
             value = o.value()
             if isinstance(value, str) and value not in choices:
                 problems.append(unknown_name(key, value, choices))
+            continue
+        parts = key.split(".")
+        if parts[0] == "datasets" and len(parts) > 1 and parts[1] not in base.datasets and parts[1] not in added:
+            problems.append(f"{key}: datasets.{parts[1]} is not a dataset yet; add yours built on one pita knows, "
+                            f"in that one's format: +dataset@datasets.{parts[1]}=<{'|'.join(base.datasets)}> "
+                            f"(then {key}=...), or a config file of your own (docs/guide.md, \"Models, datasets\")")
             continue
         msg = _check_key(key, base)
         if msg:

@@ -17,7 +17,8 @@ def dataset_cfg(cfg, name: str):
     from pita.datasets.config import DatasetConfig, validate_dataset_config
 
     if name not in cfg.datasets:
-        raise ConfigError(unknown_name("experiment.datasets", name, list(cfg.datasets)))
+        raise ConfigError(unknown_name("experiment.datasets", name, list(cfg.datasets)) + f"; a dataset of your own: "
+                          f"+dataset@datasets.{name}=<the one whose format it has> datasets.{name}.path=<file>")
     d = OmegaConf.to_container(cfg.datasets[name], resolve=True)
     if d.get("name") != name:  # datasets.NAME composed from another's config: NAME in that one's format
         d["base"], d["name"] = d.get("base") or d.get("name"), name

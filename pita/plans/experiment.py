@@ -95,7 +95,8 @@ def experiment_plan(cfg, device_totals: list[int], cuda: bool, plan_only: bool =
             if n in configs:
                 continue
             if n not in cfg.datasets:
-                problems.append(unknown_name(key, n, list(cfg.datasets)) + " (each needs a datasets.<name> entry)")
+                problems.append(unknown_name(key, n, list(cfg.datasets)) + f"; a dataset of your own: "
+                                f"+dataset@datasets.{n}=<the one whose format it has> datasets.{n}.path=<file>")
                 continue
             try:
                 configs[n] = dataset_cfg(cfg, n)
