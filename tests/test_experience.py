@@ -68,7 +68,7 @@ def test_the_resume_hint_is_the_command_that_started_the_run_and_works_where_it_
     from a folder outside the checkout; Ctrl-C mid-run: one line, exit 130, and the printed hint,
     run as it is in that folder, finishes the run."""
     start = [PITA, "run"] if how == "pita" else [sys.executable, str(ROOT / "run_parallel.py")]
-    p = subprocess.Popen([*start, "experiment.name=h", "synthetic.job_seconds=2", *SYN, "executor.progress=off",
+    p = subprocess.Popen([*start, "experiment.name=h", "synthetic.job_seconds=1", *SYN, "executor.progress=off",
                           "executor.kill_grace_s=2"], cwd=tmp_path, env=env(), stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE, text=True)
     assert wait_for(lambda: (tmp_path / "outputs" / "h").is_dir() and any((tmp_path / "outputs" / "h").iterdir()), 60)

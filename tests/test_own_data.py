@@ -37,21 +37,39 @@ def gsm8k_file(path: Path, n: int = 24) -> None:
                                 "split": "train" if i < n - 8 else "test"}) + "\n")
 
 
-def test_your_own_dataset_by_its_own_name_runs_and_every_table_file_and_plot_says_it(tmp_path, tiny_cache):
+def test_your_own_dataset_and_reward_function_run_under_their_own_names(tmp_path, tiny_cache):
+    """One run from a folder outside the checkout with two datasets of the user's: mymath (a GSM8K
+    file under its own name) and myrev (the sentiment task scored by myreward:length, a function
+    in that folder). Every table, file and plot says mymath / myrev, never gsm8k; every completion
+    the run scored on myrev (data collection, evaluation) has reward len(completion) / 100."""
     gsm8k_file(tmp_path / "mymath.jsonl")
-    r = pita(["run", "experiment=smoke", "experiment.name=own", "experiment.algos=[GRPO]",
-              "+dataset@datasets.mymath=gsm8k", "datasets.mymath.path=mymath.jsonl", "experiment.datasets=[mymath]",
-              f"system.cache_dir={tiny_cache}"], tmp_path)
+    (tmp_path / "myreward.py").write_text(REWARD)
+    r = pita(["run", "experiment=smoke", "experiment.name=own", "experiment.algos=[DPO]",
+              "+dataset@datasets.mymath=gsm8k", "datasets.mymath.path=mymath.jsonl",
+              "+dataset@datasets.myrev=sentiment", "datasets.myrev.reward=myreward:length",
+              "experiment.datasets=[mymath,myrev]", f"system.cache_dir={tiny_cache}"], tmp_path)
     assert r.returncode == 0, r.stderr[-3000:]
     run = only_run(tmp_path / "outputs", "own")
     rows = list(csv.DictReader((run / "results" / "results.csv").open()))
-    assert rows and {r["train_dataset"] for r in rows} == {"mymath"} == {r["eval_dataset"] for r in rows}
+    assert {r["train_dataset"] for r in rows} == {"mymath", "myrev"} == {r["eval_dataset"] for r in rows}
     for f in ("results.csv", "report.md", "final_results.json"):
         assert "gsm8k" not in (run / "results" / f).read_text(), f
     plots = [Path(p).name for p in glob.glob(str(run / "results" / "plots" / "*"))]
-    assert "frontier_mymath.png" in plots and not [p for p in plots if "gsm8k" in p], plots
+    assert "frontier_mymath.png" in plots and "frontier_myrev.png" in plots and not [p for p in plots if "gsm8k" in p]
     jobs = json.loads((run / "state.json").read_text())["jobs"]
     assert all("gsm8k" not in j for j in jobs) and any(".mymath." in j for j in jobs)
+    scored = 0
+    for f in glob.glob(str(run / "jobs" / "*myrev*" / "checkpoints" / "chunk-*.jsonl")):
+        for line in open(f):
+            rec = json.loads(line)
+            if "completion" in rec:
+                assert rec["reward"] == pytest.approx(len(rec["completion"]) / 100), rec
+                scored += 1
+            if "chosen" in rec:
+                assert rec["chosen_reward"] == pytest.approx(len(rec["chosen"]) / 100)
+                scored += 1
+    assert scored > 20
+    assert all(float(r["mean_reward"]) > 0 for r in rows if r["eval_dataset"] == "myrev")
 
 
 def test_a_dataset_config_in_your_own_folder_is_found_through_hydras_search_path(tmp_path):
@@ -81,30 +99,6 @@ def short(prompts, completions):
 def boom(prompts, completions):
     raise RuntimeError("no GPU here")
 '''
-
-
-def test_a_reward_function_of_your_own_scores_a_reward_task_in_every_job(tmp_path, tiny_cache):
-    """datasets.myrev.reward=myreward:length on a dataset built on the sentiment task: every
-    completion the run scored (data collection, evaluation) has reward len(completion) / 100."""
-    (tmp_path / "myreward.py").write_text(REWARD)
-    r = pita(["run", "experiment=smoke", "experiment.name=rew", "experiment.algos=[DPO]",
-              "+dataset@datasets.myrev=sentiment", "datasets.myrev.reward=myreward:length",
-              "experiment.datasets=[myrev]", f"system.cache_dir={tiny_cache}"], tmp_path)
-    assert r.returncode == 0, r.stderr[-3000:]
-    run = only_run(tmp_path / "outputs", "rew")
-    scored = 0
-    for f in glob.glob(str(run / "jobs" / "*" / "checkpoints" / "chunk-*.jsonl")):
-        for line in open(f):
-            rec = json.loads(line)
-            if "completion" in rec:
-                assert rec["reward"] == pytest.approx(len(rec["completion"]) / 100), rec
-                scored += 1
-            if "chosen" in rec:
-                assert rec["chosen_reward"] == pytest.approx(len(rec["chosen"]) / 100)
-                scored += 1
-    assert scored > 20
-    rows = list(csv.DictReader((run / "results" / "results.csv").open()))
-    assert {r["train_dataset"] for r in rows} == {"myrev"} and all(float(r["mean_reward"]) > 0 for r in rows)
 
 
 @pytest.mark.parametrize("target, needle", [

@@ -44,6 +44,7 @@ def states(run: Path) -> dict:
     return json.loads((run / "state.json").read_text())["jobs"]
 
 
+@pytest.mark.slow  # placement over logical GPUs: the node-loss and k-GPU tests below
 def test_jobs_spread_over_the_logical_gpus_with_their_own_cuda_visible_devices(tmp_path):
     r = cli(["experiment.name=spread", "synthetic.job_seconds=0.3", *SMALL, *ray_args(4)], tmp_path, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
@@ -251,7 +252,7 @@ def test_a_node_lost_mid_run_costs_its_attempts_only_and_a_node_that_joins_is_us
     driver's node throughout."""
     cluster, (a, b) = _cluster(2)
     try:
-        p = _start(tmp_path, "lose", ["synthetic.job_seconds=2", *SMALL, "executor.backend=ray",
+        p = _start(tmp_path, "lose", ["synthetic.job_seconds=1.2", *SMALL, "executor.backend=ray",
                                       f"executor.ray.address={cluster.address}", "executor.crash_retries=0"])
         assert wait_for(lambda: (tmp_path / "lose").exists() and any((tmp_path / "lose").iterdir()), 90)
         run = only_run(tmp_path, "lose")

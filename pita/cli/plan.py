@@ -260,7 +260,8 @@ def plan_main(argv: list[str] | None = None, prog: str = "pita plan") -> int:
               f"then model=llama)", file=sys.stderr)
         return 2
     _offline()
-    logging.getLogger("pita").setLevel(logging.WARNING)
+    quiet = logging.getLogger("pita")
+    level, _ = quiet.level, quiet.setLevel(logging.WARNING)  # back as it was when the plan is printed
     try:
         check_overrides(argv)
         cfg = compose(argv)
@@ -281,5 +282,7 @@ def plan_main(argv: list[str] | None = None, prog: str = "pita plan") -> int:
             print(f"error: {e}", file=sys.stderr)
             return 2
         raise
+    finally:
+        quiet.setLevel(level)
     print(json.dumps(plan, indent=1) if as_json else render(plan))
     return 0
