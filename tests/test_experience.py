@@ -55,6 +55,7 @@ def test_version_and_the_software_that_made_a_run(tmp_path):
     (["plan", "experiment=smoke", "+datasets.mymath.path=x.jsonl"], "+dataset@datasets.mymath=<", "subclass"),
     (["plan", "experiment=smoke", "experiment.datasets=[mymath]"], "a dataset of your own: +dataset@datasets.mymath=",
      "Traceback"),
+    (["plan", "resume_from=outputs/x/2026-01-01_00-00-00"], "plans a configuration, not a run folder", "Traceback"),
 ])
 def test_messages_name_the_fix(tmp_path, args, want, not_want):
     r = subprocess.run([PITA, *args], cwd=tmp_path, capture_output=True, text=True, env=env(), timeout=120)

@@ -444,6 +444,9 @@ def test_pita_report_out_leaves_the_run_as_it_was_and_a_changing_reread_keeps_th
     assert json.loads((out / "final_results.json").read_text())["kl_matched"]["budgets"] == [0.3]
     assert (out / "report.md").exists() and (out / "results.csv").exists() and any((out / "plots").iterdir())
     assert "### Headline" in printed and "| algorithm |" in printed and f"{recorded_run.results} is unchanged" in printed
+    [link] = [ln for ln in (out / "report.md").read_text().splitlines() if ln.startswith("- configuration:")]
+    target = link.split("](", 1)[1].split(")", 1)[0]
+    assert (out / target).resolve() == (recorded_run.root / "config.yaml").resolve()
     assert report_main([str(recorded_run.root)], kl_budgets="0.3") == 0
     printed = capsys.readouterr().out
     assert "report.md, final_results.json changed" in printed

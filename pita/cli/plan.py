@@ -255,6 +255,11 @@ def plan_main(argv: list[str] | None = None, prog: str = "pita plan") -> int:
     if any(a in ("-h", "--help") for a in argv):
         print((__doc__ or "").strip().replace("``", ""))  # the module's reST quoting, not for a terminal
         return 0
+    if any(a.startswith("resume_from=") for a in argv):
+        print(f"error: {prog} plans a configuration, not a run folder: resume_from= is for pita run; a run's jobs "
+              f"and their states: pita status <run folder>; its plan again: {prog} with the overrides it was "
+              f"started with (its config.yaml holds them resolved)", file=sys.stderr)
+        return 2
     if any(a in ("-m", "--multirun") for a in argv):
         print(f"error: {prog} plans one configuration; drop --multirun and plan each point (e.g. model=qwen3, "
               f"then model=llama)", file=sys.stderr)

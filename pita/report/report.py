@@ -361,7 +361,10 @@ def render(run: RunPaths, rows: list[dict] | None = None, roster: Roster | None 
         lines.append(f"- first job started {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(min(started)))}, "
                      f"last finished {time.strftime('%H:%M:%S', time.localtime(max(finished)))}: "
                      f"{max(finished) - min(started):.0f} s of wall time")
-    lines.append("- configuration: [`config.yaml`](../config.yaml) (the resolved config that ran; "
+    import os
+
+    link = Path(os.path.relpath(run.config.resolve(), run.results.resolve())).as_posix()  # a report written elsewhere (--out) too
+    lines.append(f"- configuration: [`config.yaml`]({link}) (the resolved config that ran; "
                  "`resume_from` reloads it)")
     lines += source_lines(state)
     lines += platform_lines(state)
