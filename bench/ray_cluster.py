@@ -37,7 +37,9 @@ ROOT = Path(__file__).resolve().parents[1]
 TIMING = ("train_device_s", "eval_device_s")
 
 
-def _cluster(nodes: int, gpus: int):
+def simulated_cluster(nodes: int, gpus: int = 2):
+    """A head without GPUs (the driver's node) and ``nodes`` nodes of ``gpus`` logical GPUs and 2
+    CPUs each; a node that dies is noticed within a few seconds. The tests use it too."""
     from ray.cluster_utils import Cluster
 
     c = Cluster(initialize_head=True, head_node_args={
@@ -87,7 +89,7 @@ def one(nodes: int, gpus: int, exp: str, cache: str, out: Path, extra: list[str]
         victim_job: str = "train") -> dict:
     import ray
 
-    cluster, workers = _cluster(nodes, gpus)
+    cluster, workers = simulated_cluster(nodes, gpus)
     removed = None
     try:
         env = dict(os.environ, PYTHONPATH=str(ROOT), RAY_AUTH_MODE="disabled")

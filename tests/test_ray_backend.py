@@ -221,16 +221,9 @@ def test_on_a_cluster_of_two_gpu_nodes_k_device_jobs_get_one_nodes_gpus(tmp_path
 
 
 def _cluster(gpu_nodes: int, gpus: int = 2):
-    """A head without GPUs (the driver's node) and ``gpu_nodes`` nodes of ``gpus`` logical GPUs;
-    a node that dies is noticed within a few seconds."""
-    from ray.cluster_utils import Cluster
+    from bench.ray_cluster import simulated_cluster
 
-    cluster = Cluster(initialize_head=True, head_node_args={
-        "num_cpus": 1, "num_gpus": 0,
-        "_system_config": {"health_check_period_ms": 500, "health_check_failure_threshold": 3}})
-    nodes = [cluster.add_node(num_cpus=2, num_gpus=gpus) for _ in range(gpu_nodes)]
-    cluster.wait_for_nodes()
-    return cluster, nodes
+    return simulated_cluster(gpu_nodes, gpus)
 
 
 def _started_on(run: Path, node) -> list[str]:

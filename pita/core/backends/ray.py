@@ -507,9 +507,7 @@ class RayBackend(Backend):
         t.term_sent = time.time()
 
     def _lost_finished(self, t: _Task, why: str) -> Finished:
-        f = finished_from(t.launch, None, t.started, "lost", why)
-        f.error = why
-        return f
+        return finished_from(t.launch, None, t.started, "lost", why)
 
     def _collect(self, job_id: str, t: _Task) -> Finished:
         try:
