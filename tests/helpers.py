@@ -125,3 +125,24 @@ def pita_here(argv: list[str], cwd, monkeypatch) -> int:
         return main(list(argv))
     except SystemExit as e:  # argparse and the override checks exit
         return int(e.code or 0)
+
+
+def as_user(argv: list[str], cwd, timeout: int = 600):
+    """A command run as a user of the installed pita runs it: the venv's bin first on PATH (as
+    after ``source .venv/bin/activate``), no PYTHONPATH pointing into the checkout."""
+    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
+    env.pop("PYTHONPATH", None)
+    return subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def user_folder(d: Path, data_file: str, run_name: str) -> Path:
+    """A user's folder for the docs checks: a GSM8K-format file ``data_file`` and a finished
+    (synthetic) run of experiment ``run_name`` under outputs/."""
+    rows = [{"question": f"What is {a} plus {a}?", "answer": f"#### {2 * a}", "split": "train" if a < 20 else "test"}
+            for a in range(2, 26)]
+    (d / data_file).write_text("".join(json.dumps(r) + "\n" for r in rows))
+    r = as_user(["pita", "run", f"experiment.name={run_name}", "experiment.workload=synthetic", "synthetic.algos=[PITA]",
+                 "synthetic.datasets=[arith]", "synthetic.rounds=1", "synthetic.job_seconds=0", "executor.progress=off"], d)
+    assert r.returncode == 0, r.stderr[-2000:]
+    return d
+

@@ -6,20 +6,15 @@ experiment's name. Environment steps (make, source) are what CI itself runs."""
 
 from __future__ import annotations
 
-import json
-import os
 import re
 import shlex
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from helpers import ROOT, pita_here
+from helpers import ROOT, pita_here, user_folder
 
 pytestmark = pytest.mark.integration
-BIN = Path(sys.executable).parent
 
 
 def readme_commands() -> list[str]:
@@ -41,23 +36,11 @@ def test_the_readme_shows_only_commands_this_check_knows():
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory):
     """A user's folder: the files the README's examples name, and a finished run named smoke."""
-    d = tmp_path_factory.mktemp("user")
-    rows = [{"question": f"What is {a} plus {a}?", "answer": f"#### {2 * a}", "split": "train" if a < 20 else "test"}
-            for a in range(2, 26)]
-    (d / "mymath.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    d = user_folder(tmp_path_factory.mktemp("user"), "mymath.jsonl", "smoke")
     (d / "conf" / "dataset").mkdir(parents=True)
     (d / "conf" / "dataset" / "mymath.yaml").write_text("name: mymath\nbase: gsm8k\npath: mymath.jsonl\n")
     (d / "myreward.py").write_text("def score(prompts, completions):\n    return [len(c) / 100 for c in completions]\n")
-    r = run(["pita", "run", "experiment.name=smoke", "experiment.workload=synthetic", "synthetic.algos=[PITA]",
-             "synthetic.datasets=[arith]", "synthetic.rounds=1", "synthetic.job_seconds=0", "executor.progress=off"], d)
-    assert r.returncode == 0, r.stderr[-2000:]
     return d
-
-
-def run(argv: list[str], cwd: Path):
-    env = dict(os.environ, PATH=f"{BIN}{os.pathsep}{os.environ['PATH']}")  # as after `source .venv/bin/activate`
-    env.pop("PYTHONPATH", None)
-    return subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
 
 
 def test_each_readme_command_runs_or_plans_as_written(folder, monkeypatch, capsys):

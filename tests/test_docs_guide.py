@@ -19,20 +19,16 @@ The Ray recipe is run command by command by tests/test_ray_backend.py; environme
 from __future__ import annotations
 
 import itertools
-import json
-import os
 import re
 import shlex
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from helpers import ROOT, pita_here
+from helpers import ROOT, as_user, pita_here, user_folder
 
 pytestmark = pytest.mark.integration
-BIN = Path(sys.executable).parent
 ENV_STEPS = ("make ", "python -m venv", "source ", "ray ", "pip ")
 
 
@@ -97,20 +93,7 @@ def translate(command: str, run_dir: Path, data: Path, cache: str) -> tuple[list
 
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory):
-    d = tmp_path_factory.mktemp("user")
-    rows = [{"question": f"What is {a} plus {a}?", "answer": f"#### {2 * a}", "split": "train" if a < 20 else "test"}
-            for a in range(2, 26)]
-    (d / "gsm8k.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    r = _run(["pita", "run", "experiment.name=my_experiment", "experiment.workload=synthetic", "synthetic.algos=[PITA]",
-              "synthetic.datasets=[arith]", "synthetic.rounds=1", "synthetic.job_seconds=0", "executor.progress=off"], d)
-    assert r.returncode == 0, r.stderr[-2000:]
-    return d
-
-
-def _run(argv, cwd):
-    env = dict(os.environ, PATH=f"{BIN}{os.pathsep}{os.environ['PATH']}")
-    env.pop("PYTHONPATH", None)
-    return subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
+    return user_folder(tmp_path_factory.mktemp("user"), "gsm8k.jsonl", "my_experiment")
 
 
 def test_the_guide_shows_only_commands_this_check_knows():
@@ -133,7 +116,7 @@ def test_each_guide_command_runs_or_plans_as_written(folder, tiny_cache, monkeyp
             if argv[0] == "pita" and argv[1] != "run":
                 rc, err = pita_here(argv[1:], where, monkeypatch), capsys.readouterr().err
             else:
-                r = _run(argv, where)
+                r = as_user(argv, where)
                 rc, err = r.returncode, r.stderr
             if rc != 0:
                 failed.append((command, argv, rc, err[-1500:]))
