@@ -11,6 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from types import SimpleNamespace
+
 import pytest
 
 from helpers import ROOT, cli, wait_for, workers_of
@@ -266,7 +268,9 @@ def test_a_node_lost_mid_run_costs_its_attempts_only_and_a_node_that_joins_is_us
             assert not any(x["status"] == "died" for x in jobs[j]["attempts"])
         devices = {d["uuid"]: d for d in state["devices"]}
         gone = [d for d in devices.values() if a.node_id[:8] in d.get("node", "")]
-        assert len(gone) == 2 and all("left the Ray cluster" in d["lost"] for d in gone)
+        # the node's loss is seen first, or its actor's death (an actor that dies with its node
+        # may answer first: see the unit tests of the settling verdict above)
+        assert len(gone) == 2 and all("left the Ray cluster" in d["lost"] or "Ray actor" in d["lost"] for d in gone)
         joined = [u for u in devices if c.node_id[:8] in u]
         assert len(joined) == 2, devices
         assert _started_on(run, c), "the node that joined took no work"
@@ -275,6 +279,90 @@ def test_a_node_lost_mid_run_costs_its_attempts_only_and_a_node_that_joins_is_us
     finally:
         ray.shutdown()
         cluster.shutdown()
+
+
+class _Ref:
+    """A stand-in ObjectRef: ready once ``value`` is set (an exception: the call failed)."""
+
+    def __init__(self, value=None, ready=False):
+        self.value, self.ready = value, ready
+
+
+class _FakeRay:
+    """The calls RayBackend.poll makes, answered from _Refs."""
+
+    def wait(self, refs, num_returns=1, timeout=None):
+        ready = [r for r in refs if r.ready]
+        return ready[:num_returns], [r for r in refs if not r.ready]
+
+    def get(self, ref):
+        if isinstance(ref.value, BaseException):
+            raise ref.value
+        return ref.value
+
+    def kill(self, actor):
+        actor.killed = True
+
+    def nodes(self):
+        return [{"NodeID": "node-a", "Alive": True}]
+
+
+class _Runner:
+    def __init__(self):
+        self.killed, self.ping = False, _Ref()
+        self.pids = SimpleNamespace(remote=lambda: self.ping)
+
+
+def _backend_with_one_task(tmp_path, rc):
+    """A RayBackend (no Ray) running one attempt on GPU 0 of node-a, whose worker ended with ``rc``."""
+    from pita.core.backends.ray import RayBackend, _Task
+
+    b = RayBackend.__new__(RayBackend)
+    runner = _Runner()
+    b.ray, b.runners, b.host_runner = _FakeRay(), [runner], object()
+    b.placement = [{"node_id": "node-a", "node_ip": "10.0.0.1"}]
+    b.lost, b.newly_lost, b.tasks, b.settle_s, b.kill_grace_s = {}, {}, {}, 30.0, 10.0
+    launch = SimpleNamespace(job_id="j", attempt=1, paths=SimpleNamespace(attempt=lambda n: tmp_path / "none.json"))
+    ref = _Ref({"rc": rc, "node_ip": "10.0.0.1", "hostname": "a", "gpu_ids": ["0"]}, ready=True)
+    b.tasks["j"] = _Task(launch, ref, runner, 0.0, [0])
+    return b, runner
+
+
+def test_a_worker_killed_as_its_actor_dies_is_a_lost_device_not_the_jobs_crash(tmp_path):
+    """An actor whose node goes SIGKILLs its children on the way out and may still return their
+    exit (-9) before it dies: the verdict waits for the actor's answer. It dies: lost (the job
+    runs again without spending a crash retry), and the device leaves the inventory."""
+    b, runner = _backend_with_one_task(tmp_path, -9)
+    assert b.poll() == [] and b.running() == ["j"]  # asked the actor; no verdict yet
+    assert b.poll() == []
+    from ray.exceptions import ActorDiedError
+
+    runner.ping.value, runner.ping.ready = ActorDiedError(), True
+    [f] = b.poll()
+    assert f.status == "lost" and "its Ray actor died" in f.error and 0 in b.lost and runner.killed
+    assert b.running() == []
+
+
+def test_a_worker_killed_by_a_signal_on_a_live_actor_is_the_jobs_crash(tmp_path):
+    b, runner = _backend_with_one_task(tmp_path, -9)
+    assert b.poll() == []
+    runner.ping.value, runner.ping.ready = {}, True
+    [f] = b.poll()
+    assert f.status == "died" and "SIGKILL" in f.error and not b.lost and not runner.killed
+
+
+def test_an_actor_silent_after_its_worker_was_killed_loses_its_device_once_settle_s_passes(tmp_path):
+    b, runner = _backend_with_one_task(tmp_path, -9)
+    b.settle_s = 0.0
+    assert b.poll() == []
+    [f] = b.poll()
+    assert f.status == "lost" and "no answer" in f.error and runner.killed
+
+
+def test_a_worker_that_exits_with_a_code_is_judged_at_once(tmp_path):
+    b, runner = _backend_with_one_task(tmp_path, 3)
+    [f] = b.poll()
+    assert f.status == "died" and runner.ping.value is None
 
 
 FAKE_NVML = '''"""pynvml as a node with FAKE_NVML_GB-GB GPUs would answer (tests of per-node memory)."""

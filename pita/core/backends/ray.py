@@ -25,7 +25,8 @@ attempt signals the worker's process group (TERM, then KILL); a worker dies with
 The inventory follows the cluster (``refresh``, asked by the executor every loop, at most every
 ``refresh_s``): a node that leaves (or an actor that dies) takes its devices out of the inventory
 and its running attempts end as ``lost`` (requeued by the executor without counting as the job's
-crash); GPUs that come free, on a node that joins or where a dead actor was, get new actors, which
+crash; a worker killed by a signal nobody sent is judged once its actor answers a ping, since a
+dying actor kills its children and may report their exit before its own death is known); GPUs that come free, on a node that joins or where a dead actor was, get new actors, which
 join the inventory once Ray has placed them. Each GPU's memory is read by NVML on its own node
 (``executor.ray.gpu_memory_gb`` or the driver's GPU only where a node has no NVML, said in the
 log). Host jobs (merges) run on an actor pinned to the driver's node, so losing any other node
@@ -219,6 +220,8 @@ class _Task:
     forced_reason: str = ""
     term_sent: float | None = None
     grace_s: float | None = None
+    # a worker that died by a signal nobody sent: (its result, a ping of its actor, until when)
+    settle: tuple | None = None
 
 
 class RayBackend(Backend):
@@ -230,7 +233,7 @@ class RayBackend(Backend):
 
     def __init__(self, owns_ray: bool = False, kill_grace_s: float = 10.0, max_jobs_per_gpu: int = 64,
                  gpu_memory_bytes: int | None = None, startup_timeout_s: float = 120.0, cpu_slots: int = 2,
-                 refresh_s: float = 2.0):
+                 refresh_s: float = 2.0, settle_s: float = 30.0):
         ray = import_ray()
         self.ray = ray
         self.owns_ray = owns_ray
@@ -239,6 +242,7 @@ class RayBackend(Backend):
         self.gpu_memory_bytes = gpu_memory_bytes
         self.cpu_slots = max(1, int(cpu_slots))
         self.refresh_s = refresh_s
+        self.settle_s = settle_s
         self._fallback_noted: set[str] = set()  # nodes without NVML, said once each
         self.notes: list[str] = []  # start-up findings, for run.log (written once its folder exists)
         self.started = False
@@ -509,34 +513,74 @@ class RayBackend(Backend):
     def _lost_finished(self, t: _Task, why: str) -> Finished:
         return finished_from(t.launch, None, t.started, "lost", why)
 
-    def _collect(self, job_id: str, t: _Task) -> Finished:
+    def _actor_died(self, t: _Task, e: BaseException) -> Finished:
+        """The attempt of an actor that died (its process or its node): lost, not the job's crash."""
+        first = str(e).splitlines()[0] if str(e) else ""
+        if t.runner is self.host_runner:
+            self.host_runner = self._host_actor()  # the next host job gets a fresh one
+            why = f"the host actor died ({type(e).__name__}: {first}); a new one runs the next host jobs"
+        else:
+            self._check_nodes()
+            for o in t.ordinals:
+                self._lose(o, f"its Ray actor died ({type(e).__name__}: {first})")
+            why = self.lost[t.ordinals[0]]
+        return self._lost_finished(t, why)
+
+    def _collect(self, job_id: str, t: _Task) -> Finished | None:
+        """How the attempt ended; None while a worker killed by a signal waits for its actor's
+        ping (``_settled``)."""
         try:
             info = self.ray.get(t.ref)
         except Exception as e:  # the actor died (its process or its node)
             if t.forced_status:
                 return finished_from(t.launch, None, t.started, t.forced_status, t.forced_reason)
-            first = str(e).splitlines()[0] if str(e) else ""
-            if t.runner is self.host_runner:
-                self.host_runner = self._host_actor()  # the next host job gets a fresh one
-                why = f"the host actor died ({type(e).__name__}: {first}); a new one runs the next host jobs"
-            else:
-                self._check_nodes()
-                for o in t.ordinals:
-                    self._lose(o, f"its Ray actor died ({type(e).__name__}: {first})")
-                why = self.lost[t.ordinals[0]]
-            return self._lost_finished(t, why)
-        where = {k: info.get(k) for k in ("node_ip", "hostname", "gpu_ids", "gpu_uuids")}
+            return self._actor_died(t, e)
         if info.get("missing"):
+            where = {k: info.get(k) for k in ("node_ip", "hostname", "gpu_ids", "gpu_uuids")}
             return Finished(job_id, t.launch.attempt, "error", None,
                             f"node {info['node_ip']} cannot see the run folder ({info['missing']} is missing "
                             f"there): with the ray backend, system.output_dir must be on a file system shared "
                             f"by every node", extra=where)
+        if (info.get("rc") or 0) < 0 and not t.forced_status:
+            # Killed by a signal nobody here sent. An actor that is dying (its node gone, Ray
+            # stopping it) SIGKILLs its children first and may still return their exit: that is
+            # the device's loss, not the job's crash. Ask the actor whether it is still there.
+            t.settle = (info, t.runner.pids.remote(), time.time() + self.settle_s)
+            return None
+        return self._ended(t, info)
+
+    def _ended(self, t: _Task, info: dict) -> Finished:
+        where = {k: info.get(k) for k in ("node_ip", "hostname", "gpu_ids", "gpu_uuids")}
         return finished_from(t.launch, info["rc"], t.started, t.forced_status, t.forced_reason, extra=where)
+
+    def _settled(self, t: _Task) -> Finished | None:
+        """A signal-killed worker's verdict once its actor answers (a crash), dies or stays
+        silent past ``settle_s`` (lost: the actor is killed, so no second writer is left)."""
+        info, ping, deadline = t.settle
+        if t.forced_status:
+            return self._ended(t, info)
+        ready, _ = self.ray.wait([ping], num_returns=1, timeout=0)
+        if ready:
+            try:
+                self.ray.get(ping)
+            except Exception as e:
+                return self._actor_died(t, e)
+            return self._ended(t, info)
+        if time.time() < deadline:
+            return None
+        return self._actor_died(t, TimeoutError(f"no answer in {self.settle_s:.0f} s after its worker was "
+                                                f"killed by signal {-info['rc']}"))
 
     def poll(self, timeout: float = 0.0) -> list[Finished]:
         now = time.time()
         out = []
         for jid, t in list(self.tasks.items()):
+            if t.settle is not None and not any(o in self.lost for o in t.ordinals):
+                f = self._settled(t)
+                if f is not None:
+                    out.append(f)
+                    self.tasks.pop(jid)
+                continue
             if any(o in self.lost for o in t.ordinals) and not t.forced_status:
                 # its device left the inventory (its node is gone): the attempt is over now,
                 # whenever Ray gets round to failing the call
@@ -553,11 +597,20 @@ class RayBackend(Backend):
             if timeout:
                 time.sleep(min(timeout, 0.05))
             return []
-        by_ref = {t.ref: jid for jid, t in self.tasks.items()}
+        by_ref = {t.ref: jid for jid, t in self.tasks.items() if t.settle is None}
+        if not by_ref:
+            time.sleep(min(timeout, 0.05))
+            return []
         ready, _ = self.ray.wait(list(by_ref), num_returns=1, timeout=timeout)
         if ready:
             ready, _ = self.ray.wait(list(by_ref), num_returns=len(by_ref), timeout=0)
-        return [self._collect(by_ref[ref], self.tasks.pop(by_ref[ref])) for ref in ready]
+        for ref in ready:
+            jid = by_ref[ref]
+            f = self._collect(jid, self.tasks[jid])
+            if f is not None:
+                out.append(f)
+                self.tasks.pop(jid)
+        return out
 
     def shutdown(self, grace_s: float = 10.0) -> list[Finished]:
         for jid, t in self.tasks.items():
