@@ -205,6 +205,23 @@ def test_a_training_job_that_fits_no_device_is_one_line_per_kind_with_the_fix(ti
     assert any("eval.shard" in p and "eval.batch_size" in p for p in problems)
 
 
+def test_a_job_that_just_misses_says_by_how_much_and_on_cpu_what_holds_the_memory(tiny):
+    """Need and room print with the decimals that tell them apart; CPU devices, which share the
+    memory available now, say so and name the key that gives one device all of it."""
+    from pita.plans import build_plan
+    from pita.plans.fit import fit_problems
+
+    cfg = _compose("experiment.algos=[DPO]", "experiment.datasets=[arith]", "experiment.rounds=1")
+    jobs = build_plan(cfg, [int(64e9)], cuda=False)
+    need = max(j.resources.memory_bytes for j in jobs if j.kind == "algo.dpo_train")
+    cap = need - int(0.01e9)  # 10 MB short: the same figure at one decimal
+    [line] = [p for p in fit_problems(jobs, [int(cap / 0.95)] * 2, 0.05, cpu=True) if "algo.dpo_train" in p]
+    need_s, room_s = line.split(" need ")[1].split(" GB")[0], line.split("than the ")[1].split(" GB")[0]
+    assert need_s != room_s and float(need_s) > float(room_s), line
+    assert "the devices share the memory available now" in line and "system.cpu_devices=1" in line
+    assert "CPU" not in fit_problems(jobs, [int(cap / 0.95)] * 2, 0.05)[0]
+
+
 def test_a_run_refuses_to_start_without_disk_space_and_creates_nothing(tmp_path):
     from pita.core.paths import RunPaths
 

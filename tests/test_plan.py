@@ -286,7 +286,7 @@ def test_the_text_plan_explains_a_critical_path_bound_run_and_names_its_longest_
     out, err = capsys.readouterr()
     assert rc == 0, err
     assert "critical path: " in out and "GRPO-HF algo.grpo_train" in out
-    assert "devices idle: " in out and "device-hours: " in out
+    assert "devices idle: " in out and "device time: " in out
     assert "lever: the critical path bounds the run: its longest job, GRPO-HF.llama." in out
 
 

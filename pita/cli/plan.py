@@ -89,7 +89,7 @@ def make_plan(cfg, durations=None) -> dict:
 
     card, card_note = plan_card([d.name for d in gpus.devices]) if cuda else (None, "")
     jobs = build_plan(cfg, totals, cuda=cuda, plan_only=True, durations=durations, card=card)
-    problems = fit_problems(jobs, totals, ex.memory_margin)
+    problems = fit_problems(jobs, totals, ex.memory_margin, cpu=not cuda)
     host = None
     if cuda and (inventory is None or sy.get("host_ram") is not None):
         # a described inventory is another machine: its RAM is what system.host_ram says, not this one's

@@ -141,7 +141,7 @@ def _run(cfg: DictConfig, overrides: list[str], run_dir: Path | None = None) -> 
                               f"rounds, algorithms or datasets, or raise executor.max_jobs")
         from pita.plans.fit import fit_problems
 
-        if fit := fit_problems(planned, totals, ex.memory_margin):
+        if fit := fit_problems(planned, totals, ex.memory_margin, cpu=gpus.is_cpu):
             raise ConfigError(fit)
         from pita.plans.fit import node_problems
 

@@ -129,34 +129,45 @@ def explain(graph, sim, device_totals: list[int], memory_margin: float) -> dict:
     gang_s, gang_kinds = gang_saturated(sim.timeline, jobs, n)
     if not exclusive and gang_s > 0.1 * sim.makespan:
         levers.append(f"multi-device jobs ({', '.join(gang_kinds)}) held all {n} devices together for "
-                      f"{gang_s / 3600:.1f} h and every other job waited meanwhile: fewer devices per job "
+                      f"{span(gang_s / 3600)} and every other job waited meanwhile: fewer devices per job "
                       f"(algos.<A>.devices) lets the other work run beside them, more shortens each of them")
     if exclusive and excl_s > 0.1 * sim.makespan:
         kinds = sorted({_label(j) for j in exclusive})
-        levers.append(f"{len(exclusive)} job(s) hold all {n} devices for {excl_s / 3600:.1f} h in all ({', '.join(kinds)}) "
+        levers.append(f"{len(exclusive)} job(s) hold all {n} devices for {span(excl_s / 3600)} in all ({', '.join(kinds)}) "
                       f"and nothing runs beside them: fewer devices per job (algos.<A>.devices) would let the "
-                      f"{max(rest.values(), default=0) / 3600:.1f} h chain of other jobs overlap them")
+                      f"{span(max(rest.values(), default=0) / 3600)} chain of other jobs overlap them")
     if sim.critical_path >= 0.9 * sim.makespan and chain:
         longest = max(chain, key=lambda j: j.duration_hint)
         levers.append(f"the critical path bounds the run: its longest job, {longest.id} ({_label(longest)}, "
-                      f"{longest.resources.devices} device(s), {longest.duration_hint / 3600:.1f} h), shortens it only "
+                      f"{longest.resources.devices} device(s), {span(longest.duration_hint / 3600)}), shortens it only "
                       f"by {_faster(longest)}")
     elif sim.device_time / n >= 0.9 * sim.makespan and top:
-        levers.append(f"device-hours bound the run: {top[0][0]} takes {top[0][1]:.0f} of {total:.0f} device-hours; "
-                      f"only less work or faster jobs of that kind shorten it")
-    return {"critical_path": [{"kind": s["kind"], "hours": round(s["hours"], 2), "devices": s["devices"],
+        levers.append(f"device-hours bound the run: {top[0][0]} takes {span(top[0][1])} of {span(total)} of device "
+                      f"time; only less work or faster jobs of that kind shorten it")
+    return {"critical_path": [{"kind": s["kind"], "hours": round(s["hours"], 4), "devices": s["devices"],
                                "jobs": s["jobs"], "first": s["first"]} for s in steps],
-            "device_hours": {k: round(v, 1) for k, v in top}, "device_hours_total": round(total, 1),
+            "device_hours": {k: round(v, 4) for k, v in top}, "device_hours_total": round(total, 4),
             "idle_fraction": round(idle, 3), "lower_bound_s": round(bound, 1),
             "whole_node_hours": round(excl_s / 3600, 2), "levers": levers}
 
 
+def span(hours: float) -> str:
+    """A duration in the unit that shows it: 12h, 1.5h, 25m, 40s."""
+    if hours >= 10:
+        return f"{hours:.0f}h"
+    if hours >= 1:
+        return f"{hours:.1f}h"
+    if hours * 60 >= 1:
+        return f"{hours * 60:.0f}m"
+    return f"{hours * 3600:.0f}s"
+
+
 def render(ex: dict, makespan_s: float) -> list[str]:
-    chain = " -> ".join(f"{s['kind']} {s['hours']:.1f}h" + (f" x{s['jobs']}" if s['jobs'] > 1 else "")
+    chain = " -> ".join(f"{s['kind']} {span(s['hours'])}" + (f" x{s['jobs']}" if s['jobs'] > 1 else "")
                         for s in ex["critical_path"] if s["hours"] >= 0.005 * max(1e-9, makespan_s / 3600))
-    top = ", ".join(f"{k} {v:.0f}" for k, v in ex["device_hours"].items())
+    top = ", ".join(f"{k} {span(v)}" for k, v in ex["device_hours"].items())
     lines = [f"critical path: {chain}",
-             f"device-hours: {ex['device_hours_total']:.0f} in all; most: {top}",
+             f"device time: {span(ex['device_hours_total'])} in all; most: {top}",
              f"devices idle: {ex['idle_fraction']:.0%} of the makespan; makespan / lower bound "
              f"{makespan_s / max(1e-9, ex['lower_bound_s']):.2f}"]
     lines += [f"lever: {t}" for t in ex["levers"]]

@@ -35,8 +35,18 @@ def job_algorithm(job) -> str:
     return {"data": "shared", "model": "family", "gen": "shared"}.get(head, head)
 
 
-def fit_problems(jobs, totals: list[int], margin: float) -> list[str]:
-    """One line per (job kind, algorithm) whose jobs fit no device, naming the fix."""
+def _two_figures(need: float, cap: float) -> tuple[str, str]:
+    """GB figures with as many decimals as it takes for them to differ (7.82 vs 7.79, not 7.8 vs 7.8)."""
+    for d in (1, 2, 3):
+        a, b = f"{need / 1e9:.{d}f}", f"{cap / 1e9:.{d}f}"
+        if a != b:
+            break
+    return a, b
+
+
+def fit_problems(jobs, totals: list[int], margin: float, cpu: bool = False) -> list[str]:
+    """One line per (job kind, algorithm) whose jobs fit no device, naming the fix. ``cpu``: the
+    devices are CPU devices, sized on the memory available now (they share it)."""
     usable = sorted((t * (1 - margin) for t in totals), reverse=True)
     groups: dict = OrderedDict()
     for j in jobs:
@@ -49,10 +59,17 @@ def fit_problems(jobs, totals: list[int], margin: float) -> list[str]:
             g[0] += 1
     out = []
     for (kind, algo), (n, j, cap) in groups.items():
-        need = j.resources.memory_gb
-        where = (f"{n} {kind} job(s) of {algo} (e.g. {j.id}) need {need:.1f} GB per device, more than the "
-                 f"{cap / 1e9:.1f} GB usable on {'one device' if j.resources.devices == 1 else f'each of {j.resources.devices} devices'} "
+        need, usable_gb = _two_figures(j.resources.memory_bytes, cap)
+        where = (f"{n} {kind} job(s) of {algo} (e.g. {j.id}) need {need} GB per device, more than the "
+                 f"{usable_gb} GB usable on {'one device' if j.resources.devices == 1 else f'each of {j.resources.devices} devices'} "
                  f"(executor.memory_margin={margin:g})")
+        cpu_note = ""
+        if cpu:
+            cpu_note = (f"; on CPU, where the devices share the memory available now ({sum(totals) / 1e9:.1f} GB "
+                        f"over {len(totals)} devices), also: free memory other processes hold, or give one device "
+                        f"all of it (system.cpu_devices=1)" if len(totals) > 1 else
+                        "; on CPU, where the device has the memory available now, also: free memory other "
+                        "processes hold")
         p = j.params
         at_least = p.get("micro_batch_size") == 1 and bool(p.get("gradient_checkpointing"))
         if kind in ("algo.dpo_train", "algo.grpo_train"):
@@ -81,7 +98,7 @@ def fit_problems(jobs, totals: list[int], margin: float) -> list[str]:
         else:
             fix = (f"lower data_collection.batch_size (now {p.get('batch_size')}) or data_collection.max_new_tokens, "
                    f"or let gpu=auto (system.fit_batches=true) choose the largest batch that fits")
-        out.append(f"{where}: {fix}")
+        out.append(f"{where}: {fix}{cpu_note}")
     return out + vllm_problems(jobs, totals)
 
 
