@@ -122,6 +122,7 @@ def test_reference_log_probs_of_samples_match_the_sampler_under_temperature_and_
         assert sum(r["kl_path"] for r in recs) > 0.01
 
 
+@pytest.mark.slow  # default tier: the smoke preset trains DPO, GRPO and GRPO-HF end to end (tests/test_cli_runs.py)
 def test_one_short_round_of_each_trainer_end_to_end(tmp_path, tiny_cache):
     r = cli(["experiment.name=bl", "experiment.workload=experiment", "experiment.datasets=[arith]",
              "experiment.algos=[DPO,GRPO,GRPO-HF]", "experiment.rounds=1", f"system.cache_dir={tiny_cache}",
@@ -152,6 +153,7 @@ def test_one_short_round_of_each_trainer_end_to_end(tmp_path, tiny_cache):
     assert not any("adapter" in n for n in saved), saved
 
 
+@pytest.mark.slow  # default tier: two-rank FSDP training (tests/test_sharding.py) and k-device jobs (tests/test_multi_device.py)
 def test_a_two_device_training_job_runs_data_parallel_with_the_configured_effective_batch(tmp_path, tiny_cache):
     """algos.DPO.devices=2 on CPU: the job holds both logical devices and runs two gloo DDP
     processes; 8 sequences per optimizer step in all (4 per process)."""

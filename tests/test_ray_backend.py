@@ -276,6 +276,7 @@ def test_a_node_lost_mid_run_costs_its_attempts_only_and_a_node_that_joins_is_us
         assert _started_on(run, c), "the node that joined took no work"
         log = (run / "run.log").read_text()
         assert "left the inventory" in log and "joined the inventory" in log
+        assert log.count("has no NVML: its GPUs are taken to have") == 3  # once per node, the one that joined too
     finally:
         ray.shutdown()
         cluster.shutdown()
@@ -393,6 +394,7 @@ def nvmlDeviceGetComputeRunningProcesses(h):
 '''
 
 
+@pytest.mark.slow  # default tier: the node-loss test reads each node without NVML (the fallback)
 def test_each_gpu_has_the_memory_its_own_node_reads_and_a_node_without_nvml_says_so(tmp_path):
     """A node whose NVML reports 40 GB GPUs and one without NVML: each device carries
     its own node's figure (and its used memory is read there during the run); the node without
@@ -479,6 +481,7 @@ def test_a_run_starts_on_the_free_gpu_and_takes_the_other_once_it_is_released(tm
         cluster.shutdown()
 
 
+@pytest.mark.slow  # default tier: the node-loss test (logical GPUs, nodes that leave and join)
 def test_a_cluster_without_gpus_runs_its_jobs_on_every_nodes_cores(tmp_path):
     """A head of 1 CPU and two nodes of 2 CPUs, no GPU: 5 CPU devices (2 per node at most, one
     per core), each job's threads its node's share, and jobs run on every node."""

@@ -86,7 +86,7 @@ def _build_reference_as_a_run_does(tmp_path, name: str, steps: int | None) -> by
     return _weights(tiny.family_dir(cache, 0) / "reference")
 
 
-@pytest.mark.integration
+@pytest.mark.slow  # default tier: bit-identical value training under load (below); the whole 600-step build: the next test
 def test_the_familys_reference_is_the_same_built_idle_beside_a_neighbour_or_in_process(tmp_path):
     """The demo's first artefact: the reference's build job (two CPU devices) run idle and beside a
     2-thread torch matmul loop, and the same part built in this process: the same weights bit for
