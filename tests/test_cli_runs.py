@@ -323,7 +323,7 @@ def test_without_parallel_execution_jobs_run_one_at_a_time_on_one_device(tmp_pat
     assert {d["label"] for e in jobs.values() for d in e["devices"]} <= {"cpu0"}
 
 
-def test_the_smoke_preset_runs_all_six_algorithms_and_writes_the_report(tmp_path, tiny_cache):
+def test_the_smoke_preset_runs_all_six_algorithms_and_writes_the_report(tmp_path, tiny_cache, capsys):
     """experiment=smoke: the whole pipeline at its smallest (tiny family, arith, six algorithms,
     one round, base evaluation), ending with the results table and the report with its plots."""
     r = cli(["experiment=smoke", f"system.cache_dir={tiny_cache}"], tmp_path, timeout=600)
@@ -405,6 +405,29 @@ def test_the_smoke_preset_runs_all_six_algorithms_and_writes_the_report(tmp_path
     plan = json.loads(p.stdout)
     assert plan["duration_corrections"]["algo.dpo_train"]["jobs"] >= 1
     assert took / 3 < plan["makespan_s"] < took * 3, (plan["makespan_s"], took)  # the roofline alone: ~4x off
+    # a run made before attempts recorded their plan: its config.yaml is planned again, its jobs
+    # matched by id, and the corrections come out as from the recorded plan
+    from pita.cli.plan import plan_main
+
+    old = tmp_path / "before" / "run"
+    old.mkdir(parents=True)
+    (old / "config.yaml").write_text((run / "config.yaml").read_text())
+    for e in state["jobs"].values():
+        for a in e["attempts"]:
+            for k in ("planned_s", "seconds", "expected_s", "duration_key"):
+                a.pop(k, None)
+    (old / "state.json").write_text(json.dumps(state))
+    capsys.readouterr()
+    assert plan_main(["--json", "experiment=smoke", f"system.cache_dir={tiny_cache}", "--calibrate", str(old)]) == 0
+    again = json.loads(capsys.readouterr().out)
+    n = len(state["jobs"])
+    assert f"config.yaml was planned again: {n} of its {n} jobs matched" in again["durations"]
+    for kind, c in plan["duration_corrections"].items():
+        assert again["duration_corrections"][kind]["measured_over_planned"] == pytest.approx(
+            c["measured_over_planned"], rel=0.5), kind
+    # a CPU run says nothing about a GPU's speed
+    assert plan_main(["experiment=smoke", "system.inventory=8xH100", "--calibrate", str(run)]) == 2
+    assert "ran on cpu devices and this plan is for cuda devices" in capsys.readouterr().err
     # the same config gives the same numbers (seeded head initialisation, the same thread count
     # per job): the same ops on the same inputs repeat bit for bit on one machine
     assert _smoke_metrics(tmp_path / "again", tiny_cache) == _metrics(rows)

@@ -28,6 +28,7 @@ import json
 import os
 import sys
 from collections import OrderedDict
+from pathlib import Path
 
 from pita.core.errors import ConfigError, PitaError
 
@@ -87,6 +88,12 @@ def make_plan(cfg, durations=None) -> dict:
         durations = DurationLearner.load(sy.cache_dir, cfg.model.name, cuda)
     from pita.core.gpu_manager import plan_card
 
+    ran_on = getattr(durations, "device_classes", set()) - {"cuda" if cuda else "cpu"}
+    if ran_on:
+        raise ConfigError(f"--calibrate: the runs given ran on {' and '.join(sorted(ran_on))} devices and this plan is "
+                          f"for {'cuda' if cuda else 'cpu'} devices, whose speed they do not tell; calibrate with "
+                          f"runs on the same kind of device (or plan for theirs: "
+                          f"{'system.inventory=... for GPUs' if 'cuda' in ran_on else 'without system.inventory'})")
     card, card_note = plan_card([d.name for d in gpus.devices]) if cuda else (None, "")
     jobs = build_plan(cfg, totals, cuda=cuda, plan_only=True, durations=durations, card=card)
     problems = fit_problems(jobs, totals, ex.memory_margin, cpu=not cuda)
@@ -107,6 +114,9 @@ def make_plan(cfg, durations=None) -> dict:
             "durations assumed: a GPU's (pita/plans/durations.py), though this plan is for CPU devices"
         if durations is not None and durations.ratios:
             src = f"{durations.path}" if durations.path else "the runs given to --calibrate"
+            for run, matched, n in getattr(durations, "replanned", []):
+                src += (f"; {run} recorded no planned seconds, so its config.yaml was planned again: "
+                        f"{matched} of its {n} jobs matched")
             assumed += (f"; corrected by measured / planned seconds per job kind ({src}: "
                         + ", ".join(f"{k} x{v['measured_over_planned']:g}" for k, v in durations.summary().items()) + ")")
     else:
@@ -136,6 +146,31 @@ def make_plan(cfg, durations=None) -> dict:
             "duration_corrections": durations.summary() if durations is not None else {}, "notes": _notes(cfg) + ([
                 "host memory not checked: system.inventory describes another machine; set system.host_ram=<its RAM> "
                 "(e.g. 1TB) to plan it"] if cuda and host is None else []), "jobs": rows}
+
+
+def _replan(run) -> dict:
+    """{job id: job} of a finished run's config.yaml planned by this pita (its keys over this
+    pita's defaults, so a run made before a key existed still plans), on the run's devices."""
+    from omegaconf import OmegaConf
+
+    from pita.config.validate import validate_config
+    from pita.plans import build_plan
+    from pita.plans.durations import DurationLearner
+
+    try:
+        saved = OmegaConf.load(Path(run) / "config.yaml")
+        state = json.loads((Path(run) / "state.json").read_text())
+    except Exception as e:  # noqa: BLE001 - what the error says is enough: which file, why
+        raise ConfigError(f"--calibrate {run}: its attempts record no planned seconds and its config.yaml or "
+                          f"state.json cannot be read to plan it again ({type(e).__name__}: {e})") from None
+    base = compose([])
+    OmegaConf.set_struct(base, False)
+    cfg = OmegaConf.merge(base, saved)
+    validate_config(cfg, models=False)
+    totals = [int(d["total_bytes"]) for d in state.get("devices") or []] or [int(80e9)]
+    cuda = any(d.get("kind") != "cpu" for d in state.get("devices") or [])
+    jobs = build_plan(cfg, totals, cuda=cuda, plan_only=True, durations=DurationLearner(apply=False))
+    return {j.id: j for j in jobs}
 
 
 def _training_choices(cfg) -> dict:
@@ -274,7 +309,7 @@ def plan_main(argv: list[str] | None = None, prog: str = "pita plan") -> int:
         if calibrate:
             from pita.plans.durations import DurationLearner
 
-            learner = DurationLearner.from_runs(calibrate)
+            learner = DurationLearner.from_runs(calibrate, replan=_replan)
         plan = make_plan(cfg, durations=learner)
     except PitaError as e:
         print(f"error: {e}", file=sys.stderr)

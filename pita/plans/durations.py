@@ -182,6 +182,13 @@ def duration_key(job) -> str:
     return job_kind(job)
 
 
+def _stem(job_id: str) -> str:
+    """A job id without the data hashes its shared-data jobs carry (``...value_rollouts-a6d162.s0``)."""
+    import re
+
+    return re.sub(r"-[0-9a-f]{6}(?=\.|$)", "", job_id)
+
+
 def device_class(cuda: bool) -> str:
     return "cuda" if cuda else "cpu"
 
@@ -223,25 +230,50 @@ class DurationLearner:
         return cls(ratios, path, scope)
 
     @classmethod
-    def from_runs(cls, runs) -> "DurationLearner":
-        """The ratios of finished runs' completed attempts (their ``state.json``)."""
+    def from_runs(cls, runs, replan=None) -> "DurationLearner":
+        """The ratios of finished runs' completed attempts (their ``state.json``). A run whose
+        attempts do not record their planned seconds (made before pita recorded them) is planned
+        again by ``replan(run) -> {job id: job}`` (its config.yaml under this pita), and its jobs
+        matched by id, or by id without the data hashes when the data's recipe changed since.
+        ``device_classes`` says which kinds of device the runs ran on; ``replanned`` names the
+        runs planned again, with how many of their jobs matched."""
         import json
         from pathlib import Path
 
         from pita.core.errors import ConfigError
 
         out = cls()
+        out.device_classes, out.replanned = set(), []
         for run in runs:
             state = Path(run) / "state.json"
             try:
-                jobs = json.loads(state.read_text())["jobs"]
+                data = json.loads(state.read_text())
+                jobs = data["jobs"]
             except (OSError, ValueError, KeyError) as e:
                 raise ConfigError(f"--calibrate {run}: no readable state.json there ({e}); give the folder of a "
                                   f"run (outputs/<name>/<time>)") from None
+            out.device_classes |= {"cpu" if d.get("kind") == "cpu" else "cuda" for d in data.get("devices") or []}
+            before = sum(map(len, out.ratios.values()))
             for entry in jobs.values():
                 for a in entry.get("attempts", []):
                     if a.get("status") == "ok" and a.get("planned_s") and a.get("seconds") is not None and a.get("duration_key"):
                         out.observe(a["duration_key"], float(a["planned_s"]), float(a["seconds"]))
+            if sum(map(len, out.ratios.values())) > before or replan is None:
+                continue
+            planned = replan(Path(run))
+            by_stem = {_stem(j): job for j, job in planned.items()}
+            matched = 0
+            for jid, entry in jobs.items():
+                job = planned.get(jid) or by_stem.get(_stem(jid))
+                if job is None or not job.planned_s:
+                    continue
+                done = [a for a in entry.get("attempts", []) if a.get("status") == "ok"]
+                for a in done[-1:]:  # as the executor measures: its start to its end (the worker's start-up too)
+                    took = (a["end"] - a["start"]) if a.get("end") and a.get("start") else a.get("duration_s")
+                    if took:
+                        out.observe(duration_key(job), float(job.planned_s), float(took))
+                        matched += 1
+            out.replanned.append((str(run), matched, len(jobs)))
         if not out.ratios:
             raise ConfigError(f"--calibrate {' '.join(map(str, runs))}: no attempt there records its planned and "
                               f"measured seconds (runs made before pita recorded them, or no job finished)")
