@@ -105,6 +105,15 @@ def test_the_embedded_default_plans_on_this_machine_and_creates_nothing(capsys, 
     assert rc == 0, err
     assert plan["device_kind"] == "cpu" and plan["jobs"]
     assert not (tmp_path / "outputs").exists()
+    # on CPU the roofline is a GPU's: the makespan line says so until measured runs correct it
+    from pita.cli.plan import render
+
+    gpu_speed = dict(plan, duration_corrections={},
+                     durations="durations assumed: a GPU's (pita/plans/durations.py), though this plan is for CPU devices")
+    makespan = next(x for x in render(gpu_speed).splitlines() if " makespan " in x)
+    assert "these are a GPU's seconds, not this CPU's" in makespan and "--calibrate RUN" in makespan
+    corrected = dict(gpu_speed, duration_corrections={"algo.dpo_train": {"jobs": 1, "measured_over_planned": 600.0}})
+    assert "not this CPU's" not in render(corrected)
 
 
 @pytest.mark.parametrize("value, needle", [

@@ -248,8 +248,12 @@ def render(plan: dict) -> str:
         lines.append(f"{kind:<40} {k['n']:>5} {devs:>7} {batch:>6} {gb:>11}{hgb}  {k['largest']['id']}")
     total = len(plan["jobs"])
     ms = plan["makespan_s"]
+    guess = (plan.get("device_kind") == "cpu" and not plan.get("duration_corrections")
+             and plan["durations"].startswith("durations assumed: a GPU's"))
     lines += ["", f"{total} jobs; makespan {_hms(ms)} simulated by the scheduler on this inventory "
-                  f"(critical path {_hms(plan['critical_path_s'])})"]
+                  f"(critical path {_hms(plan['critical_path_s'])})"
+              + ("; these are a GPU's seconds, not this CPU's: a finished run of this cache corrects them, or "
+                 "--calibrate RUN" if guess else "")]
     if plan.get("critical_path"):
         from pita.plans.explain import render as render_explain
 
