@@ -545,7 +545,11 @@ class RayBackend(Backend):
             # Killed by a signal nobody here sent. An actor that is dying (its node gone, Ray
             # stopping it) SIGKILLs its children first and may still return their exit: that is
             # the device's loss, not the job's crash. Ask the actor whether it is still there.
-            t.settle = (info, t.runner.pids.remote(), time.time() + self.settle_s)
+            try:
+                ping = t.runner.pids.remote()
+            except Exception as e:  # noqa: BLE001 - a call Ray refuses to send: the actor is gone
+                return self._actor_died(t, e)
+            t.settle = (info, ping, time.time() + self.settle_s)
             return None
         return self._ended(t, info)
 
