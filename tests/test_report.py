@@ -390,6 +390,42 @@ def test_pita_report_refuses_to_pool_one_seed_twice_or_other_experiments(recorde
     assert "datasets.arith.path differs" in capsys.readouterr().err
 
 
+def test_pooling_a_run_that_has_not_finished_leaves_out_its_partial_methods_and_says_so(recorded_run, tmp_path,
+                                                                                        capsys):
+    """A seed still running (or stopped) pools only the methods whose evaluations it finished: a
+    method with an η or an arm missing there is left out for that run, its rows say "1 of 2
+    seeds", and the report and stderr name the run, its counts and those methods. Without the base
+    model's evaluations a run cannot be pooled (exit 2)."""
+    from pita.cli.report import report_main
+    from pita.core.paths import RunPaths
+    from pita.core.state import StateStore
+
+    twin = _twin(recorded_run, tmp_path)
+    store = StateStore(RunPaths.open_existing(twin, "test").state)
+    jobs = store.read()["jobs"]
+    labels = {j: j.split(".")[0] for j in jobs}  # this state has no fingerprints: the ids' heads
+    pita_eval = next(j for j, a in labels.items() if a == "PITA")
+    store.update_jobs({pita_eval: {"state": "PENDING"}})
+    store.close()
+    out = tmp_path / "pooled"
+    assert report_main([str(recorded_run.root), str(twin)], out=str(out)) == 0
+    err = capsys.readouterr().err
+    assert f"warning: {twin}: {len(jobs) - 1} of {len(jobs)} jobs completed (1 pending)" in err
+    assert "PITA: evaluations not all done there" in err
+    text = (out.parent / "pooled.md").read_text()
+    assert "| PITA (1 of 2 seeds) |" in text and "**Not finished:**" in text
+    assert "| DPO |" in text  # finished in both: a whole pair of seeds
+    pooled = json.loads((out.parent / "pooled.json").read_text())["cells"]
+    assert {c["seeds"] for c in pooled if c["algorithm"] == "PITA"} == {1}
+    assert {c["seeds"] for c in pooled if c["algorithm"] == "DPO"} == {2}
+    base_eval = next(j for j, a in labels.items() if a == "base")
+    store = StateStore(RunPaths.open_existing(twin, "test").state)
+    store.update_jobs({base_eval: {"state": "RUNNING"}})
+    store.close()
+    assert report_main([str(recorded_run.root), str(twin)], out=str(out)) == 2
+    assert "the base model's evaluations are not done in" in capsys.readouterr().err
+
+
 def recorded_run_seed(run):
     from omegaconf import OmegaConf
 

@@ -201,6 +201,39 @@ def pooling_problems(runs) -> list[str]:
     return problems
 
 
+def unfinished(run) -> tuple[str, set]:
+    """Why ``run`` is not a whole seed yet ("" when every job completed), and the algorithms
+    whose evaluations it has not all completed (their rows there are partial: a learning-rate arm
+    or an η missing would move the frontier)."""
+    from collections import Counter
+
+    from pita.core.owner import describe, probe
+    from pita.core.state import StateStore
+
+    store = StateStore(run.state)
+    try:
+        jobs = store.read()["jobs"] if store.exists() else {}
+    except Exception:  # noqa: BLE001 - a state that cannot be read: the results alone are pooled
+        return "", set()
+    finally:
+        store.close()
+    counts = Counter(j.get("state", "PENDING") for j in jobs.values())
+    if not jobs or counts.get("COMPLETED", 0) == len(jobs):
+        return "", set()
+    def algorithm(job_id: str, j: dict):  # its evaluations' label; else the id's head (older states)
+        label = ((j.get("fingerprint") or {}).get("params") or {}).get("labels", {}).get("algorithm")
+        head = job_id.split(".", 1)[0]
+        return label or (head if head not in ("data", "control", "model", "family") else None)
+
+    partial = {algorithm(jid, j) for jid, j in jobs.items() if j.get("state") != "COMPLETED"} - {None}
+    owned, owner = probe(run.root)
+    now = f"running now ({describe(owner)})" if owned else "not running (resume it, or pool it once it has finished)"
+    rest = ", ".join(f"{v} {k.lower()}" for k, v in sorted(counts.items()) if k != "COMPLETED")
+    left = (f"{', '.join(sorted(partial))}: evaluations not all done there, so left out of the pool for this run, "
+            f"and their rows say over how many seeds they average") if partial else "every evaluation is done"
+    return f"{run.root}: {counts.get('COMPLETED', 0)} of {len(jobs)} jobs completed ({rest}); {now}. {left}", partial
+
+
 def pooled_report(runs, rows_per_run: list[list[dict]], roster, out: str | None,
                   override: list[float] | None = None) -> int:
     """The KL-matched comparison over several runs of one experiment (one per seed)."""
@@ -220,14 +253,25 @@ def pooled_report(runs, rows_per_run: list[list[dict]], roster, out: str | None,
     if empty:
         print(f"error: no evaluation finished in {', '.join(empty)}; pool runs that have results", file=sys.stderr)
         return 2
-    cells = matched_cells([(rows, read_validation(r), RecordStore(r)) for r, rows in zip(runs, rows_per_run)],
-                          budgets[0], keep_draws=True)
+    states = [unfinished(r) for r in runs]
+    partial = [w for w, _ in states if w]
+    for w in partial:
+        print(f"warning: {w}", file=sys.stderr)
+    no_base = [str(r.root) for r, (_, algos) in zip(runs, states) if "base" in algos]
+    if no_base:
+        print(f"error: the base model's evaluations are not done in {', '.join(no_base)}: every gain is measured "
+              f"against them; pool those runs once they have finished", file=sys.stderr)
+        return 2
+    cells = matched_cells([([x for x in rows if x.get("algorithm") not in algos],
+                            [x for x in read_validation(r) if x.get("algorithm") not in algos], RecordStore(r))
+                           for r, rows, (_, algos) in zip(runs, rows_per_run, states)], budgets[0], keep_draws=True)
     order = roster.order({c["algorithm"] for c in cells})
     diffs = differences(cells, order)
     lines = [f"# KL-matched comparison over {len(runs)} runs", "", *[f"- `{r.root}`" for r in runs], "",
              "Values: the mean over the runs of each run's value at the budget (reached only when every run reaches "
              "it; a cell's kind is the weakest of the runs'). Intervals: 95%, each draw resampling the runs and each "
-             "run's test prompts.", "", *matched_tables(cells, order, diffs)]
+             "run's test prompts.", "", *[f"- **Not finished:** {w}" for w in partial], *([""] if partial else []),
+             *matched_tables(cells, order, diffs)]
     text = "\n".join(lines)
     print(text)
     if out:

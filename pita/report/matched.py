@@ -416,8 +416,11 @@ def matched_tables(cells: list[dict], order: Sequence[str] = (), diffs: list[dic
         head = ["algorithm"] + [f"at KL = {b:g}" for b in budgets]
         base = es[0]["base"]
         tab = [["base (KL 0)"] + [f"{base:.3f}"] * len(budgets)]
-        tab += [[a] + [_cell_text(at[(a, b)]) if (a, b) in at else "" for b in budgets] for a in algos]
-        gains = [[a] + [_cell_text(at[(a, b)], "gain") if (a, b) in at else "" for b in budgets] for a in algos]
+        # a method some seeds lack (a run not finished, or its jobs failed) averages fewer seeds: said on its row
+        of = {a: min(e["seeds"] for e in es if e["algorithm"] == a) for a in algos}
+        name = {a: a + (f" ({of[a]} of {seeds} seeds)" if of[a] < seeds else "") for a in algos}
+        tab += [[name[a]] + [_cell_text(at[(a, b)]) if (a, b) in at else "" for b in budgets] for a in algos]
+        gains = [[name[a]] + [_cell_text(at[(a, b)], "gain") if (a, b) in at else "" for b in budgets] for a in algos]
         on = sorted({e.get("selected_on", "test") for e in es})
         lines += [f"#### {title}: {es[0]['metric']} at equal KL" + (f", mean of {seeds} seeds" if seeds > 1 else ""),
                   "", f"Frontier points chosen on: {', '.join(on)}.", "", _md(head, tab), "",
@@ -427,11 +430,12 @@ def matched_tables(cells: list[dict], order: Sequence[str] = (), diffs: list[dic
                        key=lambda p: (rank.get(p[0], len(rank)), rank.get(p[1], len(rank)), p))
         if pairs:
             by = {(d["a"], d["b"], d["kl_budget"]): d for d in ds}
-            dtab = [[f"{a} − {b}"] + [_diff_text(by.get((a, b, kb))) for kb in budgets] for a, b in pairs]
+            dtab = [[f"{name.get(a, a)} − {name.get(b, b)}"] + [_diff_text(by.get((a, b, kb))) for kb in budgets]
+                     for a, b in pairs]
             lines += [f"Difference of two methods at equal KL ({title}; both measured or interpolated, paired "
                       f"on the same draws):", "", _md(["methods"] + head[1:], dtab), ""]
         if any(e.get("selected_on") == "validation" for e in es):
-            ttab = [[a] + [_test_text(at[(a, b)]) if (a, b) in at else "" for b in budgets] for a in algos]
+            ttab = [[name[a]] + [_test_text(at[(a, b)]) if (a, b) in at else "" for b in budgets] for a in algos]
             lines += [f"For comparison only, the frontier picked on the test split ({title}: every row's test "
                       f"point, the upper envelope; optimistic, never below base): gain over base", "",
                       _md(head, ttab), ""]
