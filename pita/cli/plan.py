@@ -87,8 +87,9 @@ def make_plan(cfg, durations=None) -> dict:
 
         durations = DurationLearner.load(sy.cache_dir, cfg.model.name, cuda)
     from pita.core.gpu_manager import plan_card
+    from pita.plans.durations import device_class
 
-    ran_on = getattr(durations, "device_classes", set()) - {"cuda" if cuda else "cpu"}
+    ran_on = (durations.device_classes if durations is not None else set()) - {device_class(cuda)}
     if ran_on:
         raise ConfigError(f"--calibrate: the runs given ran on {' and '.join(sorted(ran_on))} devices and this plan is "
                           f"for {'cuda' if cuda else 'cpu'} devices, whose speed they do not tell; calibrate with "
@@ -114,7 +115,7 @@ def make_plan(cfg, durations=None) -> dict:
             "durations assumed: a GPU's (pita/plans/durations.py), though this plan is for CPU devices"
         if durations is not None and durations.ratios:
             src = f"{durations.path}" if durations.path else "the runs given to --calibrate"
-            for run, matched, n in getattr(durations, "replanned", []):
+            for run, matched, n in durations.replanned:
                 src += (f"; {run} recorded no planned seconds, so its config.yaml was planned again: "
                         f"{matched} of its {n} jobs matched")
             assumed += (f"; corrected by measured / planned seconds per job kind ({src}: "

@@ -220,6 +220,7 @@ def unfinished(run) -> tuple[str, set]:
     counts = Counter(j.get("state", "PENDING") for j in jobs.values())
     if not jobs or counts.get("COMPLETED", 0) == len(jobs):
         return "", set()
+
     def algorithm(job_id: str, j: dict):  # its evaluations' label; else the id's head (older states)
         label = ((j.get("fingerprint") or {}).get("params") or {}).get("labels", {}).get("algorithm")
         head = job_id.split(".", 1)[0]

@@ -207,6 +207,8 @@ class DurationLearner:
         self.ratios: dict[str, list[float]] = {k: list(v) for k, v in (ratios or {}).items()}
         self.path, self.scope = path, scope
         self.apply = apply  # False (executor.learn_durations=false): record, never correct
+        self.device_classes: set[str] = set()  # from_runs: the kinds of device the runs ran on
+        self.replanned: list[tuple[str, int, int]] = []  # from_runs: (run, jobs matched, jobs) planned again
 
     key = staticmethod(duration_key)
 
@@ -243,7 +245,6 @@ class DurationLearner:
         from pita.core.errors import ConfigError
 
         out = cls()
-        out.device_classes, out.replanned = set(), []
         for run in runs:
             state = Path(run) / "state.json"
             try:
@@ -252,13 +253,14 @@ class DurationLearner:
             except (OSError, ValueError, KeyError) as e:
                 raise ConfigError(f"--calibrate {run}: no readable state.json there ({e}); give the folder of a "
                                   f"run (outputs/<name>/<time>)") from None
-            out.device_classes |= {"cpu" if d.get("kind") == "cpu" else "cuda" for d in data.get("devices") or []}
-            before = sum(map(len, out.ratios.values()))
+            out.device_classes |= {device_class(d.get("kind") != "cpu") for d in data.get("devices") or []}
+            recorded = 0
             for entry in jobs.values():
                 for a in entry.get("attempts", []):
                     if a.get("status") == "ok" and a.get("planned_s") and a.get("seconds") is not None and a.get("duration_key"):
                         out.observe(a["duration_key"], float(a["planned_s"]), float(a["seconds"]))
-            if sum(map(len, out.ratios.values())) > before or replan is None:
+                        recorded += 1
+            if recorded or replan is None:
                 continue
             planned = replan(Path(run))
             by_stem = {_stem(j): job for j, job in planned.items()}
