@@ -206,6 +206,41 @@ def test_a_learning_rate_grid_trains_one_arm_per_rate_chosen_on_validation(tiny_
         assert needle in str(e.value)
 
 
+def test_a_beta_grid_crosses_the_learning_rates_each_setting_an_arm(tiny_cache):
+    """algos.<A>.beta_grid: each KL coefficient is an arm like a rate, crossed with lr_grid's rates
+    (ids lr<rate>-beta<b>, variants "lr=<rate> beta=<b>"); alone it names the arms by beta; it
+    replaces beta; ids carry no dots; a bad grid, or two values one id cannot tell apart, name the key."""
+    from pita.algos.post_training import arm_token
+    from pita.plans import build_plan
+
+    jobs = {j.id: j for j in build_plan(compose(tiny_cache, "experiment.rounds=1", "experiment.algos=[DPO,GRPO]",
+                                                "algos.DPO.lr_grid=[1e-5,1e-4]", "algos.DPO.beta_grid=[0.05,0.5]",
+                                                "algos.GRPO.beta_grid=[0.0,0.04]"), [int(8e9)])}
+    dpo = {k: j for k, j in jobs.items() if k.startswith("DPO.") and k.endswith(".r0.train")}
+    assert sorted(dpo) == [f"DPO.tiny.arith.lr{lr}-beta{b}.r0.train" for lr in ("1e-04", "1e-05")
+                           for b in ("5e-01", "5e-02")]
+    j = jobs["DPO.tiny.arith.lr1e-04-beta5e-02.r0.train"]
+    assert (j.params["lr"], j.params["beta"]) == (1e-4, 0.05)
+    labels = jobs["DPO.tiny.arith.lr1e-04-beta5e-02.r0.val.merge"].params["labels"]
+    assert labels["variant"] == "lr=0.0001 beta=0.05"
+    assert len({d for j in dpo.values() for d in j.deps}) == 1  # round 0's pairs are collected once
+    grpo = sorted(k for k in jobs if k.startswith("GRPO.") and k.endswith(".r0.train"))
+    assert grpo == ["GRPO.tiny.arith.beta0.r0.train", "GRPO.tiny.arith.beta4e-02.r0.train"]
+    assert [jobs[k].params["beta"] for k in grpo] == [0.0, 0.04]
+    assert jobs["GRPO.tiny.arith.beta0.r0.eval.merge"].params["labels"]["variant"] == "beta=0"
+    # without a grid nothing changes: one arm, no variant, the configured beta
+    [one] = [j for j in build_plan(compose(tiny_cache, "experiment.rounds=1", "experiment.algos=[DPO]",
+                                           "algos.DPO.beta=0.2"), [int(8e9)]) if j.id.endswith(".train")]
+    assert (one.id, one.params["beta"]) == ("DPO.tiny.arith.r0.train", 0.2)
+    assert [arm_token(x) for x in (1e-5, 1.5e-5, 0.1, 0.0, 2.0)] == ["1e-05", "1p5e-05", "1e-01", "0", "2e00"]
+    for over, needle in ((("algos.DPO.beta_grid=[-0.1,0.1]",), "algos.DPO.beta_grid=[-0.1, 0.1] must list"),
+                         (("algos.DPO.beta_grid=[]",), "algos.DPO.beta_grid=[] must list"),
+                         (("algos.DPO.lr_grid=[1.0001e-5,1.0002e-5]",), "two values share a job id")):
+        with pytest.raises(ConfigError) as e:
+            build_plan(compose(tiny_cache, "experiment.algos=[DPO]", *over), [int(8e9)])
+        assert needle in str(e.value)
+
+
 def test_the_reported_arm_and_each_rows_compute_follow_the_validation_choice():
     """select_eta chooses among the arms of a grid as among etas (the best validation metric), and
     a row's training compute is its own arm's jobs plus what the arms share."""

@@ -84,7 +84,7 @@ class GRPO(PostTrainingAlgorithm):
             p.append(unknown_name(f"{k}.loss_type", c.loss_type, LOSS_TYPES))
         if c.scale_rewards not in SCALE_REWARDS:
             p.append(unknown_name(f"{k}.scale_rewards", c.scale_rewards, SCALE_REWARDS))
-        if (c.lora_r > 0 and c.beta > 0 and c.ref_policy == "original" and cfg.experiment.rounds > 1):
+        if (c.lora_r > 0 and max(self.betas()) > 0 and c.ref_policy == "original" and cfg.experiment.rounds > 1):
             p.append(f"{k}.lora_r={c.lora_r} with {k}.ref_policy=original over {cfg.experiment.rounds} rounds: "
                      f"with LoRA, TRL's KL reference is the adapter's base, which from round 1 on is the previous "
                      f"round's merged policy, not the original model; set {k}.ref_policy=previous to accept that, "

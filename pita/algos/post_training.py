@@ -57,6 +57,18 @@ LR_GRIDS = {"toy": (1.0,), "lora": (1.0, 3.0, 10.0), "small": (1.0, 10.0, 100.0)
 SMALL_PARAMS = 1_000_000_000  # full fine-tuning under 1B parameters: the 7B recipes' rates are too small
 
 
+def arm_token(x: float) -> str:
+    """A grid value as a job-id token without dots: ``1e-05``, ``5e-01``, ``2e00``, ``0``; a value
+    one digit of mantissa does not hold keeps three (``1.5e-05`` -> ``1p5e-05``)."""
+    if x == 0:
+        return "0"
+    one = f"{x:.0e}"
+    if float(one) != x:
+        mantissa, exponent = f"{x:.2e}".split("e")
+        one = f"{mantissa.rstrip('0').rstrip('.').replace('.', 'p')}e{exponent}"
+    return one.replace("e+", "e")  # job ids take letters, digits, '.', '_' and '-'
+
+
 @dataclass
 class PostTrainingConfig(AlgoConfig):
     """Keys of every TRL-trained algorithm (DPO, GRPO, GRPO-HF)."""
@@ -73,6 +85,10 @@ class PostTrainingConfig(AlgoConfig):
     # recipes' own scale) and for a toy model
     lr_grid: Optional[List[float]] = None
     beta: float = 0.1  # KL coefficient: DPO's beta, GRPO's beta (KL to the reference); 0 = no KL term
+    # KL coefficients to try, each an arm of its own like lr_grid's rates (crossed with them: ids
+    # <algo>.<family>.<dataset>.lr<rate>-beta<b>.r<k>.*, rows with variant "lr=<rate> beta=<b>"),
+    # chosen on the validation prompts; null: beta alone. Set, it replaces beta
+    beta_grid: Optional[List[float]] = None
     # the KL reference in rounds after the first: original (the family's reference model, the one
     # every row's KL is measured against) | previous (the round's starting policy)
     ref_policy: str = "original"
@@ -105,6 +121,16 @@ class PostTrainingAlgorithm(Algorithm):
                 p.append(f"{k}.lr_grid={grid} must list distinct learning rates > 0, e.g. [1e-6,1e-5,1e-4]")
         if c.beta < 0:
             p.append(f"{k}.beta={c.beta} must be >= 0 (the KL coefficient; 0 = no KL term)")
+        if c.beta_grid is not None:
+            grid = list(c.beta_grid)
+            if not grid or any(not x >= 0 for x in grid) or len(set(grid)) != len(grid):
+                p.append(f"{k}.beta_grid={grid} must list distinct KL coefficients >= 0, e.g. [0.01,0.1,0.5] "
+                         f"(or null for {k}.beta alone)")
+        for name, grid in (("lr_grid", c.lr_grid), ("beta_grid", c.beta_grid)):
+            tokens = [arm_token(float(x)) for x in grid or ()]
+            if len(set(tokens)) < len(set(grid or ())):
+                p.append(f"{k}.{name}={list(grid)}: two values share a job id ({', '.join(tokens)}); keep values "
+                         f"that differ in their first three significant digits")
         for key in ("gradient_accumulation_steps", "devices"):
             if getattr(c, key) < 1:
                 p.append(f"{k}.{key}={getattr(c, key)} must be >= 1")
@@ -185,6 +211,10 @@ class PostTrainingAlgorithm(Algorithm):
 
     lr_family = "dpo"  # which row of LEARNING_RATES a null lr takes
 
+    def betas(self) -> list[float]:
+        """The KL coefficients to train with, one arm each: ``beta_grid``, else ``beta``."""
+        return [float(x) for x in self.c.beta_grid] if self.c.beta_grid is not None else [float(self.c.beta)]
+
     def learning_rates(self, p: PlanContext) -> list[float]:
         """The rates to train with, one arm each: ``lr_grid``; ``lr``; or when both are null the
         grid around the default for the policy's scale and the kind of fine-tuning."""
@@ -220,7 +250,8 @@ class PostTrainingAlgorithm(Algorithm):
         c, cfg = self.c, p.cfg
         return {
             "algo": self.name, "task": p.task, "dataset": dataclasses.asdict(p.ds),
-            "reference": p.paths["reference"], "lr": self.learning_rates(p)[0], "beta": c.beta, "batch_size": c.batch_size,
+            "reference": p.paths["reference"], "lr": self.learning_rates(p)[0], "beta": self.betas()[0],
+            "batch_size": c.batch_size,
             "gradient_accumulation_steps": self.accumulation_steps(cfg), "devices": c.devices, "sharding": c.sharding,
             "lora_r": c.lora_r, "lora_alpha": c.lora_alpha, "lora_target_modules": self.lora_targets(p),
             **training_settings(cfg, c, whole=c.batch_size // (c.devices * self.accumulation_steps(cfg))),
@@ -258,17 +289,20 @@ class PostTrainingAlgorithm(Algorithm):
     def plan(self, p: PlanContext) -> list[Job]:
         import dataclasses
 
-        rates = self.learning_rates(p)
-        if len(rates) == 1:
-            return self.plan_arm(p, rates[0])
+        rates, betas = self.learning_rates(p), self.betas()
+        if len(rates) == 1 and len(betas) == 1:
+            return self.plan_arm(p, rates[0], betas[0])
         jobs: list[Job] = []
-        for lr in rates:  # one arm per rate: its own rounds and evaluations, rows with variant lr=<rate>
-            arm = dataclasses.replace(p, variant=f"lr={lr:g}", variant_id=f"lr{lr:.0e}")
-            jobs += self.plan_arm(arm, lr)
+        for lr in rates:  # one arm per setting: its own rounds and evaluations, rows with variant lr=<rate>
+            for beta in betas:
+                label = [f"lr={lr:g}"] * (len(rates) > 1) + [f"beta={beta:g}"] * (len(betas) > 1)
+                ident = [f"lr{arm_token(lr)}"] * (len(rates) > 1) + [f"beta{arm_token(beta)}"] * (len(betas) > 1)
+                arm = dataclasses.replace(p, variant=" ".join(label), variant_id="-".join(ident))
+                jobs += self.plan_arm(arm, lr, beta)
         return jobs
 
-    def plan_arm(self, p: PlanContext, lr: float) -> list[Job]:
-        base = {**self.train_params(p), "lr": lr}
+    def plan_arm(self, p: PlanContext, lr: float, beta: float) -> list[Job]:
+        base = {**self.train_params(p), "lr": lr, "beta": beta}
         jobs: list[Job] = []
         prev, merges = None, []
         for r in range(p.cfg.experiment.rounds):

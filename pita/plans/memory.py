@@ -207,7 +207,7 @@ class JobMemory:
             # tensors (bench/memory_truth.py) at about LORA_CAST_BYTES per parameter
             extra += LORA_CAST_BYTES * shape.n_params
         shards = c.devices if getattr(c, "sharding", "none") == "fsdp" and c.devices > 1 else 1
-        if lora is None and c.beta > 0:  # TRL's frozen reference (LoRA: the base itself), in model.dtype on CUDA
+        if lora is None and max(algo.betas()) > 0:  # TRL's frozen reference (LoRA: the base itself), in model.dtype on CUDA
             ref_dtype = cfg.model.dtype if self.cuda else "float32"
             extra += weights_bytes(shape, ref_dtype) / shards
             if shards > 1:  # sharded per layer like the policy: a unit gathered whole while it runs (the
