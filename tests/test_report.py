@@ -275,15 +275,19 @@ def test_training_curves_are_drawn_from_each_jobs_metrics(tmp_path):
             "GRPO.tiny.arith.r0.train": [{"loss": 0.01, "reward": 0.1 * s, "kl": 0.01 * s, "step": s}
                                          for s in range(1, 6)] + [{"train_runtime": 3.0, "train_loss": 0.0, "step": 5}],
             "DPO.tiny.sentiment.r0.train": [{"loss": 0.69, "rewards/margins": 0.1 * s, "step": s} for s in range(1, 4)],
+            # the arms of a learning-rate grid are plotted too, each line named by its arm
+            "DPO.tiny.arith.lr1e-05.r0.train": [{"loss": 0.69, "step": s} for s in range(1, 4)],
+            "DPO.tiny.arith.lr1e-04-beta5e-01.r0.train": [{"loss": 0.6, "step": s} for s in range(1, 4)],
             "data.tiny.arith.r0.value_rollouts-abc.merge": [{"step": 1, "loss": 9.0}]}
     for jid, rs in rows.items():
         (jobs / jid).mkdir(parents=True)
         (jobs / jid / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rs))
     curves = training_curves(jobs)
     assert sorted(curves) == ["arith", "sentiment"]
-    assert sorted(curves["arith"]) == [("GRPO", 0, "train"), ("PITA", 0, "train"), ("PITA", 1, "train"),
-                                       ("QSharp-HF", 0, "proxy")]
-    assert len(curves["arith"][("GRPO", 0, "train")]) == 5  # TRL's closing summary row is not a step
+    assert sorted(curves["arith"]) == [("DPO", 0, "train", "lr1e-04-beta5e-01"), ("DPO", 0, "train", "lr1e-05"),
+                                       ("GRPO", 0, "train", ""), ("PITA", 0, "train", ""), ("PITA", 1, "train", ""),
+                                       ("QSharp-HF", 0, "proxy", "")]
+    assert len(curves["arith"][("GRPO", 0, "train", "")]) == 5  # TRL's closing summary row is not a step
     for ds in curves:
         f = plot_training(curves[ds], ds, tmp_path)
         assert f == tmp_path / f"training_{ds}.png" and f.read_bytes()[:4] == b"\x89PNG"
@@ -333,6 +337,19 @@ def test_the_console_table_gives_the_reference_no_round():
     lines = table([_row("base", 0, 0.0, 0.25, 0.0), _row("PITA", 1, 2.0, 0.3, 0.1)]).splitlines()
     base, pita = (line.split() for line in lines[1:3])
     assert base[:3] == ["base", "arith", "-"] and pita[:3] == ["PITA", "arith", "1"]
+
+
+def test_the_console_table_names_each_arm_and_control_setting():
+    """Rows of a grid's arms (or a control's settings) share η; each row shows its variant, the
+    validation choice starred, and long algorithm names keep the columns aligned."""
+    from pita.report.results import table
+
+    arms = [{**_row("DPO", 0, 0.0, p, k), "variant": v, "selected": v == "lr=5e-06"}
+            for v, p, k in (("lr=5e-07", 0.27, 0.04), ("lr=5e-06", 0.48, 2.8))]
+    lines = table(arms + [{**_row("control: temperature", 0, 0.5, 0.3, 0.8), "variant": "T=0.5"}]).splitlines()
+    assert [line.split()[3] for line in lines[1:3]] == ["lr=5e-07", "lr=5e-06*"]
+    assert lines[3].startswith("control: temperature arith") and "T=0.5" in lines[3]
+    assert len({line.index("pass@1") for line in lines[1:4]}) == 1
 
 
 def _twin(run, tmp_path, name: str = "twin", **changes):

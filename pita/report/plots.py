@@ -253,11 +253,19 @@ def _job_kind(stage: str, rows: list[dict]) -> str:
 
 
 def parse_training_job(job_id: str):
-    """(algorithm, family, train dataset, round, stage) of ``<algo>.<family>.<dataset>.r<N>.<train|proxy>``, else None."""
+    """(algorithm, family, train dataset, round, stage, arm) of
+    ``<algo>.<family>.<dataset>[.<arm>].r<N>.<train|proxy>`` (the arm of a grid, e.g. ``lr1e-05``;
+    "" without one), else None."""
     parts = job_id.split(".")
-    if len(parts) != 5 or parts[4] not in ("train", "proxy") or not parts[3][1:].isdigit() or parts[3][0] != "r":
+    if len(parts) == 6:
+        arm = parts.pop(3)
+    elif len(parts) == 5:
+        arm = ""
+    else:
         return None
-    return parts[0], parts[1], parts[2], int(parts[3][1:]), parts[4]
+    if parts[4] not in ("train", "proxy") or not parts[3][1:].isdigit() or parts[3][0] != "r":
+        return None
+    return parts[0], parts[1], parts[2], int(parts[3][1:]), parts[4], arm
 
 
 def read_metrics(path: Path) -> list[dict]:
@@ -274,7 +282,7 @@ def read_metrics(path: Path) -> list[dict]:
 
 
 def training_curves(jobs_dir: Path) -> dict[str, dict[tuple, list[dict]]]:
-    """{train dataset: {(algorithm, round, stage): metric rows}} of every training job with metrics."""
+    """{train dataset: {(algorithm, round, stage, arm): metric rows}} of every training job with metrics."""
     out: dict[str, dict[tuple, list[dict]]] = {}
     if not jobs_dir.exists():
         return out
@@ -285,8 +293,8 @@ def training_curves(jobs_dir: Path) -> dict[str, dict[tuple, list[dict]]]:
             continue
         rows = read_metrics(f)
         if rows:
-            algo, _fam, ds, rnd, stage = key
-            out.setdefault(ds, {})[(algo, rnd, stage)] = rows
+            algo, _fam, ds, rnd, stage, arm = key
+            out.setdefault(ds, {})[(algo, rnd, stage, arm)] = rows
     return out
 
 
@@ -294,16 +302,17 @@ def plot_training(curves: dict[tuple, list[dict]], dataset: str, out: Path, rost
     """``training_<dataset>.png``: one panel per quantity that some job logged, one line per job."""
     plt = _plt()
     order = roster.order({k[0] for k in curves})
-    panels = []  # (title, [(algo, rnd, xs, ys)])
+    panels = []  # (title, [(algo, rnd, arm, xs, ys)])
     for title, kind, key in PANELS.values():
         lines = []
-        for (algo, rnd, stage), rows in sorted(curves.items(), key=lambda kv: (order.index(kv[0][0]), kv[0][1])):
+        for (algo, rnd, stage, arm), rows in sorted(curves.items(),
+                                                    key=lambda kv: (order.index(kv[0][0]), kv[0][1], kv[0][3])):
             if _job_kind(stage, rows) != kind:
                 continue
             pts = [(r["step"], r[key]) for r in rows if isinstance(r.get(key), (int, float))
                    and not isinstance(r.get(key), bool) and math.isfinite(r[key])]
             if pts:
-                lines.append((algo, rnd, [p[0] for p in pts], [p[1] for p in pts]))
+                lines.append((algo, rnd, arm, [p[0] for p in pts], [p[1] for p in pts]))
         if lines:
             panels.append((title, lines))
     if not panels:
@@ -314,12 +323,17 @@ def plot_training(curves: dict[tuple, list[dict]], dataset: str, out: Path, rost
     algos, rounds = set(), set()
     flat = [ax for row in axes for ax in row]
     for ax, (title, lines) in zip(flat, panels):
-        for algo, rnd, xs, ys in lines:
+        for algo, rnd, arm, xs, ys in lines:
             marker, ls = round_style(rnd)
             ax.plot(xs, ys, color=roster.colour(algo), ls=ls, marker=marker, ms=3, markevery=max(1, len(xs) // 8),
                     lw=1.0)
+            if arm:  # the arms of a grid share their method's colour: each line's end names its arm
+                ax.annotate(arm, (xs[-1], ys[-1]), fontsize=6, color=roster.colour(algo),
+                            xytext=(2, 0), textcoords="offset points", va="center")
             algos.add(algo)
             rounds.add(rnd)
+        if any(line[2] for line in lines):
+            ax.margins(x=0.14)  # room for the arms' names at the lines' ends
         ax.set_title(title, fontsize=9)
         ax.set_xlabel("optimizer step", fontsize=8)
         ax.grid(alpha=0.3)
