@@ -90,10 +90,13 @@ def test_the_resume_hint_is_the_command_that_started_the_run_and_works_where_it_
 @pytest.mark.parametrize("after_s", [0.3, 1.5])
 def test_ctrl_c_at_any_moment_is_short_and_exit_130(tmp_path, after_s):
     """Ctrl-C as a terminal sends it: SIGINT to the whole process group (the orchestrator, its
-    warm fork server, the workers), while Hydra composes (0.3 s) or as jobs start (1.5 s)."""
+    warm fork server, the workers), while Hydra composes (0.3 s) or as jobs start (1.5 s). The
+    command starts as a terminal's foreground job does, with SIGINT at its default: a suite
+    started in the background of a script inherits SIGINT ignored, and Python then keeps ignoring
+    it until pita's executor installs its own handler."""
     p = subprocess.Popen([PITA, "run", "experiment.name=early", "synthetic.job_seconds=30", *SYN],
                          cwd=tmp_path, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                         start_new_session=True)
+                         start_new_session=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     time.sleep(after_s)
     os.killpg(p.pid, signal.SIGINT)
     out, err = p.communicate(timeout=120)
