@@ -265,20 +265,20 @@ def table(rows: list[dict]) -> str:
 
     metric = lambda r: "pass@1" if "pass@1" in r else "mean_reward"  # noqa: E731
 
-    def setting(r):  # the row's eta, or its arm of a grid (lr=1e-05) or a control's setting (T=0.5)
-        chosen = "*" if r.get("selected") and len([x for x in rows if _same_cell(x, r)]) > 1 else " "
-        return (r.get("variant") or f"{r['eta']:.2f}") + chosen
-
-    width = max(6, *(len(setting(r)) for r in rows))
+    shared = [len([x for x in rows if _same_cell(x, r)]) > 1 for r in rows]  # a cell with a choice to star
+    # the row's eta, or its arm of a grid (lr=1e-05) or a control's setting (T=0.5)
+    settings = [(r.get("variant") or f"{r['eta']:.2f}") + ("*" if r.get("selected") and many else " ")
+                for r, many in zip(rows, shared)]
+    width = max(6, *map(len, settings))
     aw = max(10, *(len(r["algorithm"]) for r in rows))
     lines = [f"{'algorithm':<{aw}} {'dataset':<10} {'round':>5} {'eta':>{width}} {'metric':>11} {'value':>7} {'+-':>6} "
              f"{'KL':>7} {'+-':>6}"]
-    for r in rows:
+    for r, setting in zip(rows, settings):
         m = metric(r)
         rnd = "-" if r["algorithm"] == "base" else r["round"]  # the reference has no round
-        lines.append(f"{r['algorithm']:<{aw}} {r['eval_dataset']:<10} {rnd:>5} {setting(r):>{width}} {m:>11} "
+        lines.append(f"{r['algorithm']:<{aw}} {r['eval_dataset']:<10} {rnd:>5} {setting:>{width}} {m:>11} "
                      f"{fmt(r, m):>7} {fmt(r, m + '_stderr'):>6} {fmt(r, 'kl'):>7} {fmt(r, 'kl_stderr'):>6}")
-    if any(len([x for x in rows if _same_cell(x, r)]) > 1 for r in rows):
+    if any(shared):
         lines.append("* the eta (or arm, or setting) chosen on the validation prompts (results/validation.csv), "
                      "never on the test split")
     return "\n".join(lines)
