@@ -21,6 +21,14 @@ GPU machine lacks (hydra-core, omegaconf, trl, datasets, math-verify ...) are in
                    device (no accelerate dispatch hooks, no split over GPUs)
     fsdp_1gpu      FSDP2 over one GPU (a process group of one): a sharded DPO step of the tiny
                    family runs, gathers and saves a whole policy
+
+    The training runtime's (bench/gpu_training.py; each through the job's own function, a
+    random-weight 1B Llama, one NCCL rank where sharded):
+    fsdp_accumulation  a sharded DPO job's peak at accumulation 1 and 2, and at 2 under the
+                   trainer's default no_sync; the same job on fake tensors beside it
+    logprob_dtype  the log-probabilities TRL sums are fp32, sharded and unsharded
+    grpo_sampling  GRPO samples a micro-batch per generate call; its peak within 1.0-1.5x the plan's
+    checkpoint_host  host RSS while a sharded job writes a checkpoint and a re-run resumes from it
 """
 
 from __future__ import annotations
@@ -155,7 +163,7 @@ def check_reference(tmp: Path) -> str:
     import torch
     from trl.trainer.utils import create_model_from_path
 
-    from pita.algos.post_training import reference_init_kwargs
+    from pita.training.arguments import reference_init_kwargs
 
     fam = _tiny_family(tmp)
     kw = reference_init_kwargs({"dtype": "bfloat16"}, cuda=True)
@@ -209,8 +217,19 @@ def check_fsdp_1gpu(tmp: Path) -> str:
     return f"{res['steps']} steps, {how}; the policy saved whole"
 
 
+def _training(name: str):
+    def check(tmp: Path) -> str:
+        from bench import gpu_training
+
+        return json.dumps(gpu_training.CHECKS[name](tmp))
+
+    check.__name__ = f"check_{name}"
+    return check
+
+
 CHECKS = {"setup": check_setup, "isolation": check_isolation, "memory": check_memory, "oom_retry": check_oom_retry,
-          "reference": check_reference, "fsdp_1gpu": check_fsdp_1gpu}
+          "reference": check_reference, "fsdp_1gpu": check_fsdp_1gpu,
+          **{name: _training(name) for name in ("fsdp_accumulation", "logprob_dtype", "grpo_sampling", "checkpoint_host")}}
 
 
 def main(argv=None) -> int:
@@ -241,7 +260,7 @@ def main(argv=None) -> int:
                     detail = fn() if fn.__code__.co_argcount == 0 else fn(where)
                     status = "PASS"
                 except Exception as e:  # noqa: BLE001 - every check reports, none stops the others
-                    status, detail = "FAIL", f"{type(e).__name__}: {e}"[:600]
+                    status, detail = "FAIL", f"{type(e).__name__}: {e}"[:1500]
                     traceback.print_exc(file=sys.stderr)
             results.append({"check": name, "status": status, "detail": detail, "seconds": round(time.time() - t, 1)})
             print(f"{status:4s} {name:10s} {results[-1]['seconds']:6.1f}s  {detail}", flush=True)

@@ -6,7 +6,7 @@ Each is round 0's planned DPO job run through its own job function (``pita.algos
 on the same preference pairs, with the same effective batch. Prints per variant: wall seconds,
 the parameters each rank holds (FSDP: its shards), the loss at every step, and the largest loss
 difference from the one-process run. On CPU the ranks use gloo; the FSDP variant runs accelerate's
-FSDP2 path there (pita.algos.post_training.sharded_trainer). Nothing is asserted.
+FSDP2 path there (pita.training.sharding.job_trainer). Nothing is asserted.
 """
 
 from __future__ import annotations

@@ -311,7 +311,7 @@ def test_trl_arguments_take_checkpointing_under_the_current_name(tmp_path, on, r
 
     from trl import DPOConfig, GRPOConfig
 
-    from pita.algos.post_training import training_args
+    from pita.training.arguments import training_args
 
     p = {"dtype": "float32", "batch_size": 4, "devices": 1, "gradient_accumulation_steps": 1, "tf32": False,
          "compile": False, "lr": 1e-4, "beta": 0.1, "gradient_checkpointing": on, "seed": 0}

@@ -84,7 +84,7 @@ def test_a_training_oom_halves_the_micro_batch_never_the_batch_and_the_kind_reme
 
 
 def test_device_steps_keep_the_effective_batch():
-    from pita.algos.post_training import device_steps
+    from pita.training.arguments import device_steps
 
     base = {"batch_size": 32, "devices": 1, "gradient_accumulation_steps": 1}
     assert device_steps({**base, "micro_batch_size": 8}) == (8, 4)

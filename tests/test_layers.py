@@ -13,7 +13,7 @@ PITA = Path(__file__).resolve().parent.parent / "pita"
 # low to high; a module may import its own layer and those below
 LAYERS = [
     {"core"},
-    {"models", "datasets", "generation", "guidance", "rewards", "losses", "eval", "tracking"},
+    {"models", "datasets", "generation", "guidance", "rewards", "losses", "eval", "tracking", "training"},
     {"algos"},
     {"plans", "config"},
     {"report"},

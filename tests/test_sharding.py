@@ -25,8 +25,9 @@ def _pairs(tmp_path, n=32):
     return path
 
 
-def _dpo(tiny_cache, tmp_path, name, data, *overrides):
-    """Round 0's DPO training job as the plan writes it, run through its own job function."""
+def _dpo(tiny_cache, tmp_path, name, data, *overrides, job=None):
+    """Round 0's DPO training job as the plan writes it, run through its own job function (``job``:
+    another kind's function on the same params, e.g. plugins.cuda_branch_jobs')."""
     from pita.algos import dpo
     from pita.core.paths import JobPaths
     from pita.plans import build_plan
@@ -38,22 +39,43 @@ def _dpo(tiny_cache, tmp_path, name, data, *overrides):
     ctx = SimpleNamespace(params=params, dep_result=lambda j: {"path": str(data)},
                           paths=JobPaths(tmp_path / name), log=logging.getLogger(f"test.{name}"))
     ctx.paths.dir.mkdir(parents=True)
-    result = dpo.dpo_train(ctx)
-    losses = [row["loss"] for row in map(json.loads, ctx.paths.metrics.read_text().splitlines()) if "loss" in row]
-    return params, result, losses
+    result = (job or dpo.dpo_train)(ctx)
+    rows = [row for row in map(json.loads, ctx.paths.metrics.read_text().splitlines()) if "loss" in row]
+    return params, result, rows
 
 
 @pytest.mark.timeout(600)
 def test_fsdp_on_two_gloo_ranks_splits_the_parameters_and_follows_the_unsharded_loss(tiny_cache, tiny, tmp_path,
                                                                                        monkeypatch):
+    """The job on its CUDA branch (bench.cuda_branch: bf16 autocast, FSDP2's mixed-precision policy),
+    sharded over two gloo ranks and unsharded in one process. FSDP casts every float of the root's
+    output to its output dtype, and TRL sums the fused head's per-token log-probabilities from there:
+    in bf16 a sum of 60 nats resolves a quarter nat, and the first step's loss, where the policy is
+    the reference, was 0.6914 sharded against log 2 unsharded. Cast to fp32, both are log 2 to fp32
+    tolerance and no summed log-probability is a bf16 number; the later steps follow each other
+    within bf16 arithmetic (the sharded forward runs on bf16 weights, the unsharded on fp32 weights
+    under autocast)."""
+    import math
+    from pathlib import Path
+
+    import torch
     from transformers import AutoModelForCausalLM
 
+    import plugins.cuda_branch_jobs as cuda_branch
+
+    tests = Path(__file__).resolve().parent
+    monkeypatch.setenv("PYTHONPATH", f"{tests}:{tests.parent}")  # the ranks import the plugin's kind
     monkeypatch.setenv("OMP_NUM_THREADS", "2")  # one thread per rank
+    from bench.cuda_branch import drive_cuda_branch
+
+    drive_cuda_branch(monkeypatch)  # this process's unsharded run; each rank drives its own
     data = _pairs(tmp_path)
-    params, sharded, loss_sharded = _dpo(tiny_cache, tmp_path, "fsdp", data, "algos.DPO.devices=2",
-                                         "algos.DPO.sharding=fsdp")
+    # model.dtype=float32: autocast in bf16, the reference held like the policy (so they agree at step 0)
+    params, sharded, rows_sharded = _dpo(tiny_cache, tmp_path, "fsdp", data, "algos.DPO.devices=2",
+                                         "algos.DPO.sharding=fsdp", "model.dtype=float32",
+                                         job=cuda_branch.dpo_on_cuda_branch)
     assert params["sharding"] == "fsdp" and params["devices"] == 2
-    assert sharded["steps"] == 4 and len(loss_sharded) == 4
+    assert sharded["steps"] == 4 and len(rows_sharded) == 4
     total = sum(w.numel() for w in AutoModelForCausalLM.from_pretrained(tiny["reference"]).parameters())
     held = sharded["rank_params"]
     assert len(held) == 2 and sum(held) == total, (held, total)
@@ -68,11 +90,16 @@ def test_fsdp_on_two_gloo_ranks_splits_the_parameters_and_follows_the_unsharded_
     assert sum(w.numel() for w in saved.parameters()) == total
     assert any((a - b).abs().max() > 0 for a, b in zip(saved.parameters(), ref.parameters()))
 
-    _, whole, loss_whole = _dpo(tiny_cache, tmp_path, "whole", data)  # one process, the same effective batch
+    _, whole, rows_whole = _dpo(tiny_cache, tmp_path, "whole", data, "model.dtype=float32")  # the same effective batch
     assert whole["rank_params"] == [total]
-    assert len(loss_whole) == len(loss_sharded)
-    assert max(abs(a - b) for a, b in zip(loss_sharded, loss_whole)) < 0.02, (loss_sharded, loss_whole)
-    assert loss_whole[-1] < loss_whole[0] - 0.02  # the curve being compared is not flat
+    assert len(rows_whole) == len(rows_sharded)
+    for rows in (rows_sharded, rows_whole):
+        assert rows[0]["loss"] == pytest.approx(math.log(2), abs=1e-6), rows[0]
+    sums = [r[k] for r in rows_sharded for k in ("logps/chosen", "logps/rejected")]
+    assert not [x for x in sums if float(torch.tensor(x, dtype=torch.bfloat16)) == x], sums
+    losses = [r["loss"] for r in rows_sharded], [r["loss"] for r in rows_whole]
+    assert max(abs(a - b) for a, b in zip(*losses)) < 0.02, losses
+    assert losses[1][-1] < losses[1][0] - 0.02  # the curve being compared is not flat
 
 
 @pytest.mark.timeout(300)

@@ -77,7 +77,7 @@ def test_value_model_training_writes_every_step_to_tensorboard(tmp_path):
 def test_trl_reports_to_the_configured_tracker(tmp_path, monkeypatch):
     from trl import DPOConfig
 
-    from pita.algos.post_training import training_args
+    from pita.training.arguments import training_args
     from pita.tracking import tracker_settings
 
     monkeypatch.delenv("TENSORBOARD_LOGGING_DIR", raising=False)

@@ -107,7 +107,7 @@ def test_auto_checkpoints_cost_at_most_five_percent_of_the_training_time():
     """The pacer's interval: a checkpoint's cost over 5% of a step's time, agreed once per checkpoint."""
     from types import SimpleNamespace
 
-    from pita.algos.post_training import CHECKPOINT_SHARE, checkpoint_pacer
+    from pita.training.checkpoints import CHECKPOINT_SHARE, checkpoint_pacer
 
     pacer = checkpoint_pacer({"save_steps": "auto"}, n_params=10_000_000)
     pacer.step_s, pacer.cost = 0.5, 2.0  # 2 s to write, 0.5 s a step

@@ -8,7 +8,7 @@ the job log, rank 0's result, an out-of-memory rank the job's OOM); the TRL / tr
 Trainer inside each rank finds the distributed environment (RANK, WORLD_SIZE, LOCAL_RANK) and
 wraps the model in DDP through accelerate (NCCL on GPUs, gloo on CPU), or shards it
 (``algos.<A>.sharding=fsdp``). Rank 0 writes the checkpoint and the result. The effective batch
-stays as configured: the job divides it by k (pita/algos/post_training.py).
+stays as configured: the job divides it by k (pita/training/arguments.py, device_steps).
 
 Rank r uses ``cuda:LOCAL_RANK`` (pita.models.lm.default_device) for everything it builds.
 """

@@ -13,9 +13,11 @@ from typing import Optional
 
 from pita.algos.base import register_algorithm
 from pita.algos.distributed import run_distributed, world_size
-from pita.algos.post_training import (PostTrainingAlgorithm, PostTrainingConfig, assistant, empty_here, load_model,
-                                      load_policy, on_cuda, peft_config, sharded_trainer, train_and_save,
-                                      training_args, user)
+from pita.algos.post_training import PostTrainingAlgorithm, PostTrainingConfig, assistant, user
+from pita.training.arguments import on_cuda, training_args
+from pita.training.checkpoints import train_and_save
+from pita.training.models import load_policy, load_reference, peft_config
+from pita.training.sharding import job_trainer
 from pita.core.errors import JobError
 from pita.core.job import Job, add_kind_module, job_kind
 
@@ -114,12 +116,9 @@ def dpo_train(ctx):
                        f"nothing to learn; raise data_collection.pairs_per_prompt or the data size")
     cuda = on_cuda()
     path, model, tok = load_policy(ctx, p, cuda)
-    ref_model = None
-    if p["policy_from"] and p["ref_policy"] == "original":
-        # frozen, forward only: model.dtype on CUDA (autocast runs it there), the policy's fp32 on CPU
-        # (a sharded job's ranks other than 0 build it empty: rank 0 sends the shards)
-        ref_model = load_model(p["reference"], p["dtype"] if cuda and p["dtype"] in ("bfloat16", "float16")
-                               else model.dtype, empty=empty_here(p))
+    # round 0's reference is the policy's starting point, which TRL builds; after it, the original
+    # model when that is the reference asked for
+    ref_model = load_reference(p, model, cuda) if p["policy_from"] and p["ref_policy"] == "original" else None
     ds = Dataset.from_list([{"prompt": user(r["prompt"]), "chosen": assistant(r["chosen"]),
                              "rejected": assistant(r["rejected"]), "chosen_finish": r.get("chosen_finish", "eos"),
                              "rejected_finish": r.get("rejected_finish", "eos")} for r in pairs])
@@ -132,7 +131,7 @@ def dpo_train(ctx):
     ctx.log.info("DPO from %s on %d pairs (of %d; ties dropped; %d completion(s) cut off by the length limit, "
                  "trained without an end of turn), reference policy %s, beta %s", path, len(pairs), len(records), cut,
                  "original" if ref_model is not None or not p["policy_from"] else "previous", p["beta"])
-    trainer = sharded_trainer(cut_aware_dpo_trainer())(model=model, ref_model=ref_model, args=args, train_dataset=ds, processing_class=tok,
+    trainer = job_trainer(cut_aware_dpo_trainer())(model=model, ref_model=ref_model, args=args, train_dataset=ds, processing_class=tok,
                          peft_config=peft_config(p, ctx.log))
     res, steps = train_and_save(ctx, trainer, tok, p, "loss")
     return {**res, "pairs": len(pairs), "loss_first": steps[0]["loss"] if steps else None,

@@ -11,8 +11,11 @@ from typing import Optional
 
 from pita.algos.base import register_algorithm
 from pita.algos.distributed import run_distributed, world_size
-from pita.algos.post_training import (PostTrainingAlgorithm, PostTrainingConfig, load_policy, on_cuda, peft_config,
-                                      sharded_trainer, train_and_save, training_args, user)
+from pita.algos.post_training import PostTrainingAlgorithm, PostTrainingConfig, user
+from pita.training.arguments import on_cuda, training_args
+from pita.training.checkpoints import train_and_save
+from pita.training.models import load_policy, peft_config
+from pita.training.sharding import job_trainer
 from pita.core.errors import JobError
 from pita.core.job import Job, add_kind_module, job_kind
 from pita.core.names import unknown_name
@@ -183,11 +186,43 @@ def grpo_steps(p: dict, n_prompts: int) -> int:
     return max(1, math.ceil(float(p["epochs"]) * n_prompts / per_step - 1e-9))
 
 
+def longest_prompt(tok, examples) -> int:
+    """Tokens of the longest training prompt as the trainer feeds it (the chat template's user turn
+    and the assistant's opening)."""
+    return max(len(tok.apply_chat_template(user(e.prompt), add_generation_prompt=True, tokenize=True,
+                                           return_dict=False)) for e in examples)
+
+
+def grpo_arguments(ctx, p: dict, examples, tok, cuda: bool):
+    """TRL's GRPOConfig for the job (``examples``: its training prompts; ``tok``: its tokenizer)."""
+    from trl import GRPOConfig as TRLGRPOConfig
+
+    from pita.tracking import tracker_settings
+
+    extra = {}
+    if p["use_vllm"]:
+        # vLLM sizes its KV cache for the model's whole context unless told otherwise (131,072
+        # tokens for Llama 3.1: ~16 GB, more than a colocated share holds); a sequence here is at
+        # most the longest prompt and the completion
+        extra.update(use_vllm=True, vllm_mode=p["vllm_mode"], vllm_gpu_memory_utilization=p["vllm_gpu_memory_utilization"],
+                     vllm_max_model_length=longest_prompt(tok, examples) + int(p["max_completion_length"]))
+    # TRL's GRPO defaults moved between releases (loss bnpo up to 0.23, dapo from 0.24; reward
+    # scaling a bool before "group"): always named, from algos.<A>.loss_type / scale_rewards (the
+    # paper's GRPO unless switched); jobs planned before these keys existed ran dapo
+    return training_args(TRLGRPOConfig, p, str(ctx.paths.artifacts / "trainer"), cuda, tracker_settings(ctx),
+                         max_steps=grpo_steps(p, len(examples)),
+                         num_generations=p["num_generations"], max_completion_length=p["max_completion_length"],
+                         temperature=p["temperature"], loss_type=p.get("loss_type", "dapo"),
+                         scale_rewards=p.get("scale_rewards", "group"),
+                         importance_sampling_level="token", mask_truncated_completions=False, num_iterations=1,
+                         **extra)
+
+
 def grpo_trainer(ctx, p: dict):
     """TRL's GRPOTrainer for a training job's params (the policy of the round, the rewards, and the
     KL reference: the original model unless ``ref_policy=previous``)."""
     from datasets import Dataset
-    from trl import GRPOConfig as TRLGRPOConfig, GRPOTrainer
+    from trl import GRPOTrainer
 
     from pita.datasets.config import DatasetConfig
     from pita.datasets.loading import load_examples
@@ -201,22 +236,8 @@ def grpo_trainer(ctx, p: dict):
     proxy = ctx.dep_result(p["proxy"])["checkpoint"] if p.get("proxy") else None
     reward = Rewards(p, proxy, default_device())
     ds = Dataset.from_list([{"prompt": user(e.prompt), "example_id": e.id} for e in examples])
-    extra = {}
-    if p["use_vllm"]:
-        extra.update(use_vllm=True, vllm_mode=p["vllm_mode"], vllm_gpu_memory_utilization=p["vllm_gpu_memory_utilization"])
-    from pita.tracking import tracker_settings
-
-    steps = grpo_steps(p, len(examples))
-    # TRL's GRPO defaults moved between releases (loss bnpo up to 0.23, dapo from 0.24; reward
-    # scaling a bool before "group"): always named, from algos.<A>.loss_type / scale_rewards (the
-    # paper's GRPO unless switched); jobs planned before these keys existed ran dapo
-    args = training_args(TRLGRPOConfig, p, str(ctx.paths.artifacts / "trainer"), cuda, tracker_settings(ctx),
-                         max_steps=steps,
-                         num_generations=p["num_generations"], max_completion_length=p["max_completion_length"],
-                         temperature=p["temperature"], loss_type=p.get("loss_type", "dapo"),
-                         scale_rewards=p.get("scale_rewards", "group"),
-                         importance_sampling_level="token", mask_truncated_completions=False, num_iterations=1,
-                         **extra)
+    args = grpo_arguments(ctx, p, examples, tok, cuda)
+    steps = args.max_steps
     # TRL builds its KL reference from the path the policy was loaded from, which after round 0 is
     # the previous round's checkpoint; point it at the original model (what every row's KL, and
     # DPO's reference, are measured against) unless the user asked for the previous policy
@@ -228,7 +249,7 @@ def grpo_trainer(ctx, p: dict):
                  p["batch_size"], p["batch_size"] // p["num_generations"],
                  p["num_generations"], p["beta"], args.loss_type, args.scale_rewards, kl_ref,
                  "proxy " + proxy if proxy else ("reward model" if reward.rm else "verifier"))
-    trainer = sharded_trainer(GRPOTrainer)(model=model, reward_funcs=[reward], args=args, train_dataset=ds, processing_class=tok,
+    trainer = job_trainer(GRPOTrainer)(model=model, reward_funcs=[reward], args=args, train_dataset=ds, processing_class=tok,
                           peft_config=peft_config(p, ctx.log))
     model.config._name_or_path = path
     return trainer, tok

@@ -14,13 +14,26 @@ add_kind_module("pita.algos.rank_check")
 @job_kind("synthetic.ranks")
 def ranks(ctx):
     """A k-device job (``devices`` > 1) whose ranks report the device they use; with
-    ``oom_rank`` set, that rank runs out of memory while ``micro_batch_size`` > ``fits``."""
+    ``oom_rank`` set, that rank runs out of memory while ``micro_batch_size`` > ``fits``; with
+    ``nccl_abort_rank`` set, that rank is ended the way torch's NCCL watchdog ends a rank whose
+    collective ran out of device memory (its message, then SIGABRT)."""
     from pita.models.lm import default_device
 
     p = ctx.params
     if int(p.get("devices", 1)) > 1 and world_size() == 1:
         return run_distributed(ctx, "synthetic.ranks", int(p["devices"]))
     rank = int(os.environ.get("RANK", "0"))
+    if p.get("nccl_abort_rank") == rank and int(p.get("micro_batch_size", 1)) > int(p.get("fits", 0)):
+        import sys
+
+        # what torch's NCCL watchdog thread writes before it terminates the process: no Python
+        # exception, no out-of-memory marker
+        print(f"[rank{rank}]:[E ProcessGroupNCCL.cpp:1895] [PG ID 0 PG GUID 0(default_pg) Rank {rank}] Process group "
+              f"watchdog thread terminated with exception: NCCL error in: ProcessGroupNCCL.cpp:3101, unhandled cuda "
+              f"error (run with NCCL_DEBUG=INFO for details), NCCL version 2.27.3\nncclUnhandledCudaError: Call to "
+              f"CUDA function failed.\nLast error:\nCuda failure 'out of memory'\nterminate called after throwing an "
+              f"instance of 'c10::DistBackendError'", file=sys.stderr, flush=True)
+        os.abort()
     if p.get("oom_rank") == rank and int(p.get("micro_batch_size", 1)) > int(p.get("fits", 0)):
         import torch
 

@@ -29,6 +29,14 @@ _DTYPE_BYTES = {
 
 # Per-process overhead that is there before the first tensor: CUDA context, cuBLAS workspace.
 CUDA_CONTEXT_BYTES = int(0.6 * GiB)
+# What NCCL allocates on each rank of a multi-device job, outside torch's allocator (torch's
+# counters never see it): its channels' buffers and, on NVSwitch nodes, NVLS's. Measured by others
+# on A100 / H100 nodes: 0.54-0.69 GB per communicator over 2-4 NVLink GPUs (NVIDIA/nccl#964), 1.6 GB
+# for one communicator that ran an all-reduce (NVIDIA/nccl#864); NVLS adds enough that NVIDIA's
+# own launchers turn it off to save memory (NeMo-Framework-Launcher#127). A sharded or
+# data-parallel job holds one communicator per rank (FSDP2's all-gathers and reduce-scatters share
+# it), so 2 GiB per rank covers the measured 1.6 GB with room for NVLS.
+NCCL_RANK_BYTES = int(2 * GiB)
 
 
 def bytes_per_param(dtype: str) -> float:
@@ -202,6 +210,7 @@ def training_bytes(
     cuda: bool = True,
     act_dtype: str | None = None,
     trainable_params: int | None = None,
+    frozen_dtype: str | None = None,
     extra_bytes: float = 0.0,
     logits: bool = True,
     logit_positions: int | None = None,
@@ -214,7 +223,8 @@ def training_bytes(
     ``act_dtype``: the activations' dtype (autocast's, e.g. bfloat16 over fp32 weights; default
     ``dtype``). ``trainable_params``: gradients and optimizer states for this many parameters
     only (LoRA adapters, which are then added to the weights); default every parameter.
-    ``extra_bytes``: other resident memory (a frozen reference model). ``logits=False``: the loss
+    ``frozen_dtype``: the dtype the frozen weights are held in when ``trainable_params`` is set
+    (LoRA's base on CUDA: the model's dtype; default ``dtype``). ``extra_bytes``: other resident memory (a frozen reference model). ``logits=False``: the loss
     never takes the whole vocabulary at every position. ``shards``: FSDP over this many devices
     (weights, gradients, optimizer states and master weights split; :func:`fsdp_gather_bytes`
     added; activations and logits per device as before).
@@ -223,7 +233,7 @@ def training_bytes(
     ab = bytes_per_param(act_dtype or dtype)
     n = shape.n_params
     t = n if trainable_params is None else int(trainable_params)
-    weights = n * b + (t * b if trainable_params is not None else 0)
+    weights = (n * bytes_per_param(frozen_dtype or dtype) + t * b) if trainable_params is not None else n * b
     grads = t * b
     opt_states = {"adamw": 8, "adam": 8, "sgd": 0, "sgd_momentum": 4, "adafactor": 4}.get(optimizer)
     if opt_states is None:

@@ -18,6 +18,7 @@ On CPU devices the job's thread budget (``OMP_NUM_THREADS``) is shared out betwe
 
 from __future__ import annotations
 
+import collections
 import json
 import logging
 import os
@@ -77,14 +78,21 @@ def run_ranks(ctx, kind: str, k: int, deps: dict | None = None, extras: dict | N
     if os.environ.get("OMP_NUM_THREADS"):  # CPU: the job's threads are shared out between its ranks
         env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(max(1, int(os.environ["OMP_NUM_THREADS"]) // k))
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    tail: collections.deque = collections.deque(maxlen=400)  # what a rank said last, for its cause of death
     for line in proc.stdout:  # every rank's output, into the job log
         ctx.log.info("%s", line.rstrip())
+        tail.append(line)
     rc = proc.wait()
     ooms = sorted(ctx.paths.dir.glob(OOM_MARKER.format("*")))
     if ooms:  # one rank out of memory is the job out of memory (torchrun ended the others)
         first = json.loads(ooms[0].read_text())
         raise DeviceOutOfMemory(f"CUDA out of memory on rank {first['rank']} of {k} ({first['device']}): "
                                 f"{first['error']}")
+    from pita.core.worker import nccl_watchdog_oom
+
+    said = nccl_watchdog_oom("".join(tail)) if rc != 0 else None
+    if said:  # NCCL's watchdog thread aborted a rank: out of memory, though no Python exception said so
+        raise DeviceOutOfMemory(f"NCCL out of device memory on one of {k} ranks (torch's watchdog aborted it): {said}")
     if rc != 0 or not result_file.exists():
         raise JobError(f"the {k}-process job exited with code {rc}; the ranks' output is in the job log above")
     report_rank_peaks(ctx, k)
@@ -92,10 +100,12 @@ def run_ranks(ctx, kind: str, k: int, deps: dict | None = None, extras: dict | N
 
 
 def report_rank_peaks(ctx, k: int) -> None:
-    """The job's device-memory peak is its largest rank's (torch's reserved bytes and the CUDA
-    context, which torch does not count): declared to the worker, so memory learning and the
-    attempt record see a k-device job's peak as they see a one-device job's."""
-    from pita.core.memory import CUDA_CONTEXT_BYTES
+    """The job's device-memory peak is its largest rank's: torch's reserved bytes, the CUDA context
+    and, over several ranks, NCCL's buffers, which torch does not count either (where NVML cannot
+    attribute memory to processes, in most containers, this figure is all the run sees of the job):
+    declared to the worker, so memory learning and the attempt record see a k-device job's peak as
+    they see a one-device job's."""
+    from pita.core.memory import CUDA_CONTEXT_BYTES, NCCL_RANK_BYTES
 
     peaks = [json.loads(f.read_text()) for f in sorted(ctx.paths.dir.glob(PEAK_FILE.format("*")))]
     if not peaks:
@@ -104,7 +114,7 @@ def report_rank_peaks(ctx, k: int) -> None:
     ctx.log.info("device memory peak per rank (GB, torch reserved): %s",
                  ", ".join(f"{int(p.get('peak_gpu_reserved_bytes') or 0) / 1e9:.2f}" for p in peaks))
     if top and hasattr(ctx, "report_peak"):
-        ctx.report_peak(top + CUDA_CONTEXT_BYTES)
+        ctx.report_peak(top + CUDA_CONTEXT_BYTES + (NCCL_RANK_BYTES if k > 1 else 0))
 
 
 def main(spec_file: str) -> int:

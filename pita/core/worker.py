@@ -50,7 +50,27 @@ def is_oom(exc: BaseException) -> bool:
     # DistBackendError with NCCL's own words, "... Failed to CUDA calloc ..." / "out of memory"
     dist_backend = getattr(getattr(torch, "distributed", None), "DistBackendError", None) if torch else None
     nccl = (dist_backend is not None and isinstance(exc, dist_backend)) or "NCCL" in msg
-    return nccl and ("out of memory" in msg.lower() or "cuda calloc" in msg.lower() or "cudaMalloc" in msg)
+    return nccl and _says_out_of_memory(msg)
+
+
+def _says_out_of_memory(text: str) -> bool:
+    low = text.lower()
+    return "out of memory" in low or "cuda calloc" in low or "cudamalloc" in low
+
+
+def nccl_watchdog_oom(output: str) -> str | None:
+    """The line of a rank's output that says NCCL ran out of device memory in torch's watchdog
+    thread, or None. An NCCL error raised there never reaches Python: the watchdog logs it and
+    terminates the process (SIGABRT), so the rank leaves no out-of-memory marker and the job
+    would fail as a plain crash instead of being retried at half the micro-batch."""
+    lines = output.splitlines()
+    for i, line in enumerate(lines):
+        low = line.lower()
+        if "watchdog" in low or "c10::distbackenderror" in low:
+            # the error's own lines follow its first one (NCCL's "Last error: ... 'out of memory'")
+            if _says_out_of_memory("\n".join(lines[i:i + 8])):
+                return line.strip()
+    return None
 
 
 def _peak_memory(declared: int | None = None) -> dict:

@@ -299,7 +299,7 @@ def shard_counts(a, n_devices: int) -> list[int]:
     """The device counts gpu=auto tries for an algorithm's training: as configured first, then,
     for full fine-tuning of a policy (DPO, GRPO, GRPO-HF), FSDP over 2, 4, 8, ... devices of
     this inventory that divide its batch."""
-    from pita.algos.post_training import fsdp_unavailable
+    from pita.training.arguments import fsdp_unavailable
 
     devices, sharding = algo_devices(a.c)
     first = [devices] if not (sharding == "fsdp" and devices < 2) else []

@@ -102,14 +102,34 @@ def fit_problems(jobs, totals: list[int], margin: float, cpu: bool = False) -> l
     return out + vllm_problems(jobs, totals)
 
 
-def vllm_problems(jobs, totals: list[int]) -> list[str]:
-    """GRPO with vLLM colocated on a sharded policy: vLLM holds the whole policy (in model.dtype) in
-    its share of each device (vllm_gpu_memory_utilization), however many devices FSDP splits the
-    training over. When the weights alone exceed that share, vLLM fails at start-up, with an error
-    that is not an out-of-memory (so no retry at a smaller batch would help): refused here."""
-    from pita.core.memory import weights_bytes
-    from pita.models.shapes import model_shape
+# tokens vLLM runs through the model when it profiles its peak before sizing the KV cache (its
+# default max_num_batched_tokens with chunked prefill on a large GPU)
+VLLM_PROFILE_TOKENS = 8192
 
+
+def vllm_colocate_bytes(p: dict) -> tuple[float, float, float]:
+    """(weights, KV cache, profiling activations) vLLM needs in its share of a device to start for a
+    GRPO job ``p``: the whole policy in model.dtype, the cache of at least one sequence at
+    ``vllm_max_model_length`` (the job sets it to prompt + completion; the plan's prompt is
+    PROMPT_TOKENS long), and the widest layer over its profiling batch."""
+    from pita.core.memory import bytes_per_param, kv_cache_bytes, layer_transient_bytes, weights_bytes
+    from pita.models.shapes import model_shape
+    from pita.plans.memory import PROMPT_TOKENS
+
+    dtype = p.get("dtype", "bfloat16")
+    dtype = "bfloat16" if dtype == "float32" else dtype  # vLLM serves a float32 model in bf16 on GPUs
+    shape = model_shape(p["reference"], "model.reference")
+    longest = PROMPT_TOKENS + int(p.get("max_completion_length") or 0)
+    return (weights_bytes(shape, dtype), kv_cache_bytes(shape, dtype, 1, longest),
+            layer_transient_bytes(shape, VLLM_PROFILE_TOKENS, bytes_per_param(dtype)))
+
+
+def vllm_problems(jobs, totals: list[int]) -> list[str]:
+    """GRPO with vLLM colocated: vLLM holds the whole policy (in model.dtype) in its share of each
+    device (vllm_gpu_memory_utilization), however many devices FSDP splits the training over, and
+    it refuses to start unless what is left of the share after its profiling pass holds the KV
+    cache of one sequence at its maximum length. Short of that, vLLM fails at start-up with an error
+    that is not an out-of-memory (so no retry at a smaller batch would help): refused here."""
     out, seen = [], set()
     for j in jobs:
         p = j.params
@@ -119,18 +139,18 @@ def vllm_problems(jobs, totals: list[int]) -> list[str]:
         if algo in seen or not totals:
             continue
         share = float(p.get("vllm_gpu_memory_utilization", 0.3)) * min(totals)
-        w = weights_bytes(model_shape(p["reference"], "model.reference"), p.get("dtype", "bfloat16"))
-        if w > 0.9 * share:  # the rest of the share is its KV cache
+        w, kv, act = vllm_colocate_bytes(p)
+        if w + kv + act > share:
             seen.add(algo)
-            need = min(0.95, w / 0.9 / min(totals) + 0.05)
+            need = min(0.95, (w + kv + act) / min(totals) + 0.01)
             out.append(f"algo.grpo_train of {algo} (e.g. {j.id}): vLLM colocated holds the whole policy "
-                       f"({w / 1e9:.1f} GB in {p.get('dtype')}) in algos.{algo}.vllm_gpu_memory_utilization="
-                       f"{p.get('vllm_gpu_memory_utilization')} of a {min(totals) / 1e9:.0f} GB device "
-                       f"({share / 1e9:.1f} GB), also when training is sharded; raise it to at least {need:.2f} "
-                       f"(less for training), use algos.{algo}.vllm_mode=server, or algos.{algo}.use_vllm=false")
+                       f"({w / 1e9:.1f} GB in {p.get('dtype')}), its profiling pass ({act / 1e9:.1f} GB) and the KV "
+                       f"cache of one sequence of prompt + completion ({kv / 1e9:.2f} GB) in "
+                       f"algos.{algo}.vllm_gpu_memory_utilization={p.get('vllm_gpu_memory_utilization')} of a "
+                       f"{min(totals) / 1e9:.0f} GB device ({share / 1e9:.1f} GB), also when training is sharded; "
+                       f"raise it to at least {need:.2f} (less for training), use algos.{algo}.vllm_mode=server, "
+                       f"or algos.{algo}.use_vllm=false")
     return out
-
-
 
 
 THIS = "this machine"

@@ -8,13 +8,15 @@ keeps the sum over running jobs within ``system.host_ram`` (default: this machin
 Per job (bytes, ``n`` = parameters of the model it loads):
 
     every process       HOST_PROCESS_BYTES (Python, torch, CUDA libraries)
-    DPO / GRPO          the policy in fp32 (4n) and TRL's frozen reference in model.dtype (beta > 0,
-    training            full fine-tuning), on the CPU until the trainer places them: once for a
+    DPO / GRPO          the policy in fp32 (4n; LoRA's frozen base in model.dtype) and TRL's frozen
+    training            reference in model.dtype (beta > 0, full fine-tuning), on the CPU until
+                        the trainer places them: once for a
                         sharded job (rank 0 alone reads the weights, the other ranks receive their
-                        shards: pita.algos.post_training.load_model), once per rank otherwise.
-                        Saving a sharded policy gathers the fp32 state on rank 0's CPU (4n), after
-                        the loaded copies are gone; the larger of the two counts. A proxy or reward
-                        model is read whole by every rank
+                        shards: pita.training.models.load_model), once per rank otherwise.
+                        Saving a sharded policy gathers the fp32 state on rank 0's CPU (4n), and
+                        each mid-training checkpoint of a sharded job stages every rank's AdamW
+                        shards there (8n over the node), after the loaded copies are gone; the
+                        larger counts. A proxy or reward model is read whole by every rank
     value / proxy       the guidance backbone in fp32
     training
     sampling shards     the reference in model.dtype; the value model (fp32) when guided; the
@@ -32,6 +34,11 @@ import re
 from pita.core.errors import ConfigError
 
 HOST_PROCESS_BYTES = 3e9  # a CUDA process's own resident memory: interpreter, torch, CUDA libraries
+# a sharded job's mid-training checkpoint in host memory, over the node, per parameter: AdamW's two
+# fp32 moments, staged to the CPU at once (read from accelerate 1.15's save_fsdp_optimizer /
+# load_fsdp_optimizer: torch's get_optimizer_state_dict with cpu_offload); bench/gpu_training.py's
+# checkpoint_host measures it on a GPU
+SHARDED_CHECKPOINT_BYTES_PER_PARAM = 8
 _UNITS = {"": 1e9, "b": 1, "k": 1e3, "kb": 1e3, "m": 1e6, "mb": 1e6, "g": 1e9, "gb": 1e9, "t": 1e12, "tb": 1e12,
           "kib": 2 ** 10, "mib": 2 ** 20, "gib": 2 ** 30, "tib": 2 ** 40}
 
@@ -81,11 +88,19 @@ def job_host_bytes(job, cfg, paths: dict) -> float:
     if kind in ("algo.dpo_train", "algo.grpo_train"):
         k = max(1, int(p.get("devices", 1) or 1))
         n = _params(paths, "reference")
-        models = 4 * n + (dtype * n if p.get("beta", 0) > 0 and not p.get("lora_r", 0) else 0)
+        # the policy as load_policy holds it: fp32 masters, or LoRA's frozen base in model.dtype on CUDA
+        policy = dtype if p.get("lora_r", 0) > 0 and dtype < 4 else 4
+        models = policy * n + (dtype * n if p.get("beta", 0) > 0 and not p.get("lora_r", 0) else 0)
         sharded = p.get("sharding") == "fsdp" and k > 1
         whole = 4 * _params(paths, "guidance") if p.get("proxy") else 0.0  # every rank's own copy
         loaded = models if sharded else k * models
-        save = 4 * n if sharded else 0  # the loaded copies are on the devices by then
+        # by the time it saves, the loaded copies are on the devices: the final policy gathered whole on
+        # rank 0's CPU (4n); each mid-training checkpoint of a sharded job (accelerate's
+        # ShardedStateDictConfig / ShardedOptimStateDictConfig with offload_to_cpu) copies every
+        # rank's shards to host memory, the weights (4n over the node) and then AdamW's two moments
+        # (8n), and a re-run attempt that resumes reads them back the same way
+        checkpoints = SHARDED_CHECKPOINT_BYTES_PER_PARAM * n if sharded and p.get("save_steps", "auto") != 0 else 0
+        save = max(4 * n, checkpoints) if sharded else 0
         return k * (HOST_PROCESS_BYTES + whole) + max(loaded, save)
     if "train" in kind or kind.endswith(".proxy"):
         return HOST_PROCESS_BYTES + 4 * _params(paths, "guidance")

@@ -14,11 +14,12 @@ What each job holds, as the job's code loads it:
                         reference (model.dtype), which scores the samples for the KL
     value / proxy       the guidance backbone in fp32 with AdamW, activations in bf16 autocast on
     training            CUDA (fp32 on CPU), a token-budget batch split into micro-batches
-    DPO / GRPO          the policy in fp32 with AdamW (LoRA: the frozen base plus the adapters and
-    training            their optimizer state), TRL's frozen reference (full fine-tuning with
-                        beta > 0; model.dtype on CUDA, fp32 on CPU), DPO's chosen + rejected
-                        rows in one pass, GRPO's
-                        sampling KV cache, and the vLLM share of the device when use_vllm
+    DPO / GRPO          the policy in fp32 with AdamW (LoRA: the frozen base, in model.dtype on
+    training            CUDA, plus the adapters and their optimizer state), TRL's frozen reference
+                        (full fine-tuning with beta > 0; model.dtype on CUDA, fp32 on CPU), DPO's
+                        chosen + rejected rows in one pass, GRPO's sampling KV cache (one
+                        micro-batch per generate call), the vLLM share of the device when
+                        use_vllm, and NCCL's buffers on each rank of a multi-device job
 
 No estimate is ever 0: a model whose config cannot be read is a ConfigError (exit 2).
 """
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 from pita.core.memory import (
     CUDA_CONTEXT_BYTES,
+    NCCL_RANK_BYTES,
     bytes_per_param,
     generation_bytes,
     kv_cache_bytes,
@@ -39,7 +41,6 @@ from pita.core.memory import (
 # corrections the fake-tensor measurements of the jobs' own code called for (bench/memory_truth.py)
 PROXY_MARGIN = 1.06
 EAGER_ATTENTION_COPIES = 11  # [batch x heads x length x length] fp32 tensors of an eager DeBERTa-v2 forward
-LORA_CAST_BYTES = 0.8
 
 # tokens a prompt is assumed to take: the chat template plus a GSM8K / MATH problem or an IMDB /
 # TL;DR prefix fits; longer prompts are what memory learning and the OOM retry are for
@@ -201,12 +202,12 @@ class JobMemory:
         else:
             lora = None
         extra = 0.0
-        if lora is not None and self.act != "float32":
-            # autocast casts the frozen fp32 base weights to bf16 at every use and backward keeps some
-            # of the casts (they are not cached for weights without gradients): measured on fake
-            # tensors (bench/memory_truth.py) at about LORA_CAST_BYTES per parameter
-            extra += LORA_CAST_BYTES * shape.n_params
+        # LoRA's frozen base: in model.dtype on CUDA (pita.training.models.policy_dtype), fp32 on CPU
+        frozen = cfg.model.dtype if lora is not None and self.cuda and cfg.model.dtype in ("bfloat16", "float16") \
+            else "float32"
         shards = c.devices if getattr(c, "sharding", "none") == "fsdp" and c.devices > 1 else 1
+        if c.devices > 1 and self.cuda:  # NCCL's buffers on every rank, outside torch's allocator
+            extra += NCCL_RANK_BYTES
         if lora is None and max(algo.betas()) > 0:  # TRL's frozen reference (LoRA: the base itself), in model.dtype on CUDA
             ref_dtype = cfg.model.dtype if self.cuda else "float32"
             extra += weights_bytes(shape, ref_dtype) / shards
@@ -228,7 +229,8 @@ class JobMemory:
                 extra += self.reward_bytes(datasets)
         def total(batch: int, beside: float) -> float:
             return training_bytes(shape, "float32", batch, seq, act_dtype=self.act, cuda=self.cuda,
-                                  gradient_checkpointing=gc, trainable_params=lora, extra_bytes=extra + beside,
+                                  gradient_checkpointing=gc, trainable_params=lora, frozen_dtype=frozen,
+                                  extra_bytes=extra + beside,
                                   shards=shards, logit_positions=None if is_dpo else new + 1,  # GRPO: the completion's logits
                                   # TRL's selective_log_softmax: the logits and their gradient, a row at a time in fp32
                                   logit_bytes=2 * bytes_per_param(self.act) + 4)

@@ -1,0 +1,156 @@
+"""TRL's config for a training job: mixed precision, FSDP2, accumulation, checkpoints, vLLM."""
+
+from __future__ import annotations
+
+from pita.training.checkpoints import checkpoint_args
+
+def on_cuda() -> bool:
+    from pita.models.lm import default_device
+
+    return default_device().startswith("cuda")
+
+
+def _checkpointing_key(cls) -> str:
+    """transformers 5.x renamed TrainingArguments' ``gradient_checkpointing`` to
+    ``activation_checkpointing`` (the old name still works, with a FutureWarning per job)."""
+    import dataclasses
+
+    names = {f.name for f in dataclasses.fields(cls)}
+    return "activation_checkpointing" if "activation_checkpointing" in names else "gradient_checkpointing"
+
+
+def device_steps(p: dict) -> tuple[int, int]:
+    """(rows per device and micro-step, accumulation steps) of a training job: from its
+    micro_batch_size when set (an OOM retry halves it; accumulation rises so the effective
+    batch_size stays), else from gradient_accumulation_steps. A micro-batch that does not divide
+    the per-device batch becomes the largest that does below it."""
+    per_device_batch = max(1, p["batch_size"] // max(1, p["devices"]))
+    micro = int(p.get("micro_batch_size") or 0)
+    if micro <= 0:
+        acc = max(1, int(p["gradient_accumulation_steps"]))
+        return max(1, per_device_batch // acc), acc
+    micro = next(m for m in range(min(micro, per_device_batch), 0, -1) if per_device_batch % m == 0)
+    return micro, per_device_batch // micro
+
+
+def fsdp_unavailable() -> str | None:
+    """Why this torch / accelerate cannot shard a model with FSDP2, or None when they can."""
+    try:
+        import torch.distributed as dist
+    except ImportError:
+        return "this torch has no torch.distributed"
+    if not dist.is_available():
+        return "this torch was built without torch.distributed (no process groups, so no sharding)"
+    try:
+        from torch.distributed.fsdp import fully_shard  # noqa: F401
+    except ImportError:
+        return "this torch has no FSDP2 (torch.distributed.fsdp.fully_shard, torch >= 2.6): upgrade torch"
+    try:
+        from accelerate.utils import FullyShardedDataParallelPlugin
+    except ImportError:
+        return "accelerate is not installed"
+    import dataclasses
+
+    if "fsdp_version" not in {f.name for f in dataclasses.fields(FullyShardedDataParallelPlugin)}:
+        return "this accelerate has no FSDP2 (fsdp_version): pip install -U 'accelerate>=1.6'"
+    return None
+
+
+def fsdp_settings(p: dict) -> dict:
+    """TrainingArguments' FSDP2 keys for a ``sharding=fsdp`` job: every decoder layer its own unit
+    (all-gathered for its forward and backward, resharded after), the full state dict gathered
+    to rank 0 for the saved policy. FSDP's own activation checkpointing replaces the Trainer's
+    (which would all-gather each layer a second time)."""
+    import transformers
+
+    config = {"version": 2, "reshard_after_forward": True, "auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
+              # mid-training checkpoints: each rank writes its own shard of the weights and the AdamW
+              # state (torch.distributed.checkpoint), read back on the same world size; the final
+              # policy is gathered whole by _save_policy, whatever this says
+              "state_dict_type": "SHARDED_STATE_DICT",
+              # rank 0 alone reads the weights; the other ranks build the models empty
+              # (load_model) and receive their shards from rank 0 as accelerate shards them
+              "cpu_ram_efficient_loading": True,
+              "activation_checkpointing": bool(p["gradient_checkpointing"])}
+    # transformers 5 takes fsdp=True with the options in fsdp_config; 4.x the option string
+    legacy = int(transformers.__version__.split(".")[0]) < 5
+    return {"fsdp": "full_shard auto_wrap" if legacy else True, "fsdp_config": config}
+
+
+def training_args(cls, p: dict, out: str, cuda: bool, tracker=None, **extra):
+    """TRL's ``cls`` (DPOConfig, GRPOConfig) from a training job's params; ``tracker``
+    (``pita.tracking.tracker_settings(ctx)``) sets TRL's ``report_to``."""
+    import torch
+
+    from pita.tracking import prepare_trl
+
+    # mixed precision on CUDA: autocast in bf16 (fp16 where bf16 is unsupported or asked for),
+    # fp32 master weights (load_policy)
+    bf16 = cuda and p["dtype"] in ("bfloat16", "float32") and torch.cuda.is_bf16_supported()
+    per_device, accumulation = device_steps(p)
+    checkpointing = bool(p["gradient_checkpointing"])
+    if p.get("sharding") == "fsdp":
+        extra.update(fsdp_settings(p))
+        checkpointing = False  # FSDP's own (fsdp_config.activation_checkpointing)
+        # every micro-step reduce-scatters its gradients. Without this the trainer runs each
+        # micro-step but the last under accelerate's no_sync, which for FSDP2 is
+        # set_requires_gradient_sync(False): every rank then holds each parameter's whole
+        # (unsharded) gradient in the reduce dtype until the last micro-step, 4 bytes x every
+        # parameter per rank (an 8B policy: +32 GB), and an OOM retry, which halves the micro-batch
+        # and doubles the accumulation, would bring on the very memory that failed
+        extra["accelerator_config"] = {"gradient_accumulation_kwargs": {"sync_each_batch": True}}
+    extra.setdefault("model_init_kwargs", reference_init_kwargs(p, cuda))
+    args = cls(output_dir=out, use_cpu=not cuda, bf16=bf16, fp16=cuda and not bf16 and p["dtype"] == "float16",
+               tf32=bool(p["tf32"]) if cuda else None, torch_compile=bool(p["compile"]),
+               per_device_train_batch_size=per_device,
+               gradient_accumulation_steps=accumulation, learning_rate=p["lr"], beta=p["beta"],
+               **{_checkpointing_key(cls): checkpointing}, seed=p["seed"], data_seed=p["seed"],
+               logging_steps=1, **prepare_trl(tracker), **checkpoint_args(p), disable_tqdm=True,
+               dataloader_num_workers=int(p.get("num_workers", 0)),
+               ddp_find_unused_parameters=False if p["devices"] > 1 else None,
+               # how long a rank waits in a collective: the final policy is gathered and written by
+               # rank 0 while the others wait at the barrier (a 15B fp32 policy is 60 GB); 2 h, named
+               # rather than left to the default (30 min)
+               ddp_timeout=7200,
+               # fused AdamW (transformers 5.24's default, named: the default has moved between releases).
+               # torch's foreach AdamW holds a copy of every second moment while it steps: 4 more bytes
+               # per parameter at the peak, measured on an H100 (bench/gpu_check.py)
+               optim="adamw_torch_fused", **extra)
+    if args.fsdp_plugin_args is not None and (args.bf16 or args.fp16):
+        args.fsdp_plugin_args["mixed_precision_policy"] = fsdp_mixed_precision(
+            torch.bfloat16 if args.bf16 else torch.float16)
+    return args
+
+
+def fsdp_mixed_precision(half) -> dict:
+    """FSDP2's mixed-precision policy for a sharded job under bf16 / fp16 (accelerate's plugin
+    takes it as a dict). The forward and backward run in the half dtype (``param_dtype``).
+    ``reduce_dtype`` fp32: accelerate's own policy reduces the gradients in the half dtype; in fp32
+    they match what sharding=none's DDP all-reduce gives (fp32 gradients of fp32 master weights).
+    ``output_dtype`` fp32: FSDP casts every float in the root module's output to it, and what TRL's
+    trainers get there is the fused head's per-token log-probabilities (computed in fp32), which
+    they sum per sequence; cast to bf16 first, a sum of 128-256 nats resolves whole nats, and
+    sharded and unsharded runs of one config gave different margins and losses. Casting the
+    log-probabilities up costs nothing; outputs that are logits (generation) become fp32 too,
+    one position per row."""
+    import torch
+
+    return {"param_dtype": half, "reduce_dtype": torch.float32, "output_dtype": torch.float32}
+
+
+def reference_init_kwargs(p: dict, cuda: bool) -> dict:
+    """The ``from_pretrained`` keywords TRL builds its frozen reference with (``model_init_kwargs``).
+
+    ``device_map=None``: the reference is loaded whole on the CPU and the trainer moves it to the
+    rank's device (or shards it). TRL's own default on a GPU is ``"auto"``, which it overrides
+    only for DDP and DeepSpeed: under FSDP, and on a GPU shared with other jobs, accelerate would
+    spread the reference over every visible GPU (or offload it to the CPU) and attach hooks that
+    send activations there after the trainer has moved it to ``cuda:<rank>``: a device mismatch
+    at the first reference forward. ``dtype``: the reference only runs forward passes under
+    autocast, so on CUDA it is held in ``model.dtype`` (TRL otherwise copies the policy's fp32)."""
+    kw = {"device_map": None}
+    if cuda and p["dtype"] in ("bfloat16", "float16"):
+        kw["dtype"] = p["dtype"]
+    return kw
+
+
