@@ -26,6 +26,9 @@ group into FSDP exactly as on GPUs). What cannot run on fake tensors is replaced
     data            DPO's pairs / GRPO's prompts at those lengths
     sampling        HF generate's token loop (it reads token values): the prefill, the KV cache
                     grown to its full length, one decode step; TRL's calls of it are the job's own
+    fused head      TRL's log-prob kernels as on CUDA: only labelled positions scored, each tile
+                    folded in place as their Triton kernels fold it (the CPU fallback's fp32 copies
+                    of every tile are not what a GPU holds)
     values          an op whose result depends on values (.item(), a boolean mask) answers a
                     constant / its largest shape
     collectives     the fake process group moves no bytes; object collectives return this rank's
@@ -45,12 +48,16 @@ ROOT = Path(__file__).resolve().parents[1]
 STAND_INS = ["weights: built from config.json, none read", "tokenizer: one token per word",
              "data: prompts and completions of the planned lengths",
              "sampling: prefill, KV cache at full length, one decode step (HF generate's loop reads token values)",
+             "TRL's fused log-prob head: its CUDA path (compact positions, tiles folded in place as by its "
+             "Triton kernels)",
              "values: .item() a constant, boolean masks at their largest shape",
              "collectives: a fake process group", "checkpoints: not written"]
 WORDS = ["a", "b", "c", "d", "user", "assistant", ":"]
+TRACE = bool(os.environ.get("PITA_PEAK_TRACE"))  # record where the peak was set (the op and its stack)
+TRACE_FROM = float(os.environ.get("PITA_PEAK_TRACE", "0") or 0) * 1e9
 
 
-def measure_job(job, cfg, paths: dict, steps: int = 2, timeout: float = 900.0) -> dict:
+def measure_job(job, cfg, paths: dict, steps: int = 2, timeout: float = 3600.0) -> dict:
     """The peak bytes of ``job``'s rank 0 (a plan's DPO / GRPO / GRPO-HF training job) measured by
     running its job function on fake tensors in a fresh process. Returns the row: ``peak_bytes``,
     ``accumulation`` (micro-steps per optimizer step as run), ``world_size``, ``built_by``,
@@ -236,8 +243,16 @@ def _patch_for_fake_tensors(fake, counter) -> None:
 
     torch.nn.Module.to = to
     transformers.PreTrainedModel.to = to
-    # accelerate maps the optimizer's parameters to their shards by data pointer (every fake one's is 0)
+    # accelerate maps the optimizer's parameters to their shards by data pointer (every fake one's is 0);
+    # a deep copy then takes the storage-copy path, which fake storages refuse: it clones instead
     FakeTensor.data_ptr = lambda self: self._cdata
+
+    def deepcopy(self, memo):
+        if id(self) not in memo:
+            memo[id(self)] = self.clone()
+        return memo[id(self)]
+
+    FakeTensor.__deepcopy__ = deepcopy
 
     # a device mesh reads its ranks' values: made outside the fake mode
     import torch.distributed.device_mesh as device_mesh
@@ -258,6 +273,17 @@ def _patch_for_fake_tensors(fake, counter) -> None:
     dist.all_gather_object = all_gather_object
     dist.broadcast_object_list = lambda object_list, *a, **k: None
 
+    # TRL's fused log-prob head as it runs on CUDA: only the positions with a label scored
+    # (compact), each tile folded in place by its Triton kernels. The torch fallbacks this CPU
+    # would run allocate fp32 copies of every [4096 x 32768] tile (about 2.8 GB a tile) that a GPU
+    # never holds
+    import trl.kernels.chunked_logprob as chunked_logprob
+    import trl.trainer.utils as trl_utils
+
+    trl_utils._use_triton = lambda device: True
+    chunked_logprob._forward_tile = lambda tile, *a, **k: None
+    chunked_logprob._backward_tile = lambda tile, *a, **k: None
+
     # sampling: HF generate's loop reads token values
     from transformers.generation.utils import GenerationMixin
 
@@ -272,6 +298,20 @@ def _patch_for_fake_tensors(fake, counter) -> None:
         return out
 
     torch.UntypedStorage.resize_ = resize_
+
+    # DTensor's sharding propagation: the op at global shapes, for metadata only, not counted
+    from torch.distributed.tensor._sharding_prop import ShardingPropagator
+
+    real_propagate = ShardingPropagator._propagate_tensor_meta_non_cached
+
+    def propagate(self, *a, **kw):
+        counter.paused += 1
+        try:
+            return real_propagate(self, *a, **kw)
+        finally:
+            counter.paused -= 1
+
+    ShardingPropagator._propagate_tensor_meta_non_cached = propagate
     del types, weakref
 
 
@@ -305,6 +345,7 @@ def _modes():
     import weakref
 
     import torch
+    from torch._guards import active_fake_mode
     from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass
     from torch.utils._pytree import tree_flatten
 
@@ -324,6 +365,12 @@ def _modes():
             super().__init__()
             self.live: dict = {}  # storage -> [bytes, tensors alive]
             self.now = self.peak = 0
+            self.fake = None  # the measurement's FakeTensorMode (set when it is entered)
+            self.paused = 0  # > 0 while DTensor propagates sharding (not the job's memory)
+
+        def __enter__(self):
+            self.fake = active_fake_mode()
+            return super().__enter__()
 
         def _add(self, t) -> None:
             if not isinstance(t, torch.Tensor):
@@ -365,8 +412,19 @@ def _modes():
             if func is torch.ops._c10d_functional.wait_tensor.default:
                 return args[0]  # waits in place, as it does eagerly
             out = func(*args, **(kwargs or {}))
+            if self.paused or active_fake_mode() is not self.fake:
+                # DTensor's sharding propagation runs the op at its global shapes on fake tensors to
+                # learn the output's metadata (in this fake mode, where one is active): no memory
+                return out
+            before = self.peak
             for t in tree_flatten(out)[0]:
                 self._add(t)
+            if TRACE and self.peak > before and self.peak > TRACE_FROM:
+                import traceback
+
+                self.trace = (str(func), [str(getattr(t, "shape", "")) for t in tree_flatten(out)[0]][:3],
+                              [f"{f.filename.split('site-packages/')[-1]}:{f.lineno} {f.name}"
+                               for f in traceback.extract_stack()[-40:-2]])
             return out
 
     class ValueFree(TorchDispatchMode):
@@ -496,6 +554,8 @@ def run(spec: dict) -> dict:
             if "steps" not in str(e):
                 raise
     peaks = seen.get("step_peaks_gb") or []
+    if TRACE and getattr(counter, "trace", None):
+        print(json.dumps({"peak_trace": counter.trace}), file=sys.stderr)
     if len(peaks) < int(spec["steps"]):
         raise RuntimeError(f"{len(peaks)} optimizer step(s) ran, {spec['steps']} were asked for")
     return {"peak_bytes": int(counter.peak), "accumulation": seen["accumulation"], "micro_batch": seen["micro_batch"],

@@ -329,3 +329,30 @@ def test_memory_truth_has_no_row_for_a_best_of_n_merge_that_loads_no_model():
     assert "control.best_of_n" not in _representatives(jobs)
     cfg, jobs, paths = _plan("paper_math", "smollm2")
     assert _representatives(jobs)["control.best_of_n"].params["proxy"]
+
+
+def test_a_sharded_multimodal_policy_is_wrapped_by_the_layers_it_has(cuda_args_factory):
+    """accelerate wraps the classes the model's _no_split_modules names and refuses one the model
+    lacks; Gemma 3 4B names its vision tower's SiglipMultiheadAttentionPoolingHead, which its config
+    leaves out, so a sharded gemma job failed before its first step (found by measuring the job
+    through its own trainer). The job names the classes its policy has."""
+    import torch
+    from accelerate.utils import FullyShardedDataParallelPlugin
+    from transformers import AutoModelForCausalLM
+
+    from pita.models.shapes import model_config
+    from pita.training.arguments import training_args
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(model_config("google/gemma-3-4b-it", "model.reference"))
+    assert "SiglipMultiheadAttentionPoolingHead" in model._no_split_modules
+    import trl
+
+    p = {"dtype": "bfloat16", "gradient_checkpointing": False, "sharding": "fsdp", "tf32": False, "compile": False,
+         "batch_size": 8, "devices": 2, "micro_batch_size": 4, "gradient_accumulation_steps": 1, "lr": 1e-6,
+         "beta": 0.1, "seed": 0, "save_steps": 0}
+    cuda_args_factory()  # the CUDA branch (the factory's own args are not used here)
+    args = training_args(trl.DPOConfig, p, "out", True, model=model)
+    names = args.fsdp_plugin_args["transformer_cls_names_to_wrap"].split(",")
+    assert "Gemma3DecoderLayer" in names and "SiglipMultiheadAttentionPoolingHead" not in names, names
+    FullyShardedDataParallelPlugin(**args.fsdp_plugin_args).set_auto_wrap_policy(model)  # raised ValueError

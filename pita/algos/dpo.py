@@ -124,7 +124,7 @@ def dpo_train(ctx):
                              "rejected_finish": r.get("rejected_finish", "eos")} for r in pairs])
     cut = sum((r.get("chosen_finish") == "length") + (r.get("rejected_finish") == "length") for r in pairs)
     args = training_args(TRLDPOConfig, p, str(ctx.paths.artifacts / "trainer"), cuda, tracker_settings(ctx),
-                         num_train_epochs=p["epochs"],
+                         model=model, num_train_epochs=p["epochs"],
                          max_length=p["max_length"],
                          # named, not left to TRL's defaults (which move between releases)
                          loss_type=["sigmoid"], label_smoothing=0.0, truncation_mode="keep_start")

@@ -193,8 +193,9 @@ def longest_prompt(tok, examples) -> int:
                                            return_dict=False)) for e in examples)
 
 
-def grpo_arguments(ctx, p: dict, examples, tok, cuda: bool):
-    """TRL's GRPOConfig for the job (``examples``: its training prompts; ``tok``: its tokenizer)."""
+def grpo_arguments(ctx, p: dict, examples, tok, cuda: bool, model=None):
+    """TRL's GRPOConfig for the job (``examples``: its training prompts; ``tok``: its tokenizer;
+    ``model``: its policy)."""
     from trl import GRPOConfig as TRLGRPOConfig
 
     from pita.tracking import tracker_settings
@@ -210,7 +211,7 @@ def grpo_arguments(ctx, p: dict, examples, tok, cuda: bool):
     # scaling a bool before "group"): always named, from algos.<A>.loss_type / scale_rewards (the
     # paper's GRPO unless switched); jobs planned before these keys existed ran dapo
     return training_args(TRLGRPOConfig, p, str(ctx.paths.artifacts / "trainer"), cuda, tracker_settings(ctx),
-                         max_steps=grpo_steps(p, len(examples)),
+                         model=model, max_steps=grpo_steps(p, len(examples)),
                          num_generations=p["num_generations"], max_completion_length=p["max_completion_length"],
                          temperature=p["temperature"], loss_type=p.get("loss_type", "dapo"),
                          scale_rewards=p.get("scale_rewards", "group"),
@@ -236,7 +237,7 @@ def grpo_trainer(ctx, p: dict):
     proxy = ctx.dep_result(p["proxy"])["checkpoint"] if p.get("proxy") else None
     reward = Rewards(p, proxy, default_device())
     ds = Dataset.from_list([{"prompt": user(e.prompt), "example_id": e.id} for e in examples])
-    args = grpo_arguments(ctx, p, examples, tok, cuda)
+    args = grpo_arguments(ctx, p, examples, tok, cuda, model)
     steps = args.max_steps
     # TRL builds its KL reference from the path the policy was loaded from, which after round 0 is
     # the previous round's checkpoint; point it at the original model (what every row's KL, and

@@ -213,8 +213,6 @@ def training_bytes(
     frozen_dtype: str | None = None,
     extra_bytes: float = 0.0,
     logits: bool = True,
-    logit_positions: int | None = None,
-    logit_bytes: float | None = None,
     shards: int = 1,
 ) -> int:
     """Weights + gradients + optimizer states (+ fp32 master) + activations + logits (+ context).
@@ -225,7 +223,7 @@ def training_bytes(
     only (LoRA adapters, which are then added to the weights); default every parameter.
     ``frozen_dtype``: the dtype the frozen weights are held in when ``trainable_params`` is set
     (LoRA's base on CUDA: the model's dtype; default ``dtype``). ``extra_bytes``: other resident memory (a frozen reference model). ``logits=False``: the loss
-    never takes the whole vocabulary at every position. ``shards``: FSDP over this many devices
+    never takes the whole vocabulary at every position (TRL's fused head: ``fused_head_bytes``). ``shards``: FSDP over this many devices
     (weights, gradients, optimizer states and master weights split; :func:`fsdp_gather_bytes`
     added; activations and logits per device as before).
     """
@@ -247,16 +245,34 @@ def training_bytes(
         act = min(act, tokens * shape.n_layers * shape.hidden + tokens * per_layer)
     act *= ab
     # the logits in the activations' dtype, their fp32 log-softmax and its gradient, and the
-    # gradient back in the activations' dtype (``logit_positions``: positions per row whose
-    # logits exist, when fewer than seq_len)
-    # logits; ``logit_bytes``: per logit, for a loss that never holds fp32 copies (TRL's selective_log_softmax)
-    per_logit = (2 * ab + 4 * 3) if logit_bytes is None else logit_bytes
-    lg = batch * min(seq_len, logit_positions or seq_len) * shape.vocab * per_logit if logits else 0
+    # gradient back in the activations' dtype (a loss that takes the whole vocabulary at every
+    # position; TRL's trainers do not: logits=False and pita.core.memory.fused_head_bytes)
+    lg = batch * seq_len * shape.vocab * (2 * ab + 4 * 3) if logits else 0
     state = weights + grads + optim + master
     if shards > 1:
         state = state / shards + fsdp_gather_bytes(shape)
     total = (state + act + lg + extra_bytes) * 1.10
     return int(total + (CUDA_CONTEXT_BYTES if cuda else 0))
+
+
+# TRL's fused log-prob head (trl/kernels/chunked_logprob.py, TRL 1.16), what DPO and GRPO train
+# through: it projects this many positions x this many vocabulary entries at a time into one
+# buffer, never the [rows x length x vocabulary] logits
+FUSED_TOKEN_CHUNK = 4096
+FUSED_VOCAB_CHUNK = 32768
+
+
+def fused_head_bytes(shape: ModelShape, tokens: int, act_dtype: str, head_trains: bool) -> float:
+    """What TRL's fused head holds beyond the activations while it runs over ``tokens`` positions:
+    the projection buffer and a vocabulary chunk of the head in the compute dtype; the positions'
+    hidden states gathered and cast, their fp32 gradient and a few fp32 statistics each; and, when
+    the head trains (full fine-tuning), its whole gradient accumulated in fp32 and cast back."""
+    a = bytes_per_param(act_dtype)
+    v = min(shape.vocab, FUSED_VOCAB_CHUNK)
+    buffers = min(tokens, FUSED_TOKEN_CHUNK) * v * a + v * shape.hidden * a
+    per_token = tokens * (shape.hidden * (2 * a + 4) + 4 * 8)
+    head = shape.vocab * shape.hidden * (4 + a) if head_trains else 0.0
+    return buffers + per_token + head
 
 
 def largest_batch(estimate: Callable[[int], float], free_bytes: float, margin: float = 0.1, limit: int = 4096) -> int:

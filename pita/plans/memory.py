@@ -30,6 +30,7 @@ from pita.core.memory import (
     CUDA_CONTEXT_BYTES,
     NCCL_RANK_BYTES,
     bytes_per_param,
+    fused_head_bytes,
     generation_bytes,
     kv_cache_bytes,
     lora_params,
@@ -228,12 +229,12 @@ class JobMemory:
             else:
                 extra += self.reward_bytes(datasets)
         def total(batch: int, beside: float) -> float:
+            # TRL's fused head over the positions the loss reads (GRPO: the completion's), never the
+            # full logits
+            head = fused_head_bytes(shape, batch * (seq if is_dpo else new + 1), self.act, lora is None) if batch else 0
             return training_bytes(shape, "float32", batch, seq, act_dtype=self.act, cuda=self.cuda,
                                   gradient_checkpointing=gc, trainable_params=lora, frozen_dtype=frozen,
-                                  extra_bytes=extra + beside,
-                                  shards=shards, logit_positions=None if is_dpo else new + 1,  # GRPO: the completion's logits
-                                  # TRL's selective_log_softmax: the logits and their gradient, a row at a time in fp32
-                                  logit_bytes=2 * bytes_per_param(self.act) + 4)
+                                  extra_bytes=extra + beside + head, shards=shards, logits=False)
 
         if shards > 1 and not is_dpo and not getattr(c, "use_vllm", False):
             # sharded GRPO samples with every unit kept gathered (gathered_for_generation): the whole

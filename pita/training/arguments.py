@@ -56,7 +56,16 @@ def fsdp_unavailable() -> str | None:
     return None
 
 
-def fsdp_settings(p: dict) -> dict:
+def wrapped_layers(model) -> list[str]:
+    """The module classes FSDP2 shards one per unit: the model's ``_no_split_modules`` that occur in
+    it. accelerate takes the whole list and refuses a name the model lacks, and a multimodal
+    model's list names its vision tower's classes, some of which its config leaves out (Gemma 3 4B's
+    ``SiglipMultiheadAttentionPoolingHead``): the sharded job failed before its first step."""
+    present = {type(m).__name__ for m in model.modules()}
+    return [c for c in (getattr(model, "_no_split_modules", None) or []) if c in present]
+
+
+def fsdp_settings(p: dict, model=None) -> dict:
     """TrainingArguments' FSDP2 keys for a ``sharding=fsdp`` job: every decoder layer its own unit
     (all-gathered for its forward and backward, resharded after), the full state dict gathered
     to rank 0 for the saved policy. FSDP's own activation checkpointing replaces the Trainer's
@@ -72,14 +81,18 @@ def fsdp_settings(p: dict) -> dict:
               # (load_model) and receive their shards from rank 0 as accelerate shards them
               "cpu_ram_efficient_loading": True,
               "activation_checkpointing": bool(p["gradient_checkpointing"])}
+    layers = wrapped_layers(model) if model is not None else []
+    if layers:
+        config["transformer_layer_cls_to_wrap"] = layers
     # transformers 5 takes fsdp=True with the options in fsdp_config; 4.x the option string
     legacy = int(transformers.__version__.split(".")[0]) < 5
     return {"fsdp": "full_shard auto_wrap" if legacy else True, "fsdp_config": config}
 
 
-def training_args(cls, p: dict, out: str, cuda: bool, tracker=None, **extra):
+def training_args(cls, p: dict, out: str, cuda: bool, tracker=None, model=None, **extra):
     """TRL's ``cls`` (DPOConfig, GRPOConfig) from a training job's params; ``tracker``
-    (``pita.tracking.tracker_settings(ctx)``) sets TRL's ``report_to``."""
+    (``pita.tracking.tracker_settings(ctx)``) sets TRL's ``report_to``; ``model``: the policy, whose
+    layers a sharded job wraps (:func:`wrapped_layers`)."""
     import torch
 
     from pita.tracking import prepare_trl
@@ -90,7 +103,7 @@ def training_args(cls, p: dict, out: str, cuda: bool, tracker=None, **extra):
     per_device, accumulation = device_steps(p)
     checkpointing = bool(p["gradient_checkpointing"])
     if p.get("sharding") == "fsdp":
-        extra.update(fsdp_settings(p))
+        extra.update(fsdp_settings(p, model))
         checkpointing = False  # FSDP's own (fsdp_config.activation_checkpointing)
         # every micro-step reduce-scatters its gradients. Without this the trainer runs each
         # micro-step but the last under accelerate's no_sync, which for FSDP2 is
