@@ -55,6 +55,9 @@ STAND_INS = ["weights: built from config.json, none read", "tokenizer: one token
 WORDS = ["a", "b", "c", "d", "user", "assistant", ":"]
 TRACE = bool(os.environ.get("PITA_PEAK_TRACE"))  # record where the peak was set (the op and its stack)
 TRACE_FROM = float(os.environ.get("PITA_PEAK_TRACE", "0") or 0) * 1e9
+# with PITA_PEAK_TRACE: the trace also sums what is live at the peak by the op that made it, and
+# PITA_TRACE_OPS=where,clone prints where each named op first made a large tensor
+TRACE_OPS = set(filter(None, os.environ.get("PITA_TRACE_OPS", "").split(",")))
 
 
 def measure_job(job, cfg, paths: dict, steps: int = 2, timeout: float = 3600.0) -> dict:
@@ -364,6 +367,9 @@ def _modes():
         def __init__(self):
             super().__init__()
             self.live: dict = {}  # storage -> [bytes, tensors alive]
+            self.made: dict = {}  # storage -> (op, dtype, shape) that made it (PITA_PEAK_TRACE)
+            self.op = None
+            self.shown: set = set()
             self.now = self.peak = 0
             self.fake = None  # the measurement's FakeTensorMode (set when it is entered)
             self.paused = 0  # > 0 while DTensor propagates sharding (not the job's memory)
@@ -383,6 +389,15 @@ def _modes():
             entry = self.live.get(key)
             if entry is None:
                 entry = self.live[key] = [t.untyped_storage().nbytes(), 0]
+                if TRACE:
+                    self.made[key] = (self.op, str(t.dtype).replace("torch.", ""), tuple(t.shape))
+                    if self.op in TRACE_OPS and self.op not in self.shown and t.numel() > 1e6:
+                        import traceback
+
+                        self.shown.add(self.op)  # where the first large tensor of this op was made
+                        print(json.dumps({"op_stack": [self.op, list(t.shape), str(t.dtype), [
+                            f"{f.filename.split('site-packages/')[-1]}:{f.lineno} {f.name}"
+                            for f in traceback.extract_stack()[-14:-3]]]}), file=sys.stderr)
                 self.now += entry[0]
                 self.peak = max(self.peak, self.now)
             entry[1] += 1
@@ -416,15 +431,21 @@ def _modes():
                 # DTensor's sharding propagation runs the op at its global shapes on fake tensors to
                 # learn the output's metadata (in this fake mode, where one is active): no memory
                 return out
-            before = self.peak
+            before, self.op = self.peak, str(func).split(".")[-2] if TRACE else None
             for t in tree_flatten(out)[0]:
                 self._add(t)
             if TRACE and self.peak > before and self.peak > TRACE_FROM:
                 import traceback
 
+                held: dict = {}  # what is live at the peak, by the op that made it and its dtype
+                for key, (nbytes, _) in self.live.items():
+                    op, dtype, shape = self.made.get(key, ("before", "?", ()))
+                    k = f"{op} {dtype}"
+                    held[k] = held.get(k, 0) + nbytes
                 self.trace = (str(func), [str(getattr(t, "shape", "")) for t in tree_flatten(out)[0]][:3],
                               [f"{f.filename.split('site-packages/')[-1]}:{f.lineno} {f.name}"
-                               for f in traceback.extract_stack()[-40:-2]])
+                               for f in traceback.extract_stack()[-40:-2]],
+                              {k: round(v / 1e9, 4) for k, v in sorted(held.items(), key=lambda kv: -kv[1])[:25]})
             return out
 
     class ValueFree(TorchDispatchMode):

@@ -35,4 +35,7 @@ def test_gpu_check_runs_its_cpu_checks_and_reports_each(tiny_cache, tmp_path):
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     results = {x["check"]: x["status"] for x in json.loads(r.stdout.strip().splitlines()[-1])["results"]}
     assert results["reference"] == results["fsdp_1gpu"] == "PASS", results
-    assert set(results) == {"setup", "isolation", "memory", "oom_retry", "reference", "fsdp_1gpu"}
+    training = {"fsdp_accumulation", "logprob_dtype", "grpo_sampling", "checkpoint_host"}
+    assert set(results) == {"setup", "isolation", "memory", "oom_retry", "reference", "fsdp_1gpu", *training}
+    # the training runtime's checks need a GPU here (their own CPU run: python -m bench.gpu_training --cpu)
+    assert {results[name] for name in training} == {"SKIP"}, results

@@ -221,6 +221,30 @@ def test_layer_activations_count_each_width():
     assert layer_activation_elements(s) == 6 * 8 + 2 * 8 + 2 * 8 + 4 * 32
 
 
+def test_padded_attention_keeps_the_mask_bias_and_repeated_keys_by_hand():
+    """8 query heads over 2 KV heads of 4, 3 rows of 10 tokens in bf16: SDPA with a padding mask
+    keeps the keys and values repeated to the 6 missing heads (2 x 3 x 10 x 6 x 4 x 2 bytes) and the
+    [3 x 10 x 10] bias; eager keeps the attention weights twice instead of the bias; FlashAttention
+    (unpadded) and grouped queries without repetition keep nothing more. Per layer, and one layer's
+    worth under gradient checkpointing."""
+    from pita.core.memory import attention_layer_bytes
+
+    s = ModelShape(n_params=1000, n_layers=2, hidden=32, n_kv_heads=2, head_dim=4, vocab=16, n_heads=8,
+                   intermediate=64)
+    repeated = 2 * 3 * 10 * 6 * 4 * 2
+    assert attention_layer_bytes(s, 3, 10, 2, "sdpa") == repeated + 3 * 10 * 10 * 2
+    assert attention_layer_bytes(s, 3, 10, 2, "eager") == repeated + 2 * 3 * 8 * 10 * 10 * 2
+    assert attention_layer_bytes(s, 3, 10, 2, "flash_attention_2") == attention_layer_bytes(s, 3, 10, 2, None) == 0
+    mha = ModelShape(n_params=1000, n_layers=2, hidden=32, n_kv_heads=8, head_dim=4, vocab=16, n_heads=8)
+    assert attention_layer_bytes(mha, 3, 10, 2, "sdpa") == 3 * 10 * 10 * 2
+    plain = training_bytes(s, "bf16", 3, 10, cuda=False)
+    for gc, layers in ((False, 2), (True, 1)):
+        base = training_bytes(s, "bf16", 3, 10, cuda=False, gradient_checkpointing=gc)
+        sdpa = training_bytes(s, "bf16", 3, 10, cuda=False, gradient_checkpointing=gc, attn_impl="sdpa")
+        assert sdpa - base == near(int(layers * (repeated + 600) * 1.10))
+    assert training_bytes(s, "bf16", 3, 10, cuda=False, attn_impl="flash_attention_2") == plain
+
+
 def test_generation_bytes_take_the_larger_of_prefill_and_the_last_decode_step():
     """A long completion: the full-length cache is the peak, and the prefill is not added on top."""
     from pita.core.memory import generation_bytes, kv_cache_bytes, layer_transient_bytes

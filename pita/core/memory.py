@@ -199,6 +199,27 @@ def layer_activation_elements(shape: ModelShape) -> int:
     return 6 * shape.hidden + 2 * q + 2 * kv + 4 * shape.mlp
 
 
+def attention_layer_bytes(shape: ModelShape, rows: int, seq_len: int, act_bytes: float, attn_impl: str | None) -> float:
+    """What one layer's attention keeps for its backward beyond :func:`layer_activation_elements`
+    when a batch of ``rows`` padded sequences of ``seq_len`` tokens trains through ``attn_impl``
+    (transformers' integrations as they run with a padding mask, which a batch of prompts and
+    completions of different lengths has):
+
+    - ``sdpa``: the keys and values repeated to every query head (``repeat_kv``: SDPA's grouped-query
+      path is taken only without a mask) and the boolean mask turned into a bias in the activations'
+      dtype, [rows x seq x seq], which the memory-efficient kernel keeps for its backward;
+    - ``eager``: the repeated keys and values, and the attention weights before and after the
+      softmax, [rows x heads x seq x seq] each;
+    - ``flash_attention_2`` (unpadded sequences, grouped queries in the kernel) or ``None``: nothing.
+    """
+    if attn_impl not in ("sdpa", "eager"):
+        return 0.0
+    repeated = 2 * rows * seq_len * (shape.heads - shape.n_kv_heads) * shape.head_dim * act_bytes
+    if attn_impl == "sdpa":
+        return repeated + rows * seq_len * seq_len * act_bytes
+    return repeated + 2 * rows * shape.heads * seq_len * seq_len * act_bytes
+
+
 def training_bytes(
     shape: ModelShape,
     dtype: str,
@@ -214,6 +235,7 @@ def training_bytes(
     extra_bytes: float = 0.0,
     logits: bool = True,
     shards: int = 1,
+    attn_impl: str | None = None,
 ) -> int:
     """Weights + gradients + optimizer states (+ fp32 master) + activations + logits (+ context).
 
@@ -225,7 +247,9 @@ def training_bytes(
     (LoRA's base on CUDA: the model's dtype; default ``dtype``). ``extra_bytes``: other resident memory (a frozen reference model). ``logits=False``: the loss
     never takes the whole vocabulary at every position (TRL's fused head: ``fused_head_bytes``). ``shards``: FSDP over this many devices
     (weights, gradients, optimizer states and master weights split; :func:`fsdp_gather_bytes`
-    added; activations and logits per device as before).
+    added; activations and logits per device as before). ``attn_impl``: what the attention keeps
+    beyond the layer's own activations for ``batch`` padded rows (:func:`attention_layer_bytes`;
+    ``None``: nothing, as for unpadded or packed rows).
     """
     b = bytes_per_param(dtype)
     ab = bytes_per_param(act_dtype or dtype)
@@ -244,6 +268,8 @@ def training_bytes(
     if gradient_checkpointing:  # layer inputs kept, one layer's activations live during recompute
         act = min(act, tokens * shape.n_layers * shape.hidden + tokens * per_layer)
     act *= ab
+    attention = attention_layer_bytes(shape, batch, seq_len, ab, attn_impl)
+    act += attention * (1 if gradient_checkpointing else shape.n_layers)
     # the logits in the activations' dtype, their fp32 log-softmax and its gradient, and the
     # gradient back in the activations' dtype (a loss that takes the whole vocabulary at every
     # position; TRL's trainers do not: logits=False and pita.core.memory.fused_head_bytes)

@@ -17,7 +17,8 @@ What each job holds, as the job's code loads it:
     DPO / GRPO          the policy in fp32 with AdamW (LoRA: the frozen base, in model.dtype on
     training            CUDA, plus the adapters and their optimizer state), TRL's frozen reference
                         (full fine-tuning with beta > 0; model.dtype on CUDA, fp32 on CPU), DPO's
-                        chosen + rejected rows in one pass, GRPO's sampling KV cache (one
+                        chosen + rejected rows in one pass (with SDPA: the padding mask as a
+                        bias and grouped keys repeated, per layer), GRPO's sampling KV cache (one
                         micro-batch per generate call), the vLLM share of the device when
                         use_vllm, and NCCL's buffers on each rank of a multi-device job
 
@@ -48,11 +49,22 @@ EAGER_ATTENTION_COPIES = 11  # [batch x heads x length x length] fp32 tensors of
 PROMPT_TOKENS = 256
 
 
+def planned_attn_impl(requested: str) -> str:
+    """The attention a training job will run: flash_attention_2 only where flash-attn is
+    installed (``pita.models.lm.resolve_attn_impl`` falls back to sdpa otherwise)."""
+    if requested == "flash_attention_2":
+        import importlib.util
+
+        return requested if importlib.util.find_spec("flash_attn") is not None else "sdpa"
+    return requested
+
+
 class JobMemory:
     def __init__(self, cfg, paths: dict, cuda: bool, device_totals: list[int]):
         self.cfg, self.paths, self.cuda = cfg, paths, cuda
         self.totals = list(device_totals)
         self.act = "bfloat16" if cuda else "float32"  # autocast on CUDA
+        self.attn_impl = planned_attn_impl(getattr(cfg.system, "attn_impl", "sdpa"))
 
     # ------------------------------------------------------------------ shapes
     def shape(self, part: str, dataset: str | None = None):
@@ -234,7 +246,8 @@ class JobMemory:
             head = fused_head_bytes(shape, batch * (seq if is_dpo else new + 1), self.act, lora is None) if batch else 0
             return training_bytes(shape, "float32", batch, seq, act_dtype=self.act, cuda=self.cuda,
                                   gradient_checkpointing=gc, trainable_params=lora, frozen_dtype=frozen,
-                                  extra_bytes=extra + beside + head, shards=shards, logits=False)
+                                  extra_bytes=extra + beside + head, shards=shards, logits=False,
+                                  attn_impl=self.attn_impl)
 
         if shards > 1 and not is_dpo and not getattr(c, "use_vllm", False):
             # sharded GRPO samples with every unit kept gathered (gathered_for_generation): the whole
