@@ -182,6 +182,40 @@ def test_intervals_cover_the_value_only_where_measured_or_interpolated_and_diffe
     assert (d["diff"], d["ci_lo"], d["ci_hi"]) == (0.0, 0.0, 0.0)
 
 
+def test_seeds_pair_by_their_id_and_a_seed_a_method_lacks_is_left_out_of_its_differences():
+    """Three seeds given in the order 3, 1, 2; GRPO lacks seed 2. PITA's cell pools all three with
+    a seed-level interval; PITA - GRPO pairs seeds 1 and 3 by id (not the runs' positions) and says
+    seed 2 was left out; its value and interval are those of the two seeds' differences."""
+    from pita.eval.metrics import seed_interval
+
+    runs = {}
+    for sid, shift in ((3, 0.06), (1, 0.0), (2, -0.03)):
+        test, val = _rows(shift)
+        test = [r for r in test if not r.get("reused_from")]
+        for r in test + val:  # PITA's eta = 2 at KL 0.3 (test) and 0.33 (validation), where GRPO's round 0 is
+            if r["algorithm"] == "PITA":
+                r["kl"] = r["kl"] * 1.5
+        if sid == 2:
+            test = [r for r in test if r["algorithm"] != "GRPO"]
+            val = [r for r in val if r["algorithm"] != "GRPO"]
+        test, store = _sampled(test)
+        runs[sid] = (test, val, store, sid)
+    cells = matched_cells(list(runs.values()), [0.3], resamples=200, keep_draws=True)
+    c = {e["algorithm"]: e for e in cells}
+    assert c["PITA"]["kind"] == c["GRPO"]["kind"] == "measured"
+    assert c["PITA"]["seed_ids"] == [3, 1, 2] and c["GRPO"]["seed_ids"] == [3, 1]
+    assert "3 seeds (2 df)" in c["PITA"]["interval"] and c["PITA"]["ci_lo"] < c["PITA"]["value"] < c["PITA"]["ci_hi"]
+    [d] = [d for d in differences(cells, ["PITA", "GRPO"]) if (d["a"], d["b"]) == ("PITA", "GRPO")]
+    assert d["seeds"] == 2 and d["seeds_left_out"] == ["2"]
+    pa, pg = c["PITA"]["_seed_values"], c["GRPO"]["_seed_values"]
+    by_seed = [pa[0] - pg[0], pa[1] - pg[1]]  # seeds 3 and 1, in both cells' order
+    assert d["diff"] == pytest.approx(sum(by_seed) / 2)
+    want = seed_interval(by_seed, c["PITA"]["_seed_draws"][:, :2] - c["GRPO"]["_seed_draws"], prompts=40)
+    assert (d["ci_lo"], d["ci_hi"]) == pytest.approx((want["lo"], want["hi"]))
+    with pytest.raises(ValueError, match="repeat"):
+        matched_cells([runs[1], runs[1]], [0.3])
+
+
 def test_label_quality_figures_by_hand():
     beta = 1.0
     q = gap_quality([0.0, 0.0, 0.1, 0.3, 2.0], [False, False, True, False, False], beta)

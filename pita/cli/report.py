@@ -235,6 +235,16 @@ def unfinished(run) -> tuple[str, set]:
     return f"{run.root}: {counts.get('COMPLETED', 0)} of {len(jobs)} jobs completed ({rest}); {now}. {left}", partial
 
 
+def run_seed(run):
+    """A run's ``system.seed`` (its config.yaml), what pairs its rows with other runs' in a pool."""
+    from omegaconf import OmegaConf
+
+    try:
+        return OmegaConf.select(OmegaConf.load(run.config), "system.seed")
+    except Exception:  # noqa: BLE001 - a run without a readable config is paired by position
+        return None
+
+
 def pooled_report(runs, rows_per_run: list[list[dict]], roster, out: str | None,
                   override: list[float] | None = None) -> int:
     """The KL-matched comparison over several runs of one experiment (one per seed)."""
@@ -263,15 +273,26 @@ def pooled_report(runs, rows_per_run: list[list[dict]], roster, out: str | None,
         print(f"error: the base model's evaluations are not done in {', '.join(no_base)}: every gain is measured "
               f"against them; pool those runs once they have finished", file=sys.stderr)
         return 2
+    seed_ids = [run_seed(r) for r in runs]
     cells = matched_cells([([x for x in rows if x.get("algorithm") not in algos],
-                            [x for x in read_validation(r) if x.get("algorithm") not in algos], RecordStore(r))
-                           for r, rows, (_, algos) in zip(runs, rows_per_run, states)], budgets[0], keep_draws=True)
+                            [x for x in read_validation(r) if x.get("algorithm") not in algos], RecordStore(r), sid)
+                           for r, rows, (_, algos), sid in zip(runs, rows_per_run, states, seed_ids)], budgets[0],
+                          keep_draws=True)
     order = roster.order({c["algorithm"] for c in cells})
     diffs = differences(cells, order)
-    lines = [f"# KL-matched comparison over {len(runs)} runs", "", *[f"- `{r.root}`" for r in runs], "",
+    k = len(runs)
+    lines = [f"# KL-matched comparison over {k} runs", "",
+             *[f"- `{r.root}` (system.seed={sid})" for r, sid in zip(runs, seed_ids)], "",
              "Values: the mean over the runs of each run's value at the budget (reached only when every run reaches "
-             "it; a cell's kind is the weakest of the runs'). Intervals: 95%, each draw resampling the runs and each "
-             "run's test prompts.", "", *[f"- **Not finished:** {w}" for w in partial], *([""] if partial else []),
+             "it; a cell's kind is the weakest of the runs'). "
+             f"Seeds: the {k} runs differ in system.seed only, which varies training and sampling; every run is "
+             "evaluated on the same test prompts, so the prompts' luck is shared by the seeds and does not average "
+             f"out over them. Intervals: 95%, seed-level: the seeds' spread with {k - 1} degree{'s' if k != 2 else ''} "
+             "of freedom (a t interval over the seeds' values) combined with the shared prompts' part (the covariance "
+             "of the seeds' values over resampled prompts) by a generalized pivotal quantity; with this few seeds "
+             "they are wide by design. A method's gain and a difference of two methods are paired by seed id; a seed "
+             "one of the two lacks is left out of that pair.", "",
+             *[f"- **Not finished:** {w}" for w in partial], *([""] if partial else []),
              *matched_tables(cells, order, diffs)]
     text = "\n".join(lines)
     print(text)

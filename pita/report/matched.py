@@ -37,9 +37,13 @@ methods and the base move together), every frontier row's metric and KL recomput
 the curve read at b: the interval covers the metric's and the KL's noise. A draw whose curve ends
 below b does not count; ``draws_reaching`` says what share did (shown when under 1). Over several
 seeds the value is the mean of the seeds' values (a budget counts as reached only when every seed
-reaches it; the pooled kind is the weakest of the seeds'), and each draw also resamples the seeds.
-The gain over base is paired: method minus the base model of the same seed, per draw; the
-difference of two methods likewise (:func:`differences`).
+reaches it; the pooled kind is the weakest of the seeds'). Its interval is seed-level
+(``pita.eval.metrics.seed_interval``): the seeds' spread with k - 1 degrees of freedom, plus the
+part of the test prompts, which every seed shares (the covariance of two seeds' values over the
+same prompt draws). Resampling three seeds as a bootstrap does reads their [min, max] and covers
+~75%; this interval covers 95% in simulation at k = 3 and 5. The gain over base is paired: method
+minus the base model of the same seed; the difference of two methods is paired by seed id, a seed
+one of them lacks left out (:func:`differences`).
 """
 
 from __future__ import annotations
@@ -49,7 +53,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from pita.eval.metrics import KL_BUDGETS as BUDGETS, bootstrap_ratios, percentile_interval
+from pita.eval.metrics import KL_BUDGETS as BUDGETS, bootstrap_ratios, seed_interval
 from pita.report.intervals import RESAMPLES, SEED, RecordStore, columns_of, metric_of
 
 KINDS = ("measured", "interpolated", "chord from base", "base only", "not reached")  # weakest last
@@ -172,13 +176,21 @@ def seed_cells(rows: list[dict], val: list[dict], store: RecordStore | None, bud
             methods.setdefault((r["train_dataset"], r["algorithm"]), []).append(r)
         flat = [base] + [r for ms in methods.values() for r in ms]
         draws = _draws(flat, m, store, resamples, seed)
+        prompts = _prompts(flat[0], m, store) if draws is not None else None
         index = {id(r): j for j, r in enumerate(flat)}
         base_draws = draws[0][0] if draws is not None else None
         for (train, algo), ms in methods.items():
             cell = _cell(base, ms, m, budgets, vals.get((fam, train, algo), {}), base_val.get((fam, train)),
                          draws, index, base_draws, resamples)
+            cell["prompts"] = prompts
             out[(eds, fam, train, algo)] = cell
     return out
+
+
+def _prompts(base: dict, m: str, store: RecordStore) -> int | None:
+    """How many test prompts the base row's per-sample records cover (the draws resample them)."""
+    c = columns_of(base, store)
+    return len(c[m]) if c is not None and m in c else None
 
 
 def _cell(base: dict, ms: list[dict], m: str, budgets: list[float], val_of: dict, base_val: dict | None,
@@ -272,24 +284,23 @@ def _worst(kinds: Sequence[str]) -> str:
 def matched_cells(runs: Sequence[tuple], budgets: Sequence[float] = BUDGETS, resamples: int = RESAMPLES,
                   seed: int = SEED, keep_draws: bool = False) -> list[dict]:
     """One entry per (evaluation dataset, family, training dataset, algorithm, budget), pooled over
-    ``runs``: (test rows, validation rows, record store) per seed (a method missing from a seed is
-    left out of the pool); see the module. ``keep_draws``: each entry keeps its pooled draws
-    (``_draws``, ``_gain_draws``) for :func:`differences`."""
+    ``runs``: (test rows, validation rows, record store[, seed id]) per seed (a method missing from
+    a seed is left out of the pool; the seed id, ``system.seed`` of the run, pairs seeds across
+    methods, default the run's position); see the module. ``keep_draws``: each entry keeps its
+    seeds' values and prompt draws (``_seeds``, ``_seed_values``, ``_seed_draws``) for
+    :func:`differences`."""
     budgets = sorted({float(b) for b in budgets})
-    per_run = [seed_cells(rows, val, store, budgets, resamples, seed) for rows, val, store in runs]
-    keys = sorted({k for cells in per_run for k in cells})
-    picks: dict[tuple, np.ndarray] = {}  # one seed resampling per dataset group: differences stay paired
+    ids = [r[3] if len(r) > 3 and r[3] is not None else f"run {i}" for i, r in enumerate(runs)]
+    if len(set(map(str, ids))) != len(ids):
+        raise ValueError(f"matched_cells: seed ids {ids} repeat; one run per seed")
+    per_run = [(sid, seed_cells(r[0], r[1], r[2], budgets, resamples, seed)) for sid, r in zip(ids, runs)]
+    keys = sorted({k for _, cells in per_run for k in cells})
     out = []
     for key in keys:
-        cells = [c[key] for c in per_run if key in c]
+        pairs = [(sid, c[key]) for sid, c in per_run if key in c]
+        sids, cells = [p[0] for p in pairs], [p[1] for p in pairs]
         k = len(cells)
-        group = key[:3]
-        if group not in picks:
-            picks[group] = np.random.default_rng([seed + 1, k, *map(ord, "|".join(map(str, group)))]).integers(
-                0, k, size=(resamples, k))
-        pick = picks[group] if picks[group].shape[1] == k else np.random.default_rng(seed + 1).integers(
-            0, k, size=(resamples, k))
-        rows_ = np.arange(resamples)[:, None]
+        prompts = cells[0].get("prompts")
         have_draws = all("draws" in c for c in cells)
         for bi, b in enumerate(budgets):
             kinds = [c["kinds"][bi] for c in cells]
@@ -299,7 +310,7 @@ def matched_cells(runs: Sequence[tuple], budgets: Sequence[float] = BUDGETS, res
             e = {"eval_dataset": key[0], "family": key[1], "train_dataset": key[2], "algorithm": key[3],
                  "metric": cells[0]["metric"], "kl_budget": b, "kind": kind, "kinds": kinds,
                  "selected_on": _worst_selection([c["selected_on"] for c in cells]),
-                 "seeds": k, "seeds_reaching": reached, "reached": kind != "not reached",
+                 "seeds": k, "seed_ids": sids, "seeds_reaching": reached, "reached": kind != "not reached",
                  "max_kl": [round(c["max_kl"], 6) for c in cells],
                  "method_max_kl": [round(c["method_max_kl"], 6) for c in cells],
                  "frontier": [c["frontier"] for c in cells],
@@ -318,23 +329,38 @@ def matched_cells(runs: Sequence[tuple], budgets: Sequence[float] = BUDGETS, res
                 base_d = np.stack([c["base_draws"] for c in cells], 1)
                 if e["test_selected"]["value"] is not None:
                     tvd = np.stack([c["test_draws"][:, bi] for c in cells], 1)
-                    with np.errstate(invalid="ignore"):
-                        e["test_selected"]["ci_lo"], e["test_selected"]["ci_hi"] = percentile_interval(
-                            tvd[rows_, pick].mean(1).tolist())
-                        e["test_selected"]["gain_ci_lo"], e["test_selected"]["gain_ci_hi"] = percentile_interval(
-                            (tvd - base_d)[rows_, pick].mean(1).tolist())
+                    ts = e["test_selected"]
+                    ts["ci_lo"], ts["ci_hi"] = _interval(tv, tvd, prompts)
+                    ts["gain_ci_lo"], ts["gain_ci_hi"] = _interval([v - c["base"] for v, c in zip(tv, cells)],
+                                                                   tvd - base_d, prompts)
             if kind in WITH_INTERVAL and have_draws:
                 v = np.stack([c["draws"][:, bi] for c in cells], 1)        # [resamples x seeds]
-                g = v - base_d
-                pv, pg = v[rows_, pick].mean(1), g[rows_, pick].mean(1)
-                with np.errstate(invalid="ignore"):
-                    e["ci_lo"], e["ci_hi"] = percentile_interval(pv.tolist())
-                    e["gain_ci_lo"], e["gain_ci_hi"] = percentile_interval(pg.tolist())
-                e["draws_reaching"] = float(np.mean(~np.isnan(pv)))
+                gains = [x - c["base"] for x, c in zip(vals, cells)]
+                e["ci_lo"], e["ci_hi"] = _interval(vals, v, prompts)
+                e["gain_ci_lo"], e["gain_ci_hi"] = _interval(gains, v - base_d, prompts)
+                e["interval"] = interval_method(k)
+                e["draws_reaching"] = float(np.mean(~np.isnan(v).any(1)))
                 if keep_draws:
-                    e["_draws"] = pv
+                    e["_seeds"], e["_seed_values"], e["_seed_draws"], e["_prompts"] = sids, vals, v, prompts
             out.append(e)
     return out
+
+
+def interval_method(k: int) -> str:
+    """How a cell's interval over ``k`` seeds is made (the report says it)."""
+    if k == 1:
+        return "test prompts resampled (one seed)"
+    return f"seed-level over {k} seeds ({k - 1} df) and the shared test prompts"
+
+
+def _interval(points: Sequence[float], draws: np.ndarray, prompts: int | None) -> tuple[float | None, float | None]:
+    """A 95% interval for the mean over seeds of ``points`` (one per seed) from each seed's prompt
+    draws [resamples x seeds] (``pita.eval.metrics.seed_interval``: one seed, the draws'
+    percentiles; several, the seeds' spread with k - 1 degrees of freedom plus the prompts' shared
+    part). None where it cannot be said."""
+    ci = seed_interval(points, draws, prompts=prompts)
+    lo, hi = ci["lo"], ci["hi"]
+    return (None, None) if lo is None or hi is None or math.isnan(lo) or math.isnan(hi) else (lo, hi)
 
 
 def _worst_selection(sel: Sequence[str]) -> str:
@@ -359,9 +385,20 @@ def differences(cells: list[dict], order: Sequence[str] = ()) -> list[dict]:
                      "diff": None, "ci_lo": None, "ci_hi": None}
                 if ea["kind"] in WITH_INTERVAL and eb["kind"] in WITH_INTERVAL:
                     d["diff"] = ea["value"] - eb["value"]
-                    if "_draws" in ea and "_draws" in eb:
-                        with np.errstate(invalid="ignore"):
-                            d["ci_lo"], d["ci_hi"] = percentile_interval((ea["_draws"] - eb["_draws"]).tolist())
+                    if "_seed_draws" in ea and "_seed_draws" in eb:
+                        # paired by seed id: a seed one of the two methods lacks is left out of both
+                        common = [sd for sd in ea["_seeds"] if sd in eb["_seeds"]]
+                        ia = [ea["_seeds"].index(sd) for sd in common]
+                        ib = [eb["_seeds"].index(sd) for sd in common]
+                        if common:
+                            pts = [ea["_seed_values"][x] - eb["_seed_values"][y] for x, y in zip(ia, ib)]
+                            d["diff"] = float(np.mean(pts))
+                            d["ci_lo"], d["ci_hi"] = _interval(
+                                pts, ea["_seed_draws"][:, ia] - eb["_seed_draws"][:, ib], ea.get("_prompts"))
+                        d["seeds"] = len(common)
+                        left = sorted(set(map(str, ea["_seeds"])) ^ set(map(str, eb["_seeds"])))
+                        if left:
+                            d["seeds_left_out"] = left
                 out.append(d)
     return out
 
@@ -466,5 +503,6 @@ def public(cells: list[dict]) -> list[dict]:
     """The cells as saved in final_results.json (rounded, no draws)."""
     keep = ("eval_dataset", "family", "train_dataset", "algorithm", "metric", "kl_budget", "kind", "kinds",
             "selected_on", "value", "ci_lo", "ci_hi", "gain", "gain_ci_lo", "gain_ci_hi", "base", "reached", "seeds",
-            "seeds_reaching", "max_kl", "method_max_kl", "frontier", "from", "draws_reaching", "test_selected")
+            "seeds_reaching", "seed_ids", "interval", "max_kl", "method_max_kl", "frontier", "from", "draws_reaching",
+            "test_selected")
     return [{k: e[k] for k in keep if k in e} for e in cells]
