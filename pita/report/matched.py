@@ -175,8 +175,7 @@ def seed_cells(rows: list[dict], val: list[dict], store: RecordStore | None, bud
                 continue  # η 0: the base model's own evaluation, the base point
             methods.setdefault((r["train_dataset"], r["algorithm"]), []).append(r)
         flat = [base] + [r for ms in methods.values() for r in ms]
-        draws = _draws(flat, m, store, resamples, seed)
-        prompts = _prompts(flat[0], m, store) if draws is not None else None
+        draws, prompts = _draws(flat, m, store, resamples, seed)
         index = {id(r): j for j, r in enumerate(flat)}
         base_draws = draws[0][0] if draws is not None else None
         for (train, algo), ms in methods.items():
@@ -185,12 +184,6 @@ def seed_cells(rows: list[dict], val: list[dict], store: RecordStore | None, bud
             cell["prompts"] = prompts
             out[(eds, fam, train, algo)] = cell
     return out
-
-
-def _prompts(base: dict, m: str, store: RecordStore) -> int | None:
-    """How many test prompts the base row's per-sample records cover (the draws resample them)."""
-    c = columns_of(base, store)
-    return len(c[m]) if c is not None and m in c else None
 
 
 def _cell(base: dict, ms: list[dict], m: str, budgets: list[float], val_of: dict, base_val: dict | None,
@@ -249,21 +242,22 @@ def _nan(v: float | None) -> float:
 
 
 def _draws(rows: list[dict], m: str, store: RecordStore | None, resamples: int, seed: int):
-    """Per row (metric draws, KL draws), all rows on the same resampled prompts; None when a row
+    """(per row (metric draws, KL draws), the number of test prompts resampled), all rows on the
+    same resampled prompts; (None, None) when a row
     has no per-sample records (a run made before they were saved) or covers other prompts. A row
     whose KL is a bound (``kl_estimator`` starting with "bound": best-of-n) keeps it in every draw."""
     if store is None:
-        return None
+        return None, None
     cols = [columns_of(r, store) for r in rows]
     if any(c is None or m not in c for c in cols):
-        return None
+        return None, None
     fixed = [j for j, r in enumerate(rows) if j and str(r.get("kl_estimator") or "").startswith("bound")]
     if any("kl" not in c for j, c in enumerate(cols) if j and j not in fixed):
-        return None
+        return None, None
     ids = sorted(cols[0][m])
     if any(set(ids) - set(c[m]) or (j not in fixed and set(ids) - set(c.get("kl", c[m])))
            for j, c in enumerate(cols) if j):
-        return None
+        return None, None
     columns = {}
     for j, c in enumerate(cols):
         columns[f"{j}:m"] = ([c[m][i][0] for i in ids], [c[m][i][1] for i in ids])
@@ -274,7 +268,7 @@ def _draws(rows: list[dict], m: str, store: RecordStore | None, resamples: int, 
     for j, r in enumerate(rows):
         kl = (np.full(resamples, float(r["kl"])) if j in fixed else np.asarray(d[f"{j}:kl"])) if j else np.zeros(resamples)
         out.append((np.asarray(d[f"{j}:m"]), kl))
-    return out
+    return out, len(ids)
 
 
 def _worst(kinds: Sequence[str]) -> str:
@@ -359,8 +353,7 @@ def _interval(points: Sequence[float], draws: np.ndarray, prompts: int | None) -
     percentiles; several, the seeds' spread with k - 1 degrees of freedom plus the prompts' shared
     part). None where it cannot be said."""
     ci = seed_interval(points, draws, prompts=prompts)
-    lo, hi = ci["lo"], ci["hi"]
-    return (None, None) if lo is None or hi is None or math.isnan(lo) or math.isnan(hi) else (lo, hi)
+    return (None, None) if math.isnan(ci["lo"]) or math.isnan(ci["hi"]) else (ci["lo"], ci["hi"])
 
 
 def _worst_selection(sel: Sequence[str]) -> str:
