@@ -18,9 +18,11 @@ What each job holds, as the job's code loads it:
     training            CUDA, plus the adapters and their optimizer state), TRL's frozen reference
                         (full fine-tuning with beta > 0; model.dtype on CUDA, fp32 on CPU), DPO's
                         chosen + rejected rows in one pass (with SDPA: the padding mask as a
-                        bias and grouped keys repeated, per layer), GRPO's sampling KV cache (one
-                        micro-batch per generate call), the vLLM share of the device when
-                        use_vllm, and NCCL's buffers on each rank of a multi-device job
+                        bias and grouped keys repeated, per layer), the vLLM share of the device
+                        when use_vllm, and NCCL's buffers on each rank of a multi-device job;
+                        GRPO's phases one at a time (policy_phases): sampling (a KV cache of one
+                        micro-batch per generate call), scoring (the reward model's or proxy's
+                        pass), training (activations)
 
 No estimate is ever 0: a model whose config cannot be read is a ConfigError (exit 2).
 """
@@ -195,8 +197,20 @@ class JobMemory:
 
     def policy_training(self, algo, micro: int | None = None, gradient_checkpointing: bool | None = None,
                         datasets=()) -> float:
-        """A DPO / GRPO / GRPO-HF training job, per device (GB); ``datasets``: those its rewards
-        may come from (GRPO on a reward task holds the reward model)."""
+        """A DPO / GRPO / GRPO-HF training job, per device (GB): its largest phase
+        (``policy_phases``); ``datasets``: those its rewards may come from (GRPO on a reward task
+        holds the reward model)."""
+        return max(self.policy_phases(algo, micro, gradient_checkpointing, datasets).values()) / 1e9
+
+    def policy_phases(self, algo, micro: int | None = None, gradient_checkpointing: bool | None = None,
+                      datasets=()) -> dict[str, float]:
+        """Bytes per device of each phase of a training step. A GRPO step's phases come one after
+        another, each freeing its working memory before the next: ``sampling`` (the KV cache;
+        sharded without vLLM, every unit kept gathered by gathered_for_generation: the whole
+        policy in the compute dtype beside it), ``scoring`` (the reward model's or the proxy's
+        pass) and ``training`` (activations and TRL's fused head); what stays resident (weights,
+        AdamW states, gradients, TRL's reference, the reward model or proxy, vLLM's share, NCCL)
+        is in each. DPO has ``training`` alone."""
         c, cfg = algo.c, self.cfg
         micro, gc = self._micro_gc(algo, micro, gradient_checkpointing)
         per_device = max(1, c.batch_size // max(1, c.devices))
@@ -230,16 +244,22 @@ class JobMemory:
         is_dpo = algo.train_kind == "algo.dpo_train"
         if is_dpo:
             rows *= 2  # chosen and rejected in one pass
-        kv = 0.0
+        kv = scoring = 0.0
         if not is_dpo:  # GRPO samples its completions with the policy: a KV cache at full length
             kv = kv_cache_bytes(shape, self.act, rows, seq)  # sampled under autocast
             if getattr(c, "use_vllm", False) and getattr(c, "vllm_mode", "") == "colocate" and self.totals:
                 extra += c.vllm_gpu_memory_utilization * min(self.totals)
-            if algo.trains_proxy:  # GRPO-HF: its proxy reward model (fp32) scores the completions
+            if algo.trains_proxy:  # GRPO-HF: its proxy reward model (fp32, resident) scores the completions
                 proxy = self.shape("guidance")
-                extra += scoring_bytes(proxy, "float32", rows, seq, cuda=False, logits=False) * PROXY_MARGIN
+                extra += weights_bytes(proxy, "float32") * 1.10 * PROXY_MARGIN
+                scoring = scoring_bytes(proxy, "float32", rows, seq, cuda=False, weights=False,
+                                        logits=False) * PROXY_MARGIN
             else:
-                extra += self.reward_bytes(datasets)
+                rb = self.reward_bytes(datasets)
+                work = rb - self.reward_bytes(datasets, beside=float("inf"))
+                extra += rb - work
+                scoring = work
+
         def total(batch: int, beside: float) -> float:
             # TRL's fused head over the positions the loss reads (GRPO: the completion's), never the
             # full logits
@@ -249,10 +269,8 @@ class JobMemory:
                                   extra_bytes=extra + beside + head, shards=shards, logits=False,
                                   attn_impl=self.attn_impl)
 
-        if shards > 1 and not is_dpo and not getattr(c, "use_vllm", False):
-            # sharded GRPO samples with every unit kept gathered (gathered_for_generation): the whole
-            # policy in the compute dtype beside its KV cache; training then holds the activations
-            b = max(total(rows, 0.0), total(0, kv + weights_bytes(shape, self.act)))
-        else:
-            b = total(rows, kv)
-        return b / 1e9
+        phases = {"training": total(rows, 0.0)}
+        if not is_dpo:
+            gathered = weights_bytes(shape, self.act) if shards > 1 and not getattr(c, "use_vllm", False) else 0.0
+            phases.update(sampling=total(0, kv + gathered), scoring=total(0, scoring))
+        return phases
