@@ -90,7 +90,7 @@ def _representatives(jobs) -> dict:
             k = "algo.grpo_train (GRPO-HF)" if j.id.startswith("GRPO-HF") else "algo.grpo_train (GRPO)"
         if j.kind in ("generation.merge", "eval.merge", "model.build_tiny"):
             continue
-        if j.kind == "control.best_of_n" and not j.params.get("proxy"):
+        if j.kind == "control.best_of_n" and not (j.params.get("proxy") or j.params.get("value")):
             continue  # a reward task's merge reads the rewards its samples carry: no model, no device memory
         if k not in out or j.resources.memory_gb > out[k].resources.memory_gb:
             out[k] = j

@@ -333,12 +333,14 @@ def test_the_smoke_preset_runs_all_six_algorithms_and_writes_the_report(tmp_path
 
     rows, extras = read_results(run / "results" / "final_results.json")
     assert {x["algorithm"] for x in rows} == {"base", "PITA", "QSharp", "QSharp-HF", "DPO", "GRPO", "GRPO-HF",
-                                              "control: temperature", "control: best-of-n"}
+                                              "control: temperature", "control: best-of-n",
+                                              "control: best-of-n by value"}
     report = (run / "results" / "report.md").read_text()
     # the headline compares at equal KL: every method at every budget, a value or "not reached"
     cells = extras["kl_matched"]["cells"]
     # ... and the two controls computed from the base model alone
-    methods = ("PITA", "QSharp", "QSharp-HF", "DPO", "GRPO", "GRPO-HF", "control: temperature", "control: best-of-n")
+    methods = ("PITA", "QSharp", "QSharp-HF", "DPO", "GRPO", "GRPO-HF", "control: temperature", "control: best-of-n",
+               "control: best-of-n by value")
     assert {(c["algorithm"], c["kl_budget"]) for c in cells} == {(a, b) for a in methods
                                                                  for b in (0.05, 0.1, 0.25, 0.5, 1.0)}
     for c in cells:  # each cell says what it is, and its value agrees
@@ -352,10 +354,13 @@ def test_the_smoke_preset_runs_all_six_algorithms_and_writes_the_report(tmp_path
             assert top >= 0.9 * b
         elif c["kind"] == "base only":
             assert c["gain"] == 0.0 and max(c["method_max_kl"]) >= b
-    bon = [x for x in rows if x["algorithm"] == "control: best-of-n"]
-    assert sorted(x["variant"] for x in bon) == ["n=2", "n=4"]
-    assert all(x["kl_estimator"].startswith("bound") and x["kl"] == pytest.approx(math.log(x["n"]) - (x["n"] - 1) / x["n"])
-               for x in bon)
+    bon = [x for x in rows if x["algorithm"].startswith("control: best-of-n")]
+    assert sorted(x["variant"] for x in bon) == ["n=2", "n=2", "n=4", "n=4"]
+    assert {x["scored_by"] for x in bon} == {"proxy reward model of QSharp-HF.tiny.arith.r0.proxy",
+                                             "value model of QSharp.tiny.arith.r0.train"}
+    # best-of-n at its measured KL: never above the bound, which stays beside it
+    assert all(x["kl_estimator"] == "best-of-n over the pool" and 0 <= x["kl"] <= x["kl_bound"] + 1e-9
+               and x["kl_bound"] == pytest.approx(math.log(x["n"]) - (x["n"] - 1) / x["n"]) for x in bon)
     colder = [x for x in rows if x["algorithm"] == "control: temperature"]
     assert [x["variant"] for x in colder] == ["T=0.6"] and colder[0]["kl"] > 0
     assert {b["algorithm"] for b in extras["budgets"]} == {"PITA", "QSharp", "QSharp-HF", "DPO", "GRPO", "GRPO-HF"}

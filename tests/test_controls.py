@@ -42,6 +42,63 @@ def test_best_of_n_limits_and_the_kl_bound():
         controls.best_of_n_weights(3, 4)
 
 
+def _exact_best_of_n_kl(probs: list[float], n: int) -> float:
+    """KL(best-of-n || p) of a distribution whose outcomes (in ascending score order) have ``probs``."""
+    kl, f = 0.0, 0.0
+    for p in probs:
+        got = (f + p) ** n - f ** n
+        kl += got * math.log(got / p) if got > 0 else 0.0
+        f += p
+    return kl
+
+
+@pytest.mark.parametrize("n", [2, 4, 8, 16])
+def test_best_of_n_kl_is_exact_where_the_pool_holds_the_support(n):
+    """Two equally likely answers, one scored higher: best-of-n picks the better with probability
+    1 - 2^-n, a KL below log 2 for every n, where the bound log n - (n-1)/n grows without limit
+    (1.84 nats at n = 16). A pool of 16 samples of three answers carrying all the mass gives the
+    exact value whichever answer it drew how often."""
+    got, covered = controls.best_of_n_kl([0.0, 1.0, 1.0, 0.0], [math.log(0.5)] * 4, ["a", "b", "b", "a"], n)
+    assert covered == pytest.approx(1.0)
+    assert got == pytest.approx(_exact_best_of_n_kl([0.5, 0.5], n), rel=1e-9) and got < math.log(2)
+    probs, scores = [0.6, 0.3, 0.1], [0.2, -1.0, 3.0]  # by score: 0.3, 0.6, 0.1
+    pool = [0] * 9 + [1] * 5 + [2] * 2
+    got, _ = controls.best_of_n_kl([scores[k] for k in pool], [math.log(probs[k]) for k in pool], pool, n)
+    assert got == pytest.approx(_exact_best_of_n_kl([0.3, 0.6, 0.1], n), rel=1e-9)
+    assert got < controls.kl_bound(n)
+
+
+def test_best_of_n_kl_tends_to_the_bound_when_every_completion_is_new():
+    """Sixteen distinct improbable completions: the unseen mass is spread thinly over their scores,
+    which is the bound's own assumption, and the estimate is the bound."""
+    for n in (2, 4, 16):
+        got, covered = controls.best_of_n_kl([0.1 * i for i in range(16)], [-40.0] * 16, list(range(16)), n)
+        assert covered < 1e-12 and got == pytest.approx(controls.kl_bound(n), rel=1e-9)
+
+
+def test_best_of_n_kl_estimates_a_long_tail_better_than_the_bound():
+    """A reference like a small model's short answers: one answer with 0.7 of the mass, another
+    with 0.1, and 200 rare ones the pool mostly misses. Over 200 pools of 16 the estimate's mean
+    is within 25% of the exact KL at n = 2, 4 and 16, and at most half as far from it as the bound
+    (which puts best-of-16 at 1.84 nats against an exact 0.97)."""
+    import random
+
+    rng = random.Random(0)
+    tail = 200
+    probs = [0.7, 0.1] + [0.2 / tail] * tail
+    scores = [rng.random() for _ in probs]
+    order = sorted(range(len(probs)), key=lambda k: scores[k])
+    for n in (2, 4, 16):
+        exact = _exact_best_of_n_kl([probs[k] for k in order], n)
+        est = []
+        for _ in range(200):
+            pool = rng.choices(range(len(probs)), weights=probs, k=16)
+            est.append(controls.best_of_n_kl([scores[k] for k in pool], [math.log(probs[k]) for k in pool], pool, n)[0])
+        mean = sum(est) / len(est)
+        assert abs(mean - exact) < 0.25 * exact, (n, mean, exact)
+        assert abs(mean - exact) < 0.5 * (controls.kl_bound(n) - exact), (n, mean, exact)
+
+
 @pytest.mark.parametrize("overrides, needle", [
     (("eval.control_temperatures=[0.5,1.2]",), "eval.control_temperatures=[0.5, 1.2] must list temperatures in (0, "
                                                "eval.temperature=1.0)"),
@@ -113,3 +170,79 @@ def test_the_best_of_n_job_writes_one_row_per_n_with_its_bound(tmp_path, monkeyp
     assert rows["n=4"]["mean_reward"] == pytest.approx(sum(3 * (i + 1) for i in range(3)) / 3)
     assert rows["n=2"]["kl"] == pytest.approx(math.log(2) - 0.5) and rows["n=2"]["kl_estimator"].startswith("bound")
     assert len(saved["recs"]) == 6 and {r["eta"] for r in saved["recs"]} == {2.0, 4.0}
+
+
+def test_the_best_of_n_job_places_its_rows_at_their_measured_kl(monkeypatch):
+    """Short answers that repeat, as a small model's arithmetic does: each prompt's pool holds two
+    answers carrying all the reference mass. The row's KL is the pool's exact best-of-n KL (the
+    bound kept beside it), a nucleus's own distance from the reference is added as best-of-n sees
+    it, and each prompt's record carries its KL for the bootstrap."""
+    from pita.generation import jobs as gen_jobs
+    from pita.report.intervals import prompt_columns
+
+    def sample(i, s, right):
+        return {"id": f"p{i}", "sample": s, "completion": "4" if right else "5", "finish": "eos", "correct": right,
+                "reward": None, "logp": math.log(0.8 if right else 0.2), "logp_ref": math.log(0.8 if right else 0.2),
+                "prompt": "2+2="}
+    pool = [sample(i, s, s % 4 != 0) for i in range(2) for s in range(8)]
+    saved = {}
+    monkeypatch.setattr(gen_jobs, "gather", lambda ctx: pool)
+    monkeypatch.setattr(gen_jobs, "save_records", lambda ctx, recs: saved.setdefault("recs", recs))
+    monkeypatch.setattr(controls, "_model_scores", lambda ctx, job, p, groups, value=False:
+                        [[1.0 if s["correct"] else 0.0 for s in g] for g in groups])
+    ctx = SimpleNamespace(params={"labels": {"algorithm": controls.BEST_OF_N, "task": "math", "control": True},
+                                  "ns": [2, 8], "proxy": "QSharp-HF.tiny.arith.r0.proxy"},
+                          log=SimpleNamespace(info=lambda *a, **k: None))
+    rows = {r["n"]: r for r in controls.best_of_n_merge(ctx)["results"]}
+    for n in (2, 8):
+        exact = _exact_best_of_n_kl([0.2, 0.8], n)  # the wrong answer scores lower
+        assert rows[n]["kl"] == pytest.approx(exact, rel=1e-9) and rows[n]["kl_estimator"] == controls.KL_ESTIMATOR
+        assert rows[n]["kl_bound"] == pytest.approx(controls.kl_bound(n)) and rows[n]["kl"] < rows[n]["kl_bound"]
+        assert rows[n]["kl_pool_mass"] == pytest.approx(1.0)
+    assert rows[8]["kl"] < 0.25 < controls.kl_bound(8)  # 0.22 nats, not the bound's 1.20
+    cols = prompt_columns([r for r in saved["recs"] if r["eta"] == 8.0])
+    assert cols["kl"]["p0"][0] == pytest.approx(rows[8]["kl"])
+    # a nucleus: the sampling policy is 0.1 nats from the reference on every sample
+    for s in pool:
+        s["logp_ref"] = s["logp"] - 0.1
+    saved.clear()
+    nucleus = {r["n"]: r for r in controls.best_of_n_merge(ctx)["results"]}
+    assert nucleus[2]["kl"] == pytest.approx(rows[2]["kl"] + 0.1)
+
+
+def test_a_second_best_of_n_is_ranked_by_qsharps_own_value_model(tiny_cache):
+    """With Q# in the run, a verifier task's best-of-n is also ranked by Q#'s round-0 value model
+    (the supervision Q# had), from the same pool; with no proxy trainer it is the only one."""
+    jobs = _controls(tiny_cache, "experiment.algos=[QSharp,QSharp-HF]", "experiment.rounds=1")
+    value = jobs["control.best_of_n.tiny.arith.pool.value"]
+    proxy = jobs["control.best_of_n.tiny.arith.pool.merge"]
+    assert value.kind == proxy.kind == "control.best_of_n"
+    assert value.params["value"] == "QSharp.tiny.arith.r0.train" and value.params["proxy"] is None
+    assert value.params["labels"]["algorithm"] == controls.BEST_OF_N_VALUE
+    assert set(value.params["shards"]) == set(proxy.params["shards"]) and "QSharp.tiny.arith.r0.train" in value.deps
+    assert jobs["control.best_of_n.tiny.arith.valpool.value"].params["labels"]["split"] == "validation"
+    alone = _controls(tiny_cache, "experiment.algos=[QSharp]", "experiment.rounds=1")
+    assert "control.best_of_n.tiny.arith.pool.value" in alone and "control.best_of_n.tiny.arith.pool.merge" not in alone
+
+
+def test_a_value_model_ranks_whole_sequences_by_its_predicted_value(tiny):
+    """An mle value model's sequence value is the mean of its atoms under the head's distribution
+    at the last token; a bce one's is the logit sequence_reward reads."""
+    import torch
+
+    from pita.guidance.value_model import ValueModel
+    from pita.losses.value import atoms
+
+    torch.manual_seed(0)
+    ids = torch.tensor([[5, 6, 7, 8], [5, 9, 3, 0]])
+    mask = torch.tensor([[1, 1, 1, 1], [1, 1, 1, 0]])
+    for loss in ("mle", "bce"):
+        vm = ValueModel.create(tiny["guidance"], loss=loss).eval()
+        with torch.no_grad():
+            got = vm.sequence_value(ids, mask)
+            h, _ = vm.hidden(ids, mask)
+            for b, last in enumerate((2, 1)):
+                out = vm.scores(h[b, last], ids[b, last + 1].view(1))[0].float()
+                want = (torch.softmax(out, -1) * atoms(vm.spec.v_min, vm.spec.v_max, vm.spec.num_atoms)).sum() \
+                    if loss == "mle" else out[0]
+                assert float(got[b]) == pytest.approx(float(want), abs=1e-5)

@@ -262,3 +262,27 @@ def test_the_reported_arm_and_each_rows_compute_follow_the_validation_choice():
     assert [r["train_device_s"] for r in rows] == [10.0, 20.0]
     [b] = method_budgets({"jobs": jobs}, lambda j: {"steps": 3, "train_flops": 1.0})
     assert (b["algorithm"], b["optimizer_steps"], b["device_s"], b["train_flops"]) == ("DPO", 6, 30.0, 2.0)
+
+
+def test_each_methods_budget_counts_its_training_examples_and_the_report_says_who_had_more():
+    """PITA's value model trained on the sequences of the pairs it kept, Q#'s on its returns, DPO
+    on its pairs and GRPO on its online completions: the budget row counts each, and the report
+    says which of PITA and Q# trained on more examples, and by how much."""
+    from pita.report.report import budget_section
+    from pita.report.results import method_budgets
+
+    att = {"state": "COMPLETED", "attempts": [{"duration_s": 1.0, "devices": [0]}], "deps": []}
+    jobs = {"PITA.tiny.arith.r0.train": {**att, "kind": "algo.value_train"},
+            "QSharp.tiny.arith.r0.train": {**att, "kind": "algo.value_train"},
+            "DPO.tiny.arith.r0.train": {**att, "kind": "algo.dpo_train"},
+            "GRPO.tiny.arith.r0.train": {**att, "kind": "algo.grpo_train"}}
+    results = {"PITA.tiny.arith.r0.train": {"examples": 208, "pairs": 128, "ties": 24, "steps": 4},
+               "QSharp.tiny.arith.r0.train": {"examples": 512, "steps": 8},
+               "DPO.tiny.arith.r0.train": {"pairs": 64, "steps": 4},
+               "GRPO.tiny.arith.r0.train": {"sequences": 96, "scored": 96, "steps": 12}}
+    budgets = {b["algorithm"]: b for b in method_budgets({"jobs": jobs}, results.get)}
+    assert {a: b["examples"] for a, b in budgets.items()} == {"PITA": 208, "QSharp": 512, "DPO": 64, "GRPO": 96}
+    text = "\n".join(budget_section(list(budgets.values())))
+    header = next(line for line in text.splitlines() if line.startswith("| algorithm"))
+    assert "| labels | examples | optimizer steps |" in header
+    assert "Q# trained on 512 examples, PITA on 208 (2.46x)" in text

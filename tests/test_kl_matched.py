@@ -64,7 +64,8 @@ def test_every_cell_says_what_it_is_and_the_frontier_is_chosen_on_validation():
     expect = {  # (kind, value, from)
         ("PITA", 0.02): ("chord from base", 0.30 + 0.04 * 0.02 / 0.04, "base .. r0 η=1"),
         ("PITA", 0.04): ("measured", 0.34, "r0 η=1"),
-        ("PITA", 0.1): ("interpolated", 0.34 + 0.08 * 0.06 / 0.16, "r0 η=1 .. r0 η=2"),
+        # between rows 5x apart in KL (0.04 and 0.2): a line across what no row measured
+        ("PITA", 0.1): ("wide interpolation", 0.34 + 0.08 * 0.06 / 0.16, "r0 η=1 .. r0 η=2"),
         ("PITA", 0.21): ("measured", 0.42, "r0 η=2"),  # 0.2 is within 10% of 0.21
         ("PITA", 0.5): ("not reached", None, ""),  # η=4 (test 0.50) was never chosen: it lost on validation
         ("DPO", 0.3): ("base only", 0.30, "base"),
@@ -79,13 +80,14 @@ def test_every_cell_says_what_it_is_and_the_frontier_is_chosen_on_validation():
         assert e["selected_on"] == "validation"
     assert c[("GRPO", 0.3)]["gain"] == pytest.approx(-0.04)  # a method that hurts shows it
     assert c[("DPO", 0.3)]["gain"] == 0.0 and c[("DPO", 0.3)]["ci_lo"] is None
+    assert c[("PITA", 0.1)]["bracket"] == [[0.04, 0.2]] and c[("PITA", 0.1)]["ci_lo"] is None
     assert c[("PITA", 0.1)]["frontier"] == [["r0 η=1", "r0 η=2"]]
     assert c[("PITA", 0.5)]["max_kl"] == [0.2] and c[("PITA", 0.5)]["method_max_kl"] == [0.6]
     # the test-selected reading, kept for comparison: η=4 is on the test envelope
     assert c[("PITA", 0.5)]["test_selected"]["value"] == pytest.approx(0.42 + 0.08 * 0.3 / 0.4)
     text = "\n".join(matched_tables(list(c.values()), ["PITA", "DPO", "GRPO"]))
     assert "| algorithm | at KL = 0.02 |" in text and "Frontier points chosen on: validation." in text
-    assert "0.320 chord from base" in text and "0.300 base only" in text and "interp." in text
+    assert "0.320 chord from base" in text and "0.300 base only" in text and "0.370 wide interp. (KL 0.04..0.2)" in text
     assert "not reached (frontier ends at KL 0.2; its rows reach 0.6, none chosen there)" in text
     assert "-0.040" in text and "the frontier picked on the test split" in text
 
@@ -95,7 +97,9 @@ def test_without_validation_rows_the_frontier_is_the_test_envelope_and_says_so()
     c = {(e["algorithm"], e["kl_budget"]): e for e in matched_cells([(test, [], None)], [0.5])}
     assert c[("PITA", 0.5)]["selected_on"] == "test" and c[("PITA", 0.5)]["kind"] == "interpolated"
     assert c[("PITA", 0.5)]["value"] == pytest.approx(0.42 + 0.08 * 0.3 / 0.4)
-    assert "Frontier points chosen on: test." in "\n".join(matched_tables(list(c.values())))
+    assert c[("PITA", 0.5)]["bracket"] == [[0.2, 0.6]]  # 3x apart: an interpolation, with its bracket shown
+    text = "\n".join(matched_tables(list(c.values())))
+    assert "Frontier points chosen on: test." in text and "0.480 interp. (KL 0.2..0.6)" in text
 
 
 def test_two_seeds_pool_their_values_and_take_the_weakest_kind():

@@ -281,6 +281,47 @@ def test_pita_pairs_every_two_continuations_of_a_cut_and_the_training_leaves_tie
         ([2], [3], False), ([4], [5], True), ([6], [7], True)]
 
 
+def test_pita_labels_a_tie_by_a_coin_flip_and_keeps_it_as_its_reference_does():
+    """On a verifier task without a reward model most of PITA's pairs tie (both right or both
+    wrong). The PITA reference labels every pair by a Bradley-Terry draw, a coin flip at equal
+    rewards, and drops none: PITA then trains on every pair its label budget paid for (here 3
+    pairs, 6 examples), where leaving ties out kept 1 pair. ``algos.PITA.ties=drop`` still can;
+    the job's result counts pairs and ties either way."""
+    from types import SimpleNamespace
+
+    from pita.algos.pita import PITA
+    from pita.guidance.rollouts import continuation_pairs
+
+    def rec(i, cut, reward):
+        return {"id": "x", "cut": cut, "reward": reward, "prompt_ids": [1], "prefix_ids": [], "continuation_ids": [i],
+                "prompt": "q"}
+
+    recs = [rec(2, 0, 4.0), rec(3, 0, 0.0), rec(4, 0, 0.0), rec(5, 0, 0.0), rec(6, 1, 4.0), rec(7, 1, 4.0)]
+    drawn = continuation_pairs(recs, seed=0, beta=50.0, ties="draw")
+    assert [tie for _c, _r, tie in drawn] == [False, True, True]
+    assert drawn[0][0]["continuation_ids"] == [2]  # a decisive pair follows the reward as before
+    # each tie's order is its own coin flip, fixed by (seed, pair): over many seeds both orders come up
+    firsts = {continuation_pairs(recs, seed=s, beta=50.0, ties="draw")[1][0]["continuation_ids"][0] for s in range(16)}
+    assert firsts == {4, 5}
+    params = {"label_seed": 0, "beta": 50.0, "bt_sampling": True, "pairs_per_prompt": 4}
+    for ties, pairs in (("draw", 3), ("drop", 1)):
+        ctx = SimpleNamespace(params={**params, "ties": ties}, log=SimpleNamespace(info=lambda *a, **k: None))
+        examples = PITA.value_examples(ctx, recs, "cpu")
+        assert len(examples) == 2 * pairs and sorted(e.target for e in examples) == [0.0] * pairs + [1.0] * pairs
+        assert ctx.label_counts == {"pairs": 3, "ties": 2, "ties_kept": ties == "draw"}
+
+
+def test_a_bad_ties_setting_is_refused_naming_the_key():
+    from omegaconf import OmegaConf
+
+    from pita.algos import algorithm
+    from pita.config.schema import PitaConfig
+
+    cfg = OmegaConf.structured(PitaConfig)
+    cfg.algos.PITA.ties = "keep"
+    assert any("algos.PITA.ties" in p and "draw" in p for p in algorithm("PITA", cfg.algos.PITA).check(cfg, 1))
+
+
 def test_pita_needs_an_even_number_of_continuations(tmp_path):
     from omegaconf import OmegaConf
 

@@ -4,8 +4,11 @@ The value model learns which of two continuations of the same cut is preferred. 
 continuations of each cut are paired (1-2, 3-4, ...), at most ``data_collection.pairs_per_prompt``
 pairs per prompt and round; a Bradley-Terry draw on their rewards (``data_collection.bt_beta``,
 correctness bonus included on math), made once per pair, picks the preferred one: target 1 for
-it, 0 for the other, bce loss, bernoulli guidance. Tied pairs carry no preference and are left out: labelled 0.5 they
-were most of the data on 0/1 rewards and held the head at 0.5 everywhere (docs/architecture.md).
+it, 0 for the other, bce loss, bernoulli guidance. A tied pair (equal rewards) is labelled by the
+same draw, a coin flip, and kept (``algos.PITA.ties=draw``), as the PITA reference labels every
+pair: then PITA trains on every pair its label budget paid for, as Q# trains on every return.
+``ties=drop`` leaves them out (labelled 0.5 they were most of the data on 0/1 rewards and held
+the head at 0.5 everywhere, docs/architecture.md), at the price of fewer examples than Q#.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from pita.core.job import Job
 
 
 PAIR_MODES = ("greedy_vs_sampled", "sampled")
+TIES = ("draw", "drop")
 
 
 @dataclass
@@ -27,6 +31,8 @@ class PITAConfig(ValueGuidedConfig):
     # PITA reference code pairs them (one pair per cut); sampled: continuations paired 1-2, 3-4, ...
     pair_mode: str = "greedy_vs_sampled"
     cut_points: int = 4  # one pair per cut (greedy_vs_sampled): 4 cuts give the 4 pairs of the label budget
+    # a pair with equal rewards: draw (a Bradley-Terry coin flip, kept: the reference's labelling) | drop
+    ties: str = "draw"
 
 
 @register_algorithm
@@ -43,6 +49,10 @@ class PITA(ValueGuidedAlgorithm):
             from pita.core.names import unknown_name
 
             p.append(unknown_name(f"{k}.pair_mode", c.pair_mode, PAIR_MODES))
+        if c.ties not in TIES:
+            from pita.core.names import unknown_name
+
+            p.append(unknown_name(f"{k}.ties", c.ties, TIES))
         elif c.pair_mode == "sampled" and c.continuations % 2:
             p.append(f"{k}.continuations={c.continuations} must be even: PITA pairs the continuations of each cut "
                      f"(1-2, 3-4, ...); set e.g. {k}.continuations={max(2, c.continuations + 1)}")
@@ -61,7 +71,7 @@ class PITA(ValueGuidedAlgorithm):
         return 1 if self.c.pair_mode == "greedy_vs_sampled" else self.c.continuations // 2
 
     def round_inputs(self, p, r: int, merges: list[str]) -> tuple[list[Job], dict]:
-        return [], preference_labels(p.cfg)
+        return [], {**preference_labels(p.cfg), "ties": self.c.ties}
 
     @classmethod
     def value_examples(cls, ctx, records: list[dict], device: str) -> list:
@@ -69,15 +79,20 @@ class PITA(ValueGuidedAlgorithm):
         from pita.guidance.train import SeqExample, prompt_group
 
         p = ctx.params
-        pairs = continuation_pairs(records, p["label_seed"], p["beta"], p["bt_sampling"], p["pairs_per_prompt"])
+        ties = p.get("ties", "drop")
+        pairs = continuation_pairs(records, p["label_seed"], p["beta"], p["bt_sampling"], p["pairs_per_prompt"],
+                                   ties=ties)
         if pairs and all(tie for _c, _r, tie in pairs):
             raise JobError(f"PITA: all {len(pairs)} preference pairs are ties (equal rewards), so there is no "
                            f"preference to learn; collect more continuations (algos.PITA.cut_points) or data "
                            f"(datasets.<name>.toy_train_size / a larger split)")
-        decisive = [(c, r) for c, r, tie in pairs if not tie]
-        ctx.log.info("PITA: %d preference pairs, %d ties left out", len(decisive), len(pairs) - len(decisive))
+        n_ties = sum(tie for _c, _r, tie in pairs)
+        kept = [(c, r) for c, r, tie in pairs if ties == "draw" or not tie]
+        ctx.log.info("PITA: %d preference pairs, %d of them ties (%s)", len(pairs), n_ties,
+                     "labelled by a coin flip and kept" if ties == "draw" else "left out")
+        ctx.label_counts = {"pairs": len(pairs), "ties": n_ties, "ties_kept": ties == "draw"}  # for the job's result
         examples = []
-        for c, r in decisive:
+        for c, r in kept:
             examples.append(SeqExample(sequence_ids(c), len(sequence_ids(c)) - len(c["continuation_ids"]), 1.0,
                                        prompt_group(c)))
             examples.append(SeqExample(sequence_ids(r), len(sequence_ids(r)) - len(r["continuation_ids"]), 0.0,

@@ -340,4 +340,5 @@ def value_train(ctx):
     return {"checkpoint": str(out), "examples": len(examples), "steps": len(curve), "train_tokens": tokens,
             "train_flops": 6.0 * trainable * tokens, "loss": p["loss"], "loss_first": curve[0]["loss"],
             "loss_last": curve[-1]["loss"], "v_min": vm.spec.v_min, "v_max": vm.spec.v_max,
-            "target_min": vm.spec.target_min, "target_max": vm.spec.target_max}
+            "target_min": vm.spec.target_min, "target_max": vm.spec.target_max,
+            **getattr(ctx, "label_counts", {})}  # PITA: its labelled pairs and ties

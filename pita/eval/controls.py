@@ -19,12 +19,16 @@ method, their frontier chosen on validation:
     when one of them runs. From a pool of N = max(n) samples per prompt the value is the
     unbiased estimate of the expected metric of the best of n drawn without replacement: with the
     pool sorted by score, the i-th lowest of N is the best of a random n-subset with probability
-    C(i-1, n-1) / C(N, n). Its KL is not measured: the standard bound
-    KL(best-of-n || base) <= log n - (n-1)/n, labelled ``bound: log n - (n-1)/n`` (exact in the
-    limit of distinct scores); one row per n (``variant`` ``n=4``).
+    C(i-1, n-1) / C(N, n). Its KL is measured from the pool (``best_of_n_kl``: exact where the
+    pool's distinct completions hold the support, the bound where nothing repeats), the standard
+    bound log n - (n-1)/n kept as ``kl_bound``; one row per n (``variant`` ``n=4``).
+
+``control: best-of-n by value``  on a verifier task with Q# in the run: the same pool ranked by
+    Q#'s round-0 value model (its predicted value of each whole sequence), the supervision Q# had.
 
 Job ids: ``control.temperature.<family>.<dataset>.{eval,val}.*`` and
-``control.best_of_n.<family>.<dataset>.{pool,valpool}.*`` (the last of each is the merge).
+``control.best_of_n.<family>.<dataset>.{pool,valpool}.*`` (``.merge``: ranked by the reward model
+or the proxy; ``.value``: by Q#'s value model).
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ from __future__ import annotations
 import math
 
 from pita.core.errors import JobError
-from pita.core.job import Resources, add_kind_module, job_kind
+from pita.core.job import Job, Resources, add_kind_module, job_kind
 
 add_kind_module("pita.eval.controls")
 
@@ -40,6 +44,9 @@ CONTROLS = ("temperature", "best_of_n")
 SCORE_BATCH = 64  # sequences the best-of-n merge scores with the proxy at once (its micro_batch_size)
 TEMPERATURE = "control: temperature"
 BEST_OF_N = "control: best-of-n"
+BEST_OF_N_VALUE = "control: best-of-n by value"
+VALUE_OF = "QSharp"  # the algorithm whose round-0 value model scores the second best-of-n on verifier tasks
+KL_ESTIMATOR = "best-of-n over the pool"
 DEFAULT_FACTORS = (0.85, 0.7, 0.55, 0.4)  # of eval.temperature, when eval.control_temperatures is null
 PROXY_OF = ("QSharp-HF", "GRPO-HF")  # algorithms whose round-0 proxy reward model scores best-of-n on verifier tasks
 
@@ -79,11 +86,13 @@ def check(ev) -> list[str]:
 
 
 def plan(cfg, ds, gen, eval_request, n_test: int, n_val: int, task: str, memory_gb: float,
-         proxies: dict[str, str], score_gb: float | None = None) -> list:
+         proxies: dict[str, str], score_gb: float | None = None, value: str | None = None) -> list:
     """The control jobs of one training dataset's own evaluation (``eval_request(ds)``), on its
     test and validation prompts. ``proxies``: algorithm -> its round-0 proxy job id in this run
-    (the best-of-n score on a verifier task); ``score_gb``: what the merge that scores the pool
-    with the proxy holds (the proxy alone; default the pool's shards' ``memory_gb``)."""
+    (the best-of-n score on a verifier task); ``value``: Q#'s round-0 value-training job id in
+    this run (a second best-of-n on a verifier task, ranked by it); ``score_gb``: what a merge
+    that scores the pool with a model holds (that model alone; default the pool's shards'
+    ``memory_gb``)."""
     import logging
 
     ev, fam = cfg.eval, cfg.model.name
@@ -106,11 +115,12 @@ def plan(cfg, ds, gen, eval_request, n_test: int, n_val: int, task: str, memory_
                                   variant="T={:g}", kl_fraction=ev.kl_fraction)
             jobs += sub
     if "best_of_n" in ev.controls:
-        proxy = next((proxies[a] for a in PROXY_OF if a in proxies), None)
-        if task != "reward" and proxy is None:
+        proxy = next((proxies[a] for a in PROXY_OF if a in proxies), None) if task != "reward" else None
+        value = value if task != "reward" else None  # a reward task ranks by its reward model
+        if task != "reward" and proxy is None and value is None:
             logging.getLogger("pita").info(
-                "eval.controls: no best-of-n control on %s: a verifier task is scored by a learned proxy at test "
-                "time, and no algorithm of the run trains one (add QSharp-HF or GRPO-HF)", ds.name)
+                "eval.controls: no best-of-n control on %s: a verifier task is scored by a learned model at test "
+                "time, and no algorithm of the run trains one (add QSharp, QSharp-HF or GRPO-HF)", ds.name)
             return jobs
         for split, n, held in splits:
             req = eval_request(ds)
@@ -120,14 +130,26 @@ def plan(cfg, ds, gen, eval_request, n_test: int, n_val: int, task: str, memory_
             req["with_prompt"] = True
             name = f"control.best_of_n.{fam}.{ds.name}.{'pool' if split == 'test' else 'valpool'}"
             sub = gen.plan(req, name, n, memory_gb=memory_gb, group="base")
-            sub[-1].kind = "control.best_of_n"
-            sub[-1].params.update(labels={"algorithm": BEST_OF_N, **labels, **({"split": "validation"} if held else {})},
-                                  ns=sorted(int(x) for x in ev.best_of_n),
-                                  proxy=proxy if task != "reward" else None, reference=req["policy"]["model"],
-                                  micro_batch_size=SCORE_BATCH)
-            if task != "reward":  # scored by the proxy on a device (the proxy alone: the pool is sampled)
-                sub[-1].deps.append(proxy)
-                sub[-1].resources = Resources(1, score_gb if score_gb is not None else memory_gb)
+            merge = sub[-1]
+            shards = sub[:-1]
+            sub = list(shards)
+            params = dict(merge.params, labels={**labels, **({"split": "validation"} if held else {})},
+                          ns=sorted(int(x) for x in ev.best_of_n), reference=req["policy"]["model"],
+                          micro_batch_size=SCORE_BATCH)
+            score_res = Resources(1, score_gb if score_gb is not None else memory_gb)
+            if task == "reward" or proxy is not None:  # ranked by the reward model, or the run's proxy
+                merge.kind = "control.best_of_n"
+                merge.params = {**params, "labels": {"algorithm": BEST_OF_N, **params["labels"]}, "proxy": proxy}
+                if proxy is not None:  # scored by the proxy on a device (the proxy alone: the pool is sampled)
+                    merge.deps.append(proxy)
+                    merge.resources = score_res
+                sub.append(merge)
+            if value is not None:  # ranked by Q#'s own value model: the control with Q#'s supervision
+                sub.append(Job(id=f"{name}.value", kind="control.best_of_n", deps=[j.id for j in shards] + [value],
+                               group=merge.group, params={**params, "labels": {"algorithm": BEST_OF_N_VALUE,
+                                                                                **params["labels"]},
+                                                          "proxy": None, "value": value},
+                               resources=score_res, duration_hint=merge.duration_hint))
             jobs += sub
     return jobs
 
@@ -146,6 +168,79 @@ def kl_bound(n: int) -> float:
     return math.log(n) - (n - 1) / n
 
 
+def _xlogx(x: float) -> float:
+    return x * math.log(x) if x > 0 else 0.0
+
+
+def _continuous_kl(a: float, b: float, n: int) -> float:
+    """The KL terms of reference mass spread thinly (no outcome carries any of it alone) over
+    [a, b] of the score CDF: the integral of n F^(n-1) log(n F^(n-1)) dF, which over [0, 1] is
+    the bound log n - (n-1)/n."""
+    an, bn = a ** n, b ** n
+    return math.log(n) * (bn - an) + (n - 1) * ((_xlogx(b) * b ** (n - 1) - bn / n) - (_xlogx(a) * a ** (n - 1) - an / n))
+
+
+def _atom_kl(f: float, mass: float, n: int) -> float:
+    """The KL term of one score level carrying ``mass`` of the reference above CDF ``f``: the
+    best of n lands on it with probability (f + mass)^n - f^n, spread over it as the reference."""
+    if mass <= 0:
+        return 0.0
+    if f > 0:  # (f + m)^n - f^n without cancellation when m << f
+        got = f ** n * math.expm1(n * math.log1p(mass / f))
+    else:
+        got = mass ** n
+    return got * math.log(got / mass) if got > 0 else 0.0
+
+
+def best_of_n_kl(scores: list[float], logps: list[float], keys: list, n: int) -> tuple[float, float]:
+    """(KL(best-of-n || sampling policy) for one prompt, the reference mass its pool covers), from
+    a pool of samples drawn from the policy: ``scores`` (what best-of-n ranks by), ``logps`` (each
+    sample's log-probability under the policy it was drawn from) and ``keys`` (equal for equal
+    completions).
+
+    Best-of-n, with the outcomes' scores sorted and F the score's CDF under the policy, puts
+    F(s)^n - F^-(s)^n on a score level s (Beirami et al. 2024, "Theoretical guarantees on the
+    best-of-n alignment policy"), so its KL is a sum over levels. The pool's distinct completions
+    are levels whose reference mass is known exactly (exp(logp)); the mass no sample of the pool
+    reached (1 - their sum) is spread thinly over the scores of the completions drawn once (the
+    unseen mass's best stand-ins, as in Good-Turing), or over every sample if none was. When the
+    pool's completions carry all the mass (short answers that repeat) the value is exact; when
+    every completion is new and improbable it tends to the bound log n - (n-1)/n, which it never
+    exceeds."""
+    if not scores:
+        raise ValueError("best_of_n_kl: an empty pool")
+    distinct: dict = {}
+    count: dict = {}
+    for sc, lp, k in zip(scores, logps, keys, strict=True):
+        distinct.setdefault(k, (float(sc), []))[1].append(float(lp))
+        count[k] = count.get(k, 0) + 1
+    atoms = {k: (sc, math.exp(math.fsum(lps) / len(lps))) for k, (sc, lps) in distinct.items()}
+    covered = math.fsum(m for _, m in atoms.values())
+    if covered > 1.0:  # float noise in long sums of log-probs: the pool is the whole support
+        atoms = {k: (sc, m / covered) for k, (sc, m) in atoms.items()}
+        covered = 1.0
+    unseen = 1.0 - covered
+    holders = [k for k in atoms if count[k] == 1] or [k for k in keys]
+    spread: dict = {}
+    for k in holders:
+        spread[k] = spread.get(k, 0.0) + unseen / len(holders)
+    # levels in score order; at one score the completions' own mass first, then the thin mass
+    levels: dict[float, list[float]] = {}
+    for k, (sc, m) in atoms.items():
+        lv = levels.setdefault(sc, [0.0, 0.0])
+        lv[0] += m
+        lv[1] += spread.get(k, 0.0)
+    kl, f = 0.0, 0.0
+    for sc in sorted(levels):
+        atom, thin = levels[sc]
+        kl += _atom_kl(f, atom, n)
+        f += atom
+        if thin > 0:
+            kl += _continuous_kl(f, min(1.0, f + thin), n)
+            f = min(1.0, f + thin)
+    return min(max(0.0, kl), kl_bound(n)), covered
+
+
 def best_of_n_value(scores: list[float], values: list[float], n: int) -> float:
     """The unbiased estimate, from one prompt's pool, of the metric of its best-of-n completion:
     the pool sorted by score (ties by pool order), each value weighted by the chance that it is
@@ -158,8 +253,9 @@ def best_of_n_value(scores: list[float], values: list[float], n: int) -> float:
 @job_kind("control.best_of_n")
 def best_of_n_merge(ctx):
     """Gather the pool's samples, score each (the reward model's score on a reward task, the run's
-    proxy on a verifier task), save per prompt and n the estimate as a record (``correct`` /
-    ``reward`` then hold the expected value, ``eta`` holds n) and return one row per n."""
+    proxy on a verifier task, or with ``value`` Q#'s round-0 value model), save per prompt and n
+    the estimate as a record (``correct`` / ``reward`` then hold the expected value, ``eta``
+    holds n, ``kl_path`` the prompt's best-of-n KL) and return one row per n."""
     import statistics
 
     from pita.generation.jobs import gather, save_records
@@ -173,35 +269,59 @@ def best_of_n_merge(ctx):
     for r in records:
         by_id.setdefault(r["id"], []).append(r)
     groups = [sorted(g, key=lambda x: x["sample"]) for _, g in sorted(by_id.items())]
-    if p.get("proxy"):
-        scores = _proxy_scores(ctx, p, groups)
+    if p.get("value"):
+        scores = _model_scores(ctx, p["value"], p, groups, value=True)
+        scored_by = f"value model of {p['value']}"
+    elif p.get("proxy"):
+        scores = _model_scores(ctx, p["proxy"], p, groups)
         scored_by = f"proxy reward model of {p['proxy']}"
     else:
         scores = [[float(s["reward"]) for s in g] for g in groups]
         scored_by = "the task's reward model"
     math_task = labels["task"] == "math"
     metric = "correct" if math_task else "reward"
+    # the KL from the pool where every sample carries its text and log-probabilities (runs from
+    # before they were saved: the bound)
+    measured = all(isinstance(s.get("logp"), (int, float)) and "completion" in s for g in groups for s in g)
     out, results = [], []
     for n in ns:
-        per = []
+        per, kls, mass = [], [], []
         for g, sc in zip(groups, scores):
             v = best_of_n_value(sc, [float(bool(s["correct"])) if math_task else float(s["reward"]) for s in g], n)
             per.append(v)
+            kl = kl_bound(n)
+            if measured:
+                kl, covered = best_of_n_kl(sc, [float(s["logp"]) for s in g],
+                                           [(s["completion"], s.get("finish")) for s in g], n)
+                # against the reference the other rows are measured to: the sampling policy's own
+                # distance from it (a nucleus), as the best of n sees it
+                if any(isinstance(s.get("logp_ref"), (int, float)) and s["logp_ref"] != s["logp"] for s in g):
+                    kl += best_of_n_value(sc, [float(s["logp"]) - float(s.get("logp_ref", s["logp"])) for s in g], n)
+                mass.append(covered)
+            kls.append(kl)
             out.append({"id": g[0]["id"], "eta": float(n), "sample": 0, metric: v,
-                        **({"reward": v} if not math_task else {}), "n_tokens": None, "finish": None})
+                        **({"reward": v} if not math_task else {}), "n_tokens": None, "finish": None,
+                        # logp - logp_ref: the prompt's expected log-ratio under best-of-n, its KL
+                        **({"logp": kl, "logp_ref": 0.0, "kl_path": kl} if measured else {})})
         se = statistics.stdev(per) / math.sqrt(len(per)) if len(per) > 1 else 0.0
         key = "pass@1" if math_task else "mean_reward"
-        results.append({**labels, "eta": float(n), "variant": f"n={n}", key: statistics.fmean(per),
-                        f"{key}_stderr": se, "kl": kl_bound(n), "kl_stderr": 0.0,
-                        "kl_estimator": "bound: log n - (n-1)/n", "n": n, "pool": len(groups[0]),
-                        "prompts": len(groups), "scored_by": scored_by})
+        row = {**labels, "eta": float(n), "variant": f"n={n}", key: statistics.fmean(per),
+               f"{key}_stderr": se, "kl_bound": kl_bound(n), "n": n, "pool": len(groups[0]),
+               "prompts": len(groups), "scored_by": scored_by}
+        if measured:
+            row.update(kl=statistics.fmean(kls), kl_stderr=statistics.stdev(kls) / math.sqrt(len(kls)) if len(kls) > 1
+                       else 0.0, kl_estimator=KL_ESTIMATOR, kl_pool_mass=statistics.fmean(mass))
+        else:
+            row.update(kl=kl_bound(n), kl_stderr=0.0, kl_estimator="bound: log n - (n-1)/n")
+        results.append(row)
     save_records(ctx, out)
     ctx.log.info("best-of-n over a pool of %d samples x %d prompts, scored by %s: %s", len(groups[0]), len(groups),
-                 scored_by, ", ".join(f"n={r['n']} {r.get('pass@1', r.get('mean_reward')):.4f}" for r in results))
+                 scored_by, ", ".join(f"n={r['n']} {r.get('pass@1', r.get('mean_reward')):.4f} at KL {r['kl']:.3f} "
+                                      f"(bound {r['kl_bound']:.3f})" for r in results))
     return {"labels": labels, "results": results}
 
 
-def _proxy_scores(ctx, p: dict, groups: list[list[dict]]) -> list[list[float]]:
+def _model_scores(ctx, job_id: str, p: dict, groups: list[list[dict]], value: bool = False) -> list[list[float]]:
     from transformers import AutoTokenizer
 
     from pita.guidance.proxy import score_sequences, text_ids
@@ -209,11 +329,11 @@ def _proxy_scores(ctx, p: dict, groups: list[list[dict]]) -> list[list[float]]:
     from pita.models.lm import default_device
 
     dev = default_device()
-    vm = ValueModel.load(ctx.dep_result(p["proxy"])["checkpoint"], device=dev).eval()
+    vm = ValueModel.load(ctx.dep_result(job_id)["checkpoint"], device=dev).eval()
     tok = AutoTokenizer.from_pretrained(p["reference"])
     flat = [s for g in groups for s in g]
     seqs = [text_ids(tok, s["prompt"], s["completion"], s.get("finish") == "eos") for s in flat]
-    got = score_sequences(vm, seqs, dev, batch=max(1, int(p.get("micro_batch_size") or 64)))
+    got = score_sequences(vm, seqs, dev, batch=max(1, int(p.get("micro_batch_size") or 64)), value=value)
     out, k = [], 0
     for g in groups:
         out.append([float(x) for x in got[k:k + len(g)]])

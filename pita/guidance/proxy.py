@@ -70,8 +70,9 @@ def text_ids(tok, prompt: str, completion: str, finished: bool = True) -> list[i
             + ([tok.eos_token_id] if finished else []))
 
 
-def score_sequences(vm, seqs: list[list[int]], dev, batch: int = 64) -> list[float]:
-    """Proxy rewards of full sequences, batched (sorted by length; the same head as in training)."""
+def score_sequences(vm, seqs: list[list[int]], dev, batch: int = 64, value: bool = False) -> list[float]:
+    """Proxy rewards of full sequences, batched (sorted by length; the same head as in training);
+    ``value``: a value model's predicted value instead (``ValueModel.sequence_value``)."""
     import torch
 
     from pita.models.lm import pad_right
@@ -82,7 +83,8 @@ def score_sequences(vm, seqs: list[list[int]], dev, batch: int = 64) -> list[flo
         for s in range(0, len(order), batch):
             idx = order[s:s + batch]
             ids, mask = pad_right([seqs[i] for i in idx], 0, dev)
-            for i, v in zip(idx, vm.sequence_reward(ids, mask).float().tolist()):
+            got = vm.sequence_value(ids, mask) if value else vm.sequence_reward(ids, mask)
+            for i, v in zip(idx, got.float().tolist()):
                 out[i] = v
     return out
 

@@ -34,10 +34,12 @@ def _by_cut(records) -> dict[tuple, list[dict]]:
 
 
 def continuation_pairs(records, seed: int, beta: float, sampling: bool = True,
-                       per_prompt: int | None = None) -> list[tuple[dict, dict, bool]]:
+                       per_prompt: int | None = None, ties: str = "drop") -> list[tuple[dict, dict, bool]]:
     """(chosen, rejected, tie) for each disjoint pair of continuations of a cut (1-2, 3-4, ...),
     by a Bradley-Terry draw on their rewards (``sampling=False``: the higher reward is chosen); a
-    pair with equal rewards is a tie (no preference).
+    pair with equal rewards is a tie (no preference). ``ties="draw"``: a tie is labelled by the
+    same draw as any pair (a coin flip at equal rewards, as the PITA reference labels every
+    pair); ``"drop"``: its order is left as sampled, for the caller to leave out.
 
     ``per_prompt``: the labelled-pair budget, at most this many pairs per prompt and round (the
     first ones in cut order), the same budget every preference-learning method gets
@@ -55,10 +57,11 @@ def continuation_pairs(records, seed: int, beta: float, sampling: bool = True,
                 break
             used[prompt] = used.get(prompt, 0) + 1
             a, b = grp[i], grp[i + 1]
-            if a["reward"] == b["reward"]:
+            tie = a["reward"] == b["reward"]
+            if tie and ties != "draw":
                 out.append((a, b, True))
                 continue
             tag = "/".join(map(str, key)) + ("" if i == 0 else f"/{i // 2}")
             c, rj, _p = sample_preference([a["reward"], b["reward"]], seed, tag, beta, sampling)
-            out.append(((a, b)[c], (a, b)[rj], False))
+            out.append(((a, b)[c], (a, b)[rj], tie))
     return out

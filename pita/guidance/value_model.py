@@ -176,3 +176,19 @@ class ValueModel(nn.Module):
         rows = torch.arange(h.shape[0], device=h.device)
         tok = input_ids[rows, last + 1].unsqueeze(-1)
         return self.scores(h[rows, last], tok)[..., 0, 0]
+
+    def sequence_value(self, input_ids, attention_mask) -> torch.Tensor:
+        """The value a value model predicts for right-padded whole sequences: the head at each
+        one's last token, as :meth:`sequence_reward` reads it, in the head's own units (bce: the
+        logit of success; mse: the value; mle: the mean over the atoms). Larger is better in
+        every case: what a best-of-n control scored by the value model ranks by."""
+        if self.spec.n_out == 1:
+            return self.sequence_reward(input_ids, attention_mask).float()
+        from pita.losses.value import atoms
+
+        h, _ = self.hidden(input_ids, attention_mask)
+        last = (attention_mask.sum(-1) - 2).clamp(min=0)
+        rows = torch.arange(h.shape[0], device=h.device)
+        out = self.scores(h[rows, last], input_ids[rows, last + 1].unsqueeze(-1))[..., 0, :].float()
+        z = atoms(self.spec.v_min, self.spec.v_max, self.spec.num_atoms).to(out.device, out.dtype)
+        return (torch.softmax(out, -1) * z).sum(-1)

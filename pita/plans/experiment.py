@@ -182,8 +182,10 @@ def experiment_plan(cfg, device_totals: list[int], cuda: bool, plan_only: bool =
             ids |= {j.id for j in algo_jobs}
         if ev.controls and algos and ds.name in tests:
             proxies = {a: f"{ctx.prefix(a)}.r0.proxy" for a in controls.PROXY_OF if f"{ctx.prefix(a)}.r0.proxy" in ids}
+            value = f"{ctx.prefix(controls.VALUE_OF)}.r0.train" if controls.VALUE_OF in algos else None
             jobs += controls.plan(cfg, ds, gen, eval_request, tests[ds.name], n_val[ds.name], tasks[ds.name],
-                                  mem_of[ds.name]["eval"], proxies, score_gb=mem_of[ds.name].get("proxy_score"))
+                                  mem_of[ds.name]["eval"], proxies, score_gb=mem_of[ds.name].get("proxy_score"),
+                                  value=value if value in ids else None)
     if batches:
         fit_sampling_batches(jobs, batches)
         log.info("system.fit_batches: sampling batches lowered to fit the smallest device: %s",

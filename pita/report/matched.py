@@ -24,6 +24,10 @@ the envelope of the test points (``selected_on: test``, the optimistic reading, 
     measured         a frontier row's test KL is within 10% of b: the row's own test value
                      and interval
     interpolated     b falls between two frontier rows: the line between their test values
+                     (``bracket``: their test KLs)
+    wide interpolation  the same between rows whose KLs are more than ``WIDE_RATIO`` (4x) apart:
+                     a line across a stretch no row measured (a baseline's arms that jump from
+                     near 0 to far past the budget), shown with its bracket and no interval
     chord from base  b falls between the base model (KL 0) and the first frontier row: a line
                      assumed from the base, never measured; no interval
     base only        no row of the method beats the base model on validation: the base's value,
@@ -56,9 +60,10 @@ import numpy as np
 from pita.eval.metrics import KL_BUDGETS as BUDGETS, bootstrap_ratios, seed_interval
 from pita.report.intervals import RESAMPLES, SEED, RecordStore, columns_of, metric_of
 
-KINDS = ("measured", "interpolated", "chord from base", "base only", "not reached")  # weakest last
+KINDS = ("measured", "interpolated", "wide interpolation", "chord from base", "base only", "not reached")  # weakest last
 WITH_INTERVAL = ("measured", "interpolated")
 MEASURED_TOLERANCE = 0.1  # a row whose test KL is within 10% of b is the measured value at b
+WIDE_RATIO = 4.0  # an interpolation between rows whose KLs differ by more than this factor is "wide"
 
 
 def envelope(points: Sequence[tuple]) -> list[tuple]:
@@ -119,11 +124,12 @@ def _key(r: dict) -> tuple:
 
 
 def classify(curve: list[tuple[float, float, str]], budget: float,
-             any_point_beyond: bool) -> tuple[str, float | None, str, int | None]:
+             any_point_beyond: bool, wide_ratio: float = WIDE_RATIO) -> tuple[str, float | None, str, int | None]:
     """(kind, value, from, index of the measured point among the frontier rows by KL) of a test
     curve at ``budget``. ``curve``: [(test kl, test value, name)], the base model first;
     ``any_point_beyond``: whether some row of the method (chosen or not) has a test KL of at
-    least ``budget`` (a method none of whose rows beats the base on validation is then "base only")."""
+    least ``budget`` (a method none of whose rows beats the base on validation is then "base only");
+    an interpolation between rows more than ``wide_ratio`` apart in KL is "wide interpolation"."""
     base = curve[0]
     rest = sorted(curve[1:], key=lambda p: p[0])
     if not rest:
@@ -138,7 +144,9 @@ def classify(curve: list[tuple[float, float, str]], budget: float,
     for a, b in zip(pts, pts[1:]):
         if a[0] <= budget <= b[0]:
             v = a[1] + (b[1] - a[1]) * (budget - a[0]) / (b[0] - a[0]) if b[0] > a[0] else b[1]
-            return ("chord from base" if a is base else "interpolated"), v, f"{a[2]} .. {b[2]}", None
+            kind = "chord from base" if a is base else \
+                "wide interpolation" if b[0] > wide_ratio * a[0] else "interpolated"
+            return kind, v, f"{a[2]} .. {b[2]}", None
     return "not reached", None, "", None
 
 
@@ -205,7 +213,7 @@ def _cell(base: dict, ms: list[dict], m: str, budgets: list[float], val_of: dict
     top = max(float(r["kl"]) for r in ms)
     cell = {"metric": m, "base": float(base[m]), "base_draws": base_draws, "selected_on": selected_on,
             "frontier": [label(r) for r in chosen_by_kl], "max_kl": max([0.0] + [float(r["kl"]) for r in chosen]),
-            "method_max_kl": top, "kinds": [], "values": [], "from": []}
+            "method_max_kl": top, "kinds": [], "values": [], "from": [], "brackets": []}
     test_pts = [(0.0, float(base[m]))] + [(float(r["kl"]), float(r[m])) for r in ms]
     cell["test_values"] = [value_at(test_pts, b) for b in budgets]
     for b in budgets:
@@ -213,6 +221,8 @@ def _cell(base: dict, ms: list[dict], m: str, budgets: list[float], val_of: dict
         cell["kinds"].append(kind)
         cell["values"].append(v)
         cell["from"].append(src)
+        cell["brackets"].append(_bracket(curve, b) if kind in ("interpolated", "wide interpolation",
+                                                                "chord from base") else None)
     if draws is not None:
         kd = {id(r): draws[index[id(r)]][1] for r in ms}
         vd = {id(r): draws[index[id(r)]][0] for r in ms}
@@ -235,6 +245,15 @@ def _cell(base: dict, ms: list[dict], m: str, budgets: list[float], val_of: dict
                 td[j, bi] = _nan(value_at(pts_j, b))
         cell["test_draws"] = td
     return cell
+
+
+def _bracket(curve: list[tuple[float, float, str]], budget: float) -> list[float] | None:
+    """The test KLs of the two curve points around ``budget`` (the base's is 0)."""
+    pts = sorted(float(p[0]) for p in curve)
+    for a, b in zip(pts, pts[1:]):
+        if a <= budget <= b:
+            return [round(a, 6), round(b, 6)]
+    return None
 
 
 def _nan(v: float | None) -> float:
@@ -309,7 +328,8 @@ def matched_cells(runs: Sequence[tuple], budgets: Sequence[float] = BUDGETS, res
                  "method_max_kl": [round(c["method_max_kl"], 6) for c in cells],
                  "frontier": [c["frontier"] for c in cells],
                  "value": None, "ci_lo": None, "ci_hi": None, "gain": None, "gain_ci_lo": None, "gain_ci_hi": None,
-                 "base": float(np.mean([c["base"] for c in cells])), "from": [c["from"][bi] for c in cells]}
+                 "base": float(np.mean([c["base"] for c in cells])), "from": [c["from"][bi] for c in cells],
+                 "bracket": [c.get("brackets", [None] * len(budgets))[bi] for c in cells]}
             tv = [c["test_values"][bi] for c in cells]
             e["test_selected"] = {"value": None}
             if all(v is not None for v in tv):
@@ -412,10 +432,14 @@ def _cell_text(e: dict, what: str = "value") -> str:
         return f"{f(v)} base only"
     if kind == "chord from base":
         return f"{f(v)} chord from base"
+    spans = [x for x in e.get("bracket") or [] if x]
+    span = f"KL {min(x[0] for x in spans):.3g}..{max(x[1] for x in spans):.3g}" if spans else ""
+    if kind == "wide interpolation":
+        return f"{f(v)} wide interp. ({span})" if span else f"{f(v)} wide interp."
     lo, hi = e[f"{'gain_' if signed else ''}ci_lo"], e[f"{'gain_' if signed else ''}ci_hi"]
     text = f(v) + (f" [{f(lo)}, {f(hi)}]" if _finite(lo) and _finite(hi) else "")
     if kind == "interpolated":
-        text += " interp."
+        text += f" interp. ({span})" if span else " interp."
     share = e.get("draws_reaching")
     if share is not None and share < 1:
         text += f" (reached in {share:.1%} of draws)" if share >= 0.995 else f" (reached in {share:.0%} of draws)"

@@ -292,7 +292,9 @@ def matched_section(extras: dict, roster: Roster) -> list[str]:
             "metric, the base model at KL 0 included, then read on the test prompts along the line through them; "
             "no test metric chooses a point, so a method that hurts shows a negative gain. Each cell says what it "
             "is: a value with an interval is measured (a frontier row within 10% of the KL) or, marked interp., "
-            "between two frontier rows; 'chord from base' is a line from the base model to the first frontier "
+            "between two frontier rows (their KLs in brackets); 'wide interp.': between rows more than 4x apart "
+            "in KL, a line across a stretch no row measured, with no interval; 'chord from base' is a line from "
+            "the base model to the first frontier "
             "row, never measured, with no interval; 'base only': no row beat the base model on validation; "
             f"'not reached': the frontier ends below the KL, nothing is extrapolated. KL estimator: {est}. "
             "Intervals: 95%, the test prompts resampled and every frontier row's metric and KL recomputed per "
@@ -300,8 +302,10 @@ def matched_section(extras: dict, roster: Roster) -> list[str]:
             "gain, and the difference of two methods, are paired on the same draws. Two rows need no training "
             "(`eval.controls`): `control: temperature`, the base model sampled colder (its KL exact, as every "
             "row's), and `control: best-of-n`, the best of n base samples by a score available at test time "
-            "(the reward model, or on a verifier task the run's learned proxy; its KL is the bound "
-            "log n − (n−1)/n): a method that does not beat them at equal KL is not shown to do more than "
+            "(the reward model, or on a verifier task the run's learned proxy; `control: best-of-n by value`: "
+            "ranked by Q#'s round-0 value model instead, Q#'s own supervision), its KL measured from the pool's "
+            "distinct completions and their probabilities (`kl_bound`: log n − (n−1)/n, which it never "
+            "exceeds): a method that does not beat them at equal KL is not shown to do more than "
             "sharpen or rerank the base model.", ""] + \
         matched_tables(cells, roster.order({c["algorithm"] for c in cells}), km.get("differences"))
 
@@ -317,14 +321,37 @@ def budget_section(budgets: list[dict], roster: Roster | None = None) -> list[st
     flops = lambda x: "" if x is None else f"{x:.3g}"  # noqa: E731
     return ["### What each method received", "",
             "Over all its rounds: completions sampled for training (roll-ins and GRPO's online samples included) "
-            "and their tokens, completions scored by the task's reward (the labels it paid for), optimizer steps "
-            "of its training jobs (value, proxy and policy models), training FLOPs (6 x trainable parameters x "
-            "tokens) and device-seconds. Unequal budgets are part of a comparison's reading.", "",
-            _md_table(["algorithm", "family", "dataset", "rounds", "samples", "tokens", "labels", "optimizer steps",
-                       "train FLOPs", "device-s"],
+            "and their tokens, completions scored by the task's reward (the labels it paid for), the examples "
+            "its training jobs trained on (sequences with a target, preference pairs, GRPO's online "
+            "completions), optimizer steps of its training jobs (value, proxy and policy models), training "
+            "FLOPs (6 x trainable parameters x tokens) and device-seconds. Unequal budgets are part of a "
+            "comparison's reading.", "",
+            _md_table(["algorithm", "family", "dataset", "rounds", "samples", "tokens", "labels", "examples",
+                       "optimizer steps", "train FLOPs", "device-s"],
                       [[b["algorithm"], b["family"], b["train_dataset"], b["rounds"], b["sequences"], b["tokens"],
-                        b["labels"], b["optimizer_steps"], flops(b.get("train_flops")), _f(b.get("device_s"), 1)]
-                       for b in rows]), ""]
+                        b["labels"], b.get("examples", ""), b["optimizer_steps"], flops(b.get("train_flops")),
+                        _f(b.get("device_s"), 1)] for b in rows]), ""] + supervision_lines(rows)
+
+
+def supervision_lines(budgets: list[dict]) -> list[str]:
+    """Which of PITA and Q# (the two value-guided methods a comparison sets side by side) trained
+    on more examples, and by how much, per family and dataset: their difference at equal KL may
+    be one of supervision as well as of method."""
+    out = []
+    by = {(b["family"], b["train_dataset"], b["algorithm"]): b for b in budgets}
+    for (fam, ds, a), b in sorted(by.items()):
+        q = by.get((fam, ds, "QSharp"))
+        if a != "PITA" or q is None or not b.get("examples") or not q.get("examples"):
+            continue
+        pe, qe = int(b["examples"]), int(q["examples"])
+        if pe == qe:
+            out.append(f"PITA and Q# trained on equal examples on {fam} / {ds} ({pe}).")
+        else:
+            more, less = ("PITA", "Q#") if pe > qe else ("Q#", "PITA")
+            out.append(f"Supervision on {fam} / {ds}: {more} trained on {max(pe, qe)} examples, {less} on "
+                       f"{min(pe, qe)} ({max(pe, qe) / min(pe, qe):.2f}x); a difference between them is one of "
+                       f"supervision as well as of method.")
+    return out + ([""] if out else [])
 
 
 def render(run: RunPaths, rows: list[dict] | None = None, roster: Roster | None = None,

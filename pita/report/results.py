@@ -28,7 +28,7 @@ log = logging.getLogger(__name__)
 
 COLUMNS = ["algorithm", "family", "train_dataset", "round", "eval_dataset", "eta", "variant", "selected", "pass@1", "pass@1_stderr",
            "maj@n", "first_sample_acc", "mean_reward", "mean_reward_stderr", "kl", "kl_stderr", "kl_per_token",
-           "kl_logratio", "kl_logratio_stderr", "kl_estimator", "n", "prompts",
+           "kl_logratio", "kl_logratio_stderr", "kl_estimator", "kl_bound", "kl_pool_mass", "scored_by", "n", "prompts",
            "train_device_s", "eval_device_s", "tokens", *CI_COLUMNS, "eval_job", "reused_from"]
 
 
@@ -118,6 +118,9 @@ def method_budgets(state: dict, result_of) -> list[dict]:
         tokens          tokens of those samples
         labels          completions scored by the task's reward (verifier or reward model):
                         what the method paid its labeller
+        examples        what its training jobs trained on: sequences with a target (a value
+                        model's returns; PITA's chosen and rejected of each pair it kept),
+                        preference pairs (DPO, a proxy) and GRPO's online completions
         optimizer_steps optimizer steps of every training job (value, proxy and policy models)
         train_tokens    tokens through the trained models, summed over epochs
         train_flops     training FLOPs: 6 x trainable parameters x tokens (transformers' own
@@ -138,7 +141,8 @@ def method_budgets(state: dict, result_of) -> list[dict]:
         key = tuple(parts[:3])  # every arm of a grid counts towards its method
         own = [jid] + shared_data([jid], jobs, f"data.{key[1]}.{key[2]}.")
         b = out.setdefault(key, {"algorithm": key[0], "family": key[1], "train_dataset": key[2], "rounds": 0,
-                                 "sequences": 0, "tokens": 0, "labels": 0, "optimizer_steps": 0, "train_tokens": 0,
+                                 "sequences": 0, "tokens": 0, "labels": 0, "examples": 0, "optimizer_steps": 0,
+                                 "train_tokens": 0,
                                  "train_flops": 0.0, "device_s": 0.0, "_seen": set()})
         b["rounds"] = max(b["rounds"], int(parts[at][1:]) + 1)
         for j in own:
@@ -153,6 +157,8 @@ def method_budgets(state: dict, result_of) -> list[dict]:
                 b["labels"] += int(res.get("scored") or 0)
             if kind in TRAIN_KINDS:
                 b["optimizer_steps"] += int(res.get("steps") or 0)
+                b["examples"] += int(res.get("examples") or res.get("pairs") or
+                                     (res.get("sequences") if kind == "algo.grpo_train" else 0) or 0)
                 b["train_tokens"] = None if b["train_tokens"] is None or res.get("train_tokens") is None else \
                     b["train_tokens"] + int(res["train_tokens"])
                 b["train_flops"] = None if b["train_flops"] is None or res.get("train_flops") is None else \
