@@ -286,3 +286,35 @@ def test_each_methods_budget_counts_its_training_examples_and_the_report_says_wh
     header = next(line for line in text.splitlines() if line.startswith("| algorithm"))
     assert "| labels | examples | optimizer steps |" in header
     assert "Q# trained on 512 examples, PITA on 208 (2.46x)" in text
+
+
+def test_each_validation_choice_reports_its_margin_and_standard_error():
+    """The chosen eta against the runner-up on the validation prompts: the margin of their metrics
+    and its standard error, paired over prompts where both rows' samples are saved (the same
+    prompts, so the prompts' own difficulty cancels), else from the two rows' standard errors. The
+    report says how many choices are within 2 standard errors."""
+    from types import SimpleNamespace
+
+    from pita.report.report import choice_section
+    from pita.report.results import validation_choices
+
+    lab = {"algorithm": "PITA", "family": "tiny", "train_dataset": "arith", "round": 0, "eval_dataset": "arith",
+           "split": "validation"}
+    # four prompts, 2 samples each: eta 2 right on 6 of 8, eta 1 on 4 of 8, the base on 3
+    right = {2.0: [1, 1, 1, 1, 1, 0, 1, 0], 1.0: [1, 1, 0, 1, 0, 0, 1, 0], 0.0: [1, 0, 0, 1, 0, 0, 1, 0]}
+    recs = {eta: [{"id": f"p{i // 2}", "eta": eta, "sample": i % 2, "correct": bool(c)} for i, c in enumerate(cs)]
+            for eta, cs in right.items()}
+    store = SimpleNamespace(records=lambda job, eta: recs.get(float(eta)))
+    val = [{**lab, "eta": eta, "pass@1": sum(cs) / 8, "pass@1_stderr": 0.15, "eval_job": "PITA.val"}
+           for eta, cs in right.items()]
+    [c] = validation_choices(val, store)
+    assert (c["chosen"], c["runner_up"], c["margin"]) == ("η=2", "η=1", pytest.approx(0.25))
+    # per-prompt differences of the means: 0, 0.5, 0.5, 0 -> mean 0.25, sd 0.2887, SE 0.1443
+    assert c["margin_se"] == pytest.approx(0.144338, abs=1e-5) and c["se_kind"] == "paired over prompts"
+    import math
+
+    [u] = validation_choices(val)  # no samples: as if independent
+    assert u["margin_se"] == pytest.approx(math.sqrt(2) * 0.15) and u["se_kind"] == "unpaired"
+    text = "\n".join(choice_section([c]))
+    assert "0 of 1 choices are within 2 standard errors" not in text and "1 of 1 choices" in text
+    assert "| PITA | tiny | arith | 0 | η=2 | 0.750 | η=1 (0.500) | +0.250 | 0.144 | 1.7 | paired over prompts |" in text

@@ -333,6 +333,30 @@ def budget_section(budgets: list[dict], roster: Roster | None = None) -> list[st
                         _f(b.get("device_s"), 1)] for b in rows]), ""] + supervision_lines(rows)
 
 
+def choice_section(choices: list[dict], roster: Roster | None = None) -> list[str]:
+    """How sure each validation choice was (results/final_results.json ``validation_choices``)."""
+    if not choices:
+        return []
+    order = roster.order({c["algorithm"] for c in choices}) if roster else sorted({c["algorithm"] for c in choices})
+    rank = {a: i for i, a in enumerate(order)}
+    rows = sorted(choices, key=lambda c: (c["family"], c["train_dataset"], rank.get(c["algorithm"], len(rank)),
+                                          c["round"]))
+    close = [c for c in rows if c["margin_se"] is not None and c["margin"] < 2 * c["margin_se"]]
+
+    def ratio(c):
+        return "" if not c["margin_se"] else f"{c['margin'] / c['margin_se']:.1f}"
+    return ["### How sure each validation choice was", "",
+            "Each η, arm or setting is chosen by its validation metric; the margin over the runner-up and its "
+            "standard error (paired over the validation prompts where their samples are saved) say how sure "
+            f"the choice was. {len(close)} of {len(rows)} choices are within 2 standard errors of their runner-up: "
+            "there another validation draw may well have chosen differently.", "",
+            _md_table(["algorithm", "family", "dataset", "round", "chosen", "validation", "runner-up", "margin",
+                       "SE", "margin / SE", "SE from"],
+                      [[c["algorithm"], c["family"], c["train_dataset"], c["round"], c["chosen"],
+                        _f(c["chosen_value"], 3), f"{c['runner_up']} ({_f(c['runner_up_value'], 3)})",
+                        f"{c['margin']:+.3f}", _f(c["margin_se"], 3), ratio(c), c["se_kind"]] for c in rows]), ""]
+
+
 def supervision_lines(budgets: list[dict]) -> list[str]:
     """Which of PITA and Q# (the two value-guided methods a comparison sets side by side) trained
     on more examples, and by how much, per family and dataset: their difference at equal KL may
@@ -413,6 +437,7 @@ def render(run: RunPaths, rows: list[dict] | None = None, roster: Roster | None 
         quality = label_table(extras.get("label_quality") or [])
         if quality:
             lines += ["### Label quality", ""] + quality
+        lines += choice_section(extras.get("validation_choices") or [], roster)
         lines += ["### Last round, η chosen on validation", "", headline_table(rows, swept, roster), ""]
         if any(r["algorithm"] in swept for r in rows) and not any(r.get("selected") for r in rows
                                                                   if r["algorithm"] in swept):

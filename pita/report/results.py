@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 import logging
 from pathlib import Path
 
@@ -227,6 +228,45 @@ def kl_matched(run: RunPaths, rows: list[dict], budgets: list[float] | None = No
             "cells": public(cells), "differences": differences(cells, order)}
 
 
+def validation_choices(val: list[dict], store=None) -> list[dict]:
+    """How sure each validation choice was: per (algorithm, family, training dataset, round) with
+    two or more validation rows, the chosen row (as ``select_eta`` chooses), the runner-up, the
+    margin between their validation metrics and its standard error: paired over the validation
+    prompts where both rows' per-sample records are in ``store`` (a RecordStore), else from the
+    two rows' own standard errors as if independent (``se_kind`` says which)."""
+    from pita.report.intervals import columns_of
+
+    groups: dict[tuple, list[dict]] = {}
+    for v in val:
+        groups.setdefault((v["algorithm"], v["family"], v["train_dataset"], v["round"]), []).append(v)
+    out = []
+    for key, rows in sorted(groups.items(), key=lambda kv: tuple(map(str, kv[0]))):
+        if len(rows) < 2:
+            continue
+        m = _metric(rows[0])
+        ranked = sorted(rows, key=lambda v: (v[m], -float(v["eta"])), reverse=True)
+        a, b = ranked[0], ranked[1]
+        margin = float(a[m]) - float(b[m])
+        se, kind = None, "unpaired"
+        if store is not None:
+            ca, cb = (columns_of(r, store) or {} for r in (a, b))  # a reused row reads its source's samples
+            pa, pb = ca.get(m), cb.get(m)
+            if pa and pb and set(pa) == set(pb) and len(pa) > 1:
+                d = [pa[i][0] / pa[i][1] - pb[i][0] / pb[i][1] for i in sorted(pa)]
+                mean = math.fsum(d) / len(d)
+                se = math.sqrt(math.fsum((x - mean) ** 2 for x in d) / (len(d) - 1) / len(d))
+                kind = "paired over prompts"
+        if se is None:
+            sa, sb = a.get(f"{m}_stderr"), b.get(f"{m}_stderr")
+            se = math.sqrt(float(sa) ** 2 + float(sb) ** 2) if sa is not None and sb is not None else None
+        name = lambda r: r.get("variant") or f"η={float(r['eta']):g}"  # noqa: E731
+        out.append({"algorithm": key[0], "family": key[1], "train_dataset": key[2], "round": key[3], "metric": m,
+                    "chosen": name(a), "chosen_value": float(a[m]), "runner_up": name(b), "runner_up_value": float(b[m]),
+                    "margin": margin, "margin_se": se, "se_kind": kind, "rows": len(rows),
+                    "prompts": a.get("prompts")})
+    return out
+
+
 def read_validation(run: RunPaths) -> list[dict]:
     """The validation rows a run's results were chosen on (results/validation.json; none before it)."""
     path = run.results / "validation.json"
@@ -252,6 +292,9 @@ def write(run: RunPaths, roster: Roster | None = None, budgets: list[float] | No
 
     extras["label_quality"] = label_quality(run, roster.preference_pairs if roster and roster.preference_pairs else None)
     extras["budgets"] = method_budgets(json.loads(run.state.read_text()), lambda jid: run.job(jid).read_result())
+    from pita.report.intervals import RecordStore
+
+    extras["validation_choices"] = validation_choices(val, RecordStore(run))
     atomic_write_json(run.results / "final_results.json", {"rows": rows, **extras})
     for r in rows:
         atomic_write_json(run.results / "cells" / f"{cell_name(r)}.json", r)
