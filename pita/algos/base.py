@@ -31,6 +31,7 @@ from pita.core.job import Job, Resources, add_kind_module
 from pita.core.names import Registry
 
 add_kind_module("pita.eval.jobs")  # eval.merge, the last job of every evaluation
+add_kind_module("pita.eval.eta_search")  # eval.eta_search, after a guided round's validation
 
 
 @dataclass
@@ -276,7 +277,42 @@ class PlanContext:
                 merge.params["base_eval"] = base
             jobs += ev
         if self.n_validation:
-            jobs += self.validation(algo, r, train, policy, etas)
+            val = self.validation(algo, r, train, policy, etas)
+            jobs += val
+            if etas is not None and int(getattr(self.cfg.eval, "eta_search_steps", 0) or 0) > 0:
+                jobs += self.eta_search(algo, r, train, policy, val[-1], jobs)
+        return jobs
+
+    def eta_search(self, algo: str, r: int, train: str, policy: dict, val_merge: Job, evals: list[Job]) -> list[Job]:
+        """The eta search after round r's validation (pita/eval/eta_search.py): one job on the
+        validation prompts, then every evaluation dataset's test rows at the etas it added."""
+        ev = self.cfg.eval
+        search = f"{self.prefix(algo)}.r{r}.eta_search"
+        req = self.eval_request(self.ds)
+        req["split"] = "held_out"
+        req["policy"].update(policy)
+        labels = dict(val_merge.params["labels"])
+        jobs = [Job(id=search, kind="eval.eta_search", deps=[train, val_merge.id], group=f"round {r}",
+                    params={"request": req, "labels": labels, "validation": val_merge.id,
+                            "budgets": [float(b) for b in ev.kl_budgets], "steps": int(ev.eta_search_steps),
+                            "eta_min": float(ev.eta_min), "eta_max": float(ev.eta_max),
+                            "kl_fraction": float(ev.kl_fraction), "n_examples": self.n_validation},
+                    resources=Resources(1, self.eval_memory(policy)),
+                    duration_hint=2.0 * self.n_validation * max(1, int(ev.eta_search_steps)))]
+        for eds, n_test, etask in self.evals:
+            name = f"{self.prefix(algo)}.r{r}.eval-search" + ("" if eds.name == self.ds.name else f"-{eds.name}")
+            ereq = self.eval_request(eds)
+            ereq["policy"].update(policy)
+            ereq["etas_from"] = search
+            sub = self.gen.plan(ereq, name, n_test, deps=[train, search], memory_gb=self.eval_memory(policy),
+                                group=f"round {r}")
+            merge = sub[-1]
+            merge.kind = "eval.merge"
+            merge.params["labels"] = {"algorithm": algo, "family": self.family, "train_dataset": self.ds.name,
+                                      "round": r, "eval_dataset": eds.name, "task": etask,
+                                      **({"variant": self.variant} if self.variant else {})}
+            merge.params["may_be_empty"] = True  # the search added no eta: no rows
+            jobs += sub
         return jobs
 
     def validation(self, algo: str, r: int, train: str, policy: dict, etas: list[float] | None) -> list[Job]:

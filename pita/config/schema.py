@@ -187,6 +187,13 @@ class EvalConfig:
     # split; at most a quarter of the training prompts; 0: no validation (eta is not chosen, the
     # equal-KL frontiers are the test envelope, labelled so)
     validation_prompts: int = 32
+    # the value-guided methods' eta, searched on the validation prompts (evaluations only, no
+    # training; pita/eval/eta_search.py) beyond algos.<A>.etas until every kl_budgets value has a
+    # row within 10% or rows within 4x of each other around it, or a limit stops it: eta_max
+    # above, eta_min below, eta_search_steps rounds of new etas (0: no search)
+    eta_search_steps: int = 3
+    eta_max: float = 64.0
+    eta_min: float = 0.0625
     # rows on every equal-KL frontier computed from the base model with no training
     # (pita/eval/controls.py): temperature (the base model sampled colder, its KL exact per step)
     # and best_of_n (the best of n base samples by a score available at test time: the reward

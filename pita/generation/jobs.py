@@ -13,28 +13,13 @@ def _chunk_file(paths, k: int):
     return paths.checkpoints / f"chunk-{k:05d}.jsonl"
 
 
-@job_kind("generation.shard")
-def shard(ctx):
-    from pita.datasets.config import DatasetConfig
-    from pita.datasets.loading import load_examples
-    from pita.generation.recipes import RUNNERS, Scorer
+def prepare(ctx, req: dict, examples: list, ds) -> tuple:
+    """(the policy as an LM, the scorer) a ``req`` samples and scores ``examples`` with: the
+    policy's model (or a trained job's checkpoint), the reference that measures a trained
+    policy's KL, an earlier job's value model guiding it, and the reward model. Fills ``req``'s
+    private keys (``_ref_lm``, ``_vm``, ``_guide``) the recipes read. (None, None) for prompts."""
+    from pita.generation.recipes import Scorer
 
-    req = dict(ctx.params["request"])
-    # an OOM retry halves the job's batch_size param: the generation batch follows it
-    req["sampling"] = dict(req["sampling"], batch_size=int(ctx.params.get("batch_size", req["sampling"]["batch_size"])))
-    ds = DatasetConfig(**req["dataset"])
-    examples = load_examples(ds, req["split"])
-    if len(examples) != ctx.params["n_examples"]:
-        raise JobError(f"dataset {ds.name} {req['split']} has {len(examples)} examples now but {ctx.params['n_examples']} "
-                       f"when the run was planned; the source changed under the run")
-    a, b = ctx.params["chunks"]
-    size = req["chunk_size"]
-    ctx.paths.checkpoints.mkdir(parents=True, exist_ok=True)
-    todo = [k for k in range(a, b) if not _chunk_file(ctx.paths, k).exists()]
-    if len(todo) < b - a:
-        ctx.log.info("chunks %d..%d: %d already done earlier, %d to do", a, b - 1, b - a - len(todo), len(todo))
-    if not todo:
-        return {"chunks": [a, b], "records": _count(ctx.paths, a, b)}
     lm = scorer = None
     if req["recipe"] != "prompts":
         from pita.models.lm import LM
@@ -81,6 +66,38 @@ def shard(ctx):
             raise JobError(f"dataset {ds.name} is a reward task but no reward model is configured "
                            f"(model.reward_models.{ds.name})")
         scorer = Scorer(task=task, extractor=extractor, bonus=float(sc.get("correctness_bonus", 1.0)), rm=rm)
+    return lm, scorer
+
+
+@job_kind("generation.shard")
+def shard(ctx):
+    from pita.datasets.config import DatasetConfig
+    from pita.datasets.loading import load_examples
+    from pita.generation.recipes import RUNNERS
+
+    req = dict(ctx.params["request"])
+    if req.get("etas_from"):  # etas an earlier job chose (the eta search): none chosen, nothing to sample
+        req["etas"] = [float(e) for e in ctx.dep_result(req["etas_from"]).get("etas", [])]
+    # an OOM retry halves the job's batch_size param: the generation batch follows it
+    req["sampling"] = dict(req["sampling"], batch_size=int(ctx.params.get("batch_size", req["sampling"]["batch_size"])))
+    ds = DatasetConfig(**req["dataset"])
+    examples = load_examples(ds, req["split"])
+    if len(examples) != ctx.params["n_examples"]:
+        raise JobError(f"dataset {ds.name} {req['split']} has {len(examples)} examples now but {ctx.params['n_examples']} "
+                       f"when the run was planned; the source changed under the run")
+    a, b = ctx.params["chunks"]
+    size = req["chunk_size"]
+    ctx.paths.checkpoints.mkdir(parents=True, exist_ok=True)
+    todo = [k for k in range(a, b) if not _chunk_file(ctx.paths, k).exists()]
+    if len(todo) < b - a:
+        ctx.log.info("chunks %d..%d: %d already done earlier, %d to do", a, b - 1, b - a - len(todo), len(todo))
+    if not todo:
+        return {"chunks": [a, b], "records": _count(ctx.paths, a, b)}
+    if req.get("etas_from") and not req["etas"]:
+        for k in todo:
+            atomic_write(_chunk_file(ctx.paths, k), "")
+        return {"chunks": [a, b], "records": 0}
+    lm, scorer = prepare(ctx, req, examples, ds)
     run = RUNNERS[req["recipe"]]
     for k in todo:
         chunk = examples[k * size:(k + 1) * size]

@@ -76,6 +76,9 @@ def experiment_plan(cfg, device_totals: list[int], cuda: bool, plan_only: bool =
     from pita.eval import controls
 
     problems += controls.check(ev)
+    from pita.eval import eta_search
+
+    problems += eta_search.check(ev)
     datasets, configs = [], {}
     for name in cfg.experiment.datasets:
         try:

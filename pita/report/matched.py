@@ -214,6 +214,10 @@ def _cell(base: dict, ms: list[dict], m: str, budgets: list[float], val_of: dict
     cell = {"metric": m, "base": float(base[m]), "base_draws": base_draws, "selected_on": selected_on,
             "frontier": [label(r) for r in chosen_by_kl], "max_kl": max([0.0] + [float(r["kl"]) for r in chosen]),
             "method_max_kl": top, "kinds": [], "values": [], "from": [], "brackets": []}
+    # which limit stopped a guided method's eta search short of a budget (its latest round's search)
+    stops = [r["eta_search_stopped"] for r in sorted(ms, key=lambda r: int(r.get("round") or 0))
+             if r.get("eta_search_stopped")]
+    cell["stopped"] = [(stops[-1].get(f"{b:g}") if stops else None) for b in budgets]
     test_pts = [(0.0, float(base[m]))] + [(float(r["kl"]), float(r[m])) for r in ms]
     cell["test_values"] = [value_at(test_pts, b) for b in budgets]
     for b in budgets:
@@ -329,7 +333,9 @@ def matched_cells(runs: Sequence[tuple], budgets: Sequence[float] = BUDGETS, res
                  "frontier": [c["frontier"] for c in cells],
                  "value": None, "ci_lo": None, "ci_hi": None, "gain": None, "gain_ci_lo": None, "gain_ci_hi": None,
                  "base": float(np.mean([c["base"] for c in cells])), "from": [c["from"][bi] for c in cells],
-                 "bracket": [c.get("brackets", [None] * len(budgets))[bi] for c in cells]}
+                 "bracket": [c.get("brackets", [None] * len(budgets))[bi] for c in cells],
+                 "stopped_by": sorted({s for c in cells for s in [(c.get("stopped") or [None] * len(budgets))[bi]]
+                                       if s})}
             tv = [c["test_values"][bi] for c in cells]
             e["test_selected"] = {"value": None}
             if all(v is not None for v in tv):
@@ -424,14 +430,16 @@ def _cell_text(e: dict, what: str = "value") -> str:
         most = max(e.get("method_max_kl") or e["max_kl"])
         seeds = f"; {e['seeds_reaching']}/{e['seeds']} seeds" if e["seeds"] > 1 and e["seeds_reaching"] else ""
         beyond = f"; its rows reach {most:.3g}, none chosen there" if most > top + 1e-12 else ""
-        return f"not reached (frontier ends at KL {top:.3g}{beyond}{seeds})"
+        why = f"; η search stopped by {' / '.join(e['stopped_by'])}" if e.get("stopped_by") else ""
+        return f"not reached (frontier ends at KL {top:.3g}{beyond}{seeds}{why})"
     signed = what == "gain"
     f = (lambda x: f"{x:+.3f}") if signed else (lambda x: f"{x:.3f}")
     v = e[what]
     if kind == "base only":
         return f"{f(v)} base only"
     if kind == "chord from base":
-        return f"{f(v)} chord from base"
+        why = f" (η search stopped by {' / '.join(e['stopped_by'])})" if e.get("stopped_by") else ""
+        return f"{f(v)} chord from base{why}"
     spans = [x for x in e.get("bracket") or [] if x]
     span = f"KL {min(x[0] for x in spans):.3g}..{max(x[1] for x in spans):.3g}" if spans else ""
     if kind == "wide interpolation":
@@ -521,5 +529,5 @@ def public(cells: list[dict]) -> list[dict]:
     keep = ("eval_dataset", "family", "train_dataset", "algorithm", "metric", "kl_budget", "kind", "kinds",
             "selected_on", "value", "ci_lo", "ci_hi", "gain", "gain_ci_lo", "gain_ci_hi", "base", "reached", "seeds",
             "seeds_reaching", "seed_ids", "interval", "max_kl", "method_max_kl", "frontier", "from", "draws_reaching",
-            "test_selected")
+            "test_selected", "bracket", "stopped_by")
     return [{k: e[k] for k in keep if k in e} for e in cells]

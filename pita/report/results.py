@@ -33,16 +33,25 @@ COLUMNS = ["algorithm", "family", "train_dataset", "round", "eval_dataset", "eta
            "train_device_s", "eval_device_s", "tokens", *CI_COLUMNS, "eval_job", "reused_from"]
 
 
-EVAL_KINDS = ("eval.merge", "control.best_of_n")  # the jobs whose results are rows of the table
+EVAL_KINDS = ("eval.merge", "control.best_of_n", "eval.eta_search")  # the jobs whose results are rows of the table
 
 
 def collect(run: RunPaths) -> tuple[list[dict], list[dict]]:
     """(test rows, validation rows) of every completed ``eval.merge``; test rows carry ``selected``."""
     state = json.loads(run.state.read_text())
     rows = []
+    stopped: dict[tuple, dict] = {}
     for jid, e in sorted(state["jobs"].items()):
         if e.get("kind") in EVAL_KINDS and e.get("state") == "COMPLETED":
-            rows += [{**r, "eval_job": jid} for r in run.job(jid).read_result().get("results", [])]
+            res = run.job(jid).read_result()
+            rows += [{**r, "eval_job": jid} for r in res.get("results", [])]
+            if e.get("kind") == "eval.eta_search" and res.get("stopped"):
+                lab = res.get("labels") or {}
+                stopped[tuple(lab.get(k) for k in ("algorithm", "family", "train_dataset", "round"))] = res["stopped"]
+    for r in rows:  # which limit stopped the eta search short of a budget, on the method's rows
+        got = stopped.get(tuple(r.get(k) for k in ("algorithm", "family", "train_dataset", "round")))
+        if got:
+            r["eta_search_stopped"] = got
     val = [r for r in rows if r.get("split") == "validation"]
     rows = [r for r in rows if r.get("split") != "validation"]
     add_compute(rows, state, lambda jid: run.job(jid).read_result())
@@ -96,7 +105,7 @@ def add_compute(rows: list[dict], state: dict, result_of) -> None:
             own = str(r.get("eval_job") or "").split(f".r{rnd}.eval", 1)[0] or f"{a}.{fam}.{tr}"
             eval_prefix = f"{own}.r{rnd}.eval{'' if ev == tr else '-' + ev}."
             train_ids = [j for pre in dict.fromkeys([own, f"{a}.{fam}.{tr}"]) for j in jobs  # an arm's, and shared ones
-                         if j.startswith(f"{pre}.r") and ".eval" not in j and ".val" not in j
+                         if j.startswith(f"{pre}.r") and ".eval" not in j and ".val" not in j and ".eta_search" not in j
                          and j[len(f"{pre}.r"):].split(".", 1)[0].isdigit()
                          and int(j[len(f"{pre}.r"):].split(".", 1)[0]) <= int(rnd)]
             train_ids += shared_data(train_ids, jobs, f"data.{fam}.{tr}.")
@@ -133,7 +142,7 @@ def method_budgets(state: dict, result_of) -> list[dict]:
     jobs = state.get("jobs", {})
     out: dict[tuple, dict] = {}
     for jid, e in sorted(jobs.items()):
-        if ".eval" in jid or ".val" in jid or e.get("state") != "COMPLETED":
+        if ".eval" in jid or ".val" in jid or ".eta_search" in jid or e.get("state") != "COMPLETED":
             continue
         parts = jid.split(".")
         at = next((i for i in (3, 4) if len(parts) > i and parts[i][:1] == "r" and parts[i][1:].isdigit()), None)

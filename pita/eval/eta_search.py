@@ -1,0 +1,152 @@
+"""The value-guided methods' eta, searched on the validation prompts until it brackets every KL budget.
+
+A guided policy's KL grows with eta, and eta costs evaluations only (no training). A fixed grid
+(``algos.<A>.etas``) may put the first row past the smallest budgets (every cell below it a chord
+from the base model), end below the largest ("not reached" read as a result), or leave two rows
+far apart in KL around a budget (a wide interpolation). After a round's validation evaluation,
+``eval.eta_search`` (job ``<prefix>.r<r>.eta_search``) evaluates new etas on the same validation
+prompts, ``eval.eta_search_steps`` rounds at most, each round adding for every budget b that no
+row measures (a row within 10% of b):
+
+    no row at or above b      2 x the largest eta (stopped above ``eval.eta_max``)
+    no row at or below b      the smallest eta / 2 (stopped below ``eval.eta_min``)
+    rows around b more than   the geometric mean of their etas (stopped when it is one of them:
+    4x apart in KL            the KL jumps between two adjacent etas)
+
+The job's validation rows join the round's (the frontier and eta are chosen on all of them), and
+the test evaluation ``<prefix>.r<r>.eval-search`` samples the etas it added (none: nothing). A
+budget the search could not bracket keeps the reason (``eta_search_stopped``), which the
+equal-KL table prints beside "not reached".
+"""
+
+from __future__ import annotations
+
+import math
+
+from pita.core.errors import JobError
+from pita.core.job import add_kind_module, job_kind
+
+add_kind_module("pita.eval.eta_search")
+
+TOLERANCE = 0.1  # a row within 10% of a budget measures it (pita.report.matched.MEASURED_TOLERANCE)
+WIDE = 4.0  # rows more than 4x apart in KL around a budget: a wide interpolation (pita.report.matched.WIDE_RATIO)
+
+
+def check(ev) -> list[str]:
+    """Problems with the ``eval`` keys of the eta search."""
+    p = []
+    steps, lo, hi = ev.eta_search_steps, ev.eta_min, ev.eta_max
+    if not (isinstance(steps, int) and not isinstance(steps, bool) and steps >= 0):
+        p.append(f"eval.eta_search_steps={steps!r} must be an integer >= 0 (rounds of new etas searched on the "
+                 f"validation prompts; 0: no search)")
+    number = all(isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) for x in (lo, hi))
+    if not (number and 0 < lo < hi):
+        p.append(f"eval.eta_min/eta_max={lo!r}/{hi!r} must satisfy 0 < eval.eta_min < eval.eta_max (the eta "
+                 f"search's limits), e.g. eval.eta_min=0.0625 eval.eta_max=64")
+    return p
+
+
+def _key(eta: float) -> float:
+    return float(f"{float(eta):.6g}")
+
+
+def next_etas(points: list[tuple[float, float]], budgets: list[float], eta_min: float, eta_max: float,
+              tried: set | None = None) -> tuple[list[float], dict[str, str]]:
+    """(new etas to evaluate, {budget: why it cannot be bracketed}) from the guided rows measured
+    so far, ``points`` = [(eta, validation KL)] with eta > 0. ``tried``: etas evaluated already."""
+    pts = sorted((float(e), float(k)) for e, k in points if e > 0 and k is not None and not math.isnan(k))
+    tried = {_key(e) for e in (tried or set())} | {_key(e) for e, _ in pts}
+    new: list[float] = []
+    stopped: dict[str, str] = {}
+    if not pts:
+        return [], {}
+    for b in sorted(float(x) for x in budgets):
+        if any(abs(k - b) <= TOLERANCE * b for _e, k in pts):
+            continue
+        above = [(e, k) for e, k in pts if k >= b]
+        below = [(e, k) for e, k in pts if k <= b]
+        if not above:
+            e = 2 * max(e for e, _ in pts)
+            why = f"eval.eta_max={eta_max:g} (η={max(e for e, _ in pts):g} reaches KL {max(k for _, k in pts):.3g})"
+            ok = e <= eta_max
+        elif not below:
+            e = min(e for e, _ in pts) / 2
+            why = f"eval.eta_min={eta_min:g} (η={min(e for e, _ in pts):g} is already at KL {min(k for _, k in pts):.3g})"
+            ok = e >= eta_min
+        else:
+            (e0, k0), (e1, k1) = max(below, key=lambda p: p[1]), min(above, key=lambda p: p[1])
+            if k1 <= WIDE * max(k0, 1e-12):
+                continue
+            e = math.sqrt(e0 * e1)
+            why = f"the KL jumps from {k0:.3g} at η={e0:g} to {k1:.3g} at η={e1:g}"
+            ok = _key(e) not in (_key(e0), _key(e1)) and abs(math.log(e1 / e0)) > 0.05
+        if not ok:
+            stopped[f"{b:g}"] = why
+        elif _key(e) not in tried and _key(e) not in {_key(x) for x in new}:
+            new.append(_key(e))
+    return sorted(new), stopped
+
+
+@job_kind("eval.eta_search")
+def eta_search(ctx):
+    """Evaluate new etas on the validation prompts until the budgets are bracketed (see the
+    module); save their per-sample records and return their rows (split validation), ``etas``
+    (the ones it added, which the test evaluation samples) and ``stopped``."""
+    from pita.datasets.config import DatasetConfig
+    from pita.datasets.loading import load_examples
+    from pita.eval.metrics import summarize
+    from pita.generation.jobs import prepare, save_records
+    from pita.generation.recipes import RUNNERS
+
+    p = ctx.params
+    labels = p["labels"]
+    rows = [r for r in ctx.dep_result(p["validation"])["results"]]
+    points = [(float(r["eta"]), r.get("kl")) for r in rows if float(r["eta"]) > 0]
+    req = dict(p["request"])
+    ds = DatasetConfig(**req["dataset"])
+    examples = load_examples(ds, req["split"])
+    lm = scorer = None
+    records, out, added, tried = [], [], [], {float(e) for e, _ in points}
+    stopped: dict[str, str] = {}
+    for step in range(int(p["steps"])):
+        new, stopped = next_etas(points, p["budgets"], float(p["eta_min"]), float(p["eta_max"]), tried)
+        if not new:
+            break
+        if lm is None:
+            lm, scorer = prepare(ctx, req, examples, ds)
+        ctx.log.info("eta search, step %d: validation KL %s; evaluating eta %s", step + 1,
+                     ", ".join(f"η={e:g}: {k:.3g}" for e, k in sorted(points)), ", ".join(f"{e:g}" for e in new))
+        got = RUNNERS["eval"](lm, examples, {**req, "etas": new}, scorer)
+        records += got
+        tried |= set(new)
+        added += new
+        for eta in new:
+            by_id: dict = {}
+            for r in got:
+                if float(r["eta"]) == eta:
+                    by_id.setdefault(r["id"], []).append(r)
+            groups = [sorted(g, key=lambda x: x["sample"]) for _, g in sorted(by_id.items())]
+            if not groups:
+                raise JobError(f"the eta search's evaluation at eta {eta:g} produced no samples")
+            m = summarize(groups, labels["task"], kl_fraction=p.get("kl_fraction", 1.0))
+            out.append({**labels, "eta": eta, **m})
+            points.append((eta, m.get("kl")))
+    else:
+        _new, stopped = next_etas(points, p["budgets"], float(p["eta_min"]), float(p["eta_max"]), tried)
+        for b in p["budgets"]:
+            if f"{float(b):g}" not in stopped and _new and not _bracketed(points, float(b)):
+                stopped[f"{float(b):g}"] = f"eval.eta_search_steps={p['steps']}"
+    if records:
+        save_records(ctx, records)
+    for r in out:
+        r["eta_search_stopped"] = stopped
+    ctx.log.info("eta search: added %s; %s", ", ".join(f"{e:g}" for e in sorted(added)) or "no eta",
+                 "every budget bracketed" if not stopped else
+                 "; ".join(f"KL {b}: stopped by {why}" for b, why in stopped.items()))
+    return {"labels": labels, "results": sorted(out, key=lambda r: float(r["eta"])), "etas": sorted(added),
+            "stopped": stopped, "sequences": getattr(lm, "sequences_generated", 0)}
+
+
+def _bracketed(points: list[tuple[float, float]], b: float) -> bool:
+    new, stopped = next_etas(points, [b], 1e-12, 1e12)
+    return not new and not stopped

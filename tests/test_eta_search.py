@@ -1,0 +1,79 @@
+"""The value-guided methods' eta searched on validation until it brackets the KL budgets
+(pita/eval/eta_search.py); its rows, test evaluations and stop reasons in the report."""
+
+from __future__ import annotations
+
+import pytest
+
+from pita.eval.eta_search import next_etas
+
+BUDGETS = [0.05, 0.1, 0.25, 0.5, 1.0]
+
+
+def test_a_grid_whose_first_row_is_past_the_small_budgets_searches_below_it():
+    """real_arith's grid put PITA's first row at ~0.45 nats: every cell at 0.25 and below was a
+    chord from the base. The search halves the smallest eta; above, it doubles the largest."""
+    new, stopped = next_etas([(1.0, 0.45), (2.0, 0.85)], BUDGETS, eta_min=0.0625, eta_max=64)
+    assert new == [0.5, 4.0] and stopped == {}  # 0.5 below the first row; 4 past 0.85 (1.0 not within 10%)
+
+
+def test_a_budget_between_rows_far_apart_in_kl_gets_the_geometric_mean_eta():
+    new, _ = next_etas([(1.0, 0.04), (4.0, 0.8), (8.0, 1.05)], BUDGETS, 0.0625, 64)
+    assert new == [2.0]  # 0.1, 0.25 and 0.5 lie between 0.04 and 0.8 (20x apart)
+    new, _ = next_etas([(1.0, 0.2), (2.0, 0.45), (4.0, 1.02)], [0.25, 0.5], 0.0625, 64)
+    assert new == []  # within 4x around each budget, or within 10% of it: bracketed
+
+
+def test_each_limit_that_stops_the_search_is_named():
+    new, stopped = next_etas([(32.0, 0.12), (64.0, 0.3)], BUDGETS, 0.0625, 64)
+    assert 128.0 not in new
+    assert stopped["0.5"].startswith("eval.eta_max=64") and stopped["1"].startswith("eval.eta_max=64")
+    new, stopped = next_etas([(0.0625, 0.2)], [0.05], 0.0625, 64)
+    assert new == [] and stopped["0.05"].startswith("eval.eta_min=0.0625")
+    # adjacent etas whose KL jumps: their geometric mean is tried once, then the jump is named
+    new, stopped = next_etas([(1.0, 0.01), (1.01, 2.0)], [0.5], 0.0625, 64)
+    assert new == [] and "jumps from 0.01 at η=1 to 2 at η=1.01" in stopped["0.5"]
+
+
+def test_the_search_runs_in_the_plan_and_its_rows_join_the_frontier(tiny_cache, tmp_path):
+    """PITA with a one-eta grid on the tiny family: the search adds etas on validation, the test
+    evaluation samples them, and the report's cells see both; a search stopped by a limit says so."""
+    import json
+
+    from test_cli_runs import cli, only_run
+
+    r = cli(["experiment=smoke", f"system.cache_dir={tiny_cache}", "experiment.algos=[PITA]",
+             "algos.PITA.etas=[0,1]", "eval.controls=[]", "eval.eta_max=4", "experiment.name=search"],
+            tmp_path, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    run = only_run(tmp_path, "search")
+    res = json.loads((run / "jobs" / "PITA.tiny.arith.r0.eta_search" / "result.json").read_text())
+    added = res["etas"]
+    assert added and all(e not in (0.0, 1.0) and 0.0625 <= e <= 4 for e in added)
+    from pita.report.results import read_results
+
+    rows, extras = read_results(run / "results" / "final_results.json")
+    pita_test = {x["eta"] for x in rows if x["algorithm"] == "PITA"}
+    val = json.loads((run / "results" / "validation.json").read_text())
+    pita_val = {x["eta"] for x in val if x["algorithm"] == "PITA"}
+    assert set(added) <= pita_test and set(added) <= pita_val
+    for b, why in res["stopped"].items():  # a budget left unbracketed names its limit in the table
+        assert why.startswith(("eval.eta_max=4", "eval.eta_min", "the KL jumps", "eval.eta_search_steps"))
+        cell = next(c for c in extras["kl_matched"]["cells"] if c["algorithm"] == "PITA" and f"{c['kl_budget']:g}" == b)
+        if cell["kind"] == "not reached":
+            assert cell["stopped_by"] == [why]
+            assert "η search stopped by" in (run / "results" / "report.md").read_text()
+
+
+@pytest.mark.parametrize("over, needle", [
+    (("eval.eta_search_steps=-1",), "eval.eta_search_steps=-1"),
+    (("eval.eta_min=2", "eval.eta_max=1"), "eval.eta_min/eta_max"),
+])
+def test_a_bad_search_setting_is_refused_naming_the_key(tiny_cache, over, needle):
+    from pita.core.errors import ConfigError
+    from pita.plans import build_plan
+    from test_baselines import compose
+
+    with pytest.raises(ConfigError) as e:
+        build_plan(compose(tiny_cache, *over), [int(8e9)])
+    assert needle in str(e.value)
