@@ -361,6 +361,11 @@ def test_the_smoke_preset_runs_all_six_algorithms_and_writes_the_report(tmp_path
     # best-of-n at its measured KL: never above the bound, which stays beside it
     assert all(x["kl_estimator"] == "best-of-n over the pool" and 0 <= x["kl"] <= x["kl_bound"] + 1e-9
                and x["kl_bound"] == pytest.approx(math.log(x["n"]) - (x["n"] - 1) / x["n"]) for x in bon)
+    # the baselines along training (eval.checkpoints: [0.5]): their halfway snapshots are frontier points too
+    along = [x for x in rows if x.get("variant") == "at 50%"]
+    assert {x["algorithm"] for x in along} == {"DPO", "GRPO", "GRPO-HF"} and all(x["kl"] >= 0 for x in along)
+    snap = json.loads((run / "jobs" / "DPO.tiny.arith.r0.train" / "result.json").read_text())["snapshots"]
+    assert set(snap) == {"0.5"} and 1 <= snap["0.5"]["step"] < 3
     colder = [x for x in rows if x["algorithm"] == "control: temperature"]
     assert [x["variant"] for x in colder] == ["T=0.6"] and colder[0]["kl"] > 0
     assert {b["algorithm"] for b in extras["budgets"]} == {"PITA", "QSharp", "QSharp-HF", "DPO", "GRPO", "GRPO-HF"}

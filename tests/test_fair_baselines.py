@@ -318,3 +318,26 @@ def test_each_validation_choice_reports_its_margin_and_standard_error():
     text = "\n".join(choice_section([c]))
     assert "0 of 1 choices are within 2 standard errors" not in text and "1 of 1 choices" in text
     assert "| PITA | tiny | arith | 0 | η=2 | 0.750 | η=1 (0.500) | +0.250 | 0.144 | 1.7 | paired over prompts |" in text
+
+
+def test_the_baselines_are_evaluated_along_training_at_their_snapshots(tiny_cache):
+    """eval.checkpoints: each DPO / GRPO round's policy is also evaluated, on test and validation,
+    at those fractions of its optimizer steps, from snapshots its training job saves: rows with
+    variant "at 25%", so a baseline's frontier has points between its base and its final policy.
+    A run too short for a snapshot leaves its evaluation without rows (never a failure)."""
+    from pita.plans import build_plan
+
+    jobs = {j.id: j for j in build_plan(compose(tiny_cache, "experiment.algos=[DPO]", "eval.checkpoints=[0.25,0.5]"),
+                                        [int(8e9)])}
+    train = jobs["DPO.tiny.arith.r0.train"]
+    assert train.params["snapshots"] == [0.25, 0.5]
+    for tag, f, label in (("ck25", "0.25", "at 25%"), ("ck50", "0.5", "at 50%")):
+        for split in ("eval", "val"):
+            merge = jobs[f"DPO.tiny.arith.{tag}.r0.{split}.merge"]
+            assert merge.params["labels"]["variant"] == label and merge.params["may_be_empty"]
+            shard = jobs[f"DPO.tiny.arith.{tag}.r0.{split}.s0"]
+            assert shard.params["request"]["policy"]["snapshot"] == f and train.id in shard.deps
+    assert not [j for j in build_plan(compose(tiny_cache, "experiment.algos=[DPO]", "eval.checkpoints=[]"), [int(8e9)])
+                if ".ck" in j.id]
+    with pytest.raises(ConfigError, match=r"eval.checkpoints=\[1.5\] must list fractions in \(0, 1\)"):
+        build_plan(compose(tiny_cache, "experiment.algos=[DPO]", "eval.checkpoints=[1.5]"), [int(8e9)])

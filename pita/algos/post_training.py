@@ -251,6 +251,7 @@ class PostTrainingAlgorithm(Algorithm):
             "num_workers": c.num_workers,
             "dtype": cfg.model.dtype, "attn_impl": cfg.system.attn_impl, "tf32": cfg.system.tf32,
             "compile": cfg.system.compile, "ref_policy": c.ref_policy, "save_steps": cfg.training.save_steps,
+            "snapshots": snapshot_fractions(cfg),
         }
 
     def collect_pairs(self, p: PlanContext, r: int, prev: str | None) -> tuple[list[Job], str]:
@@ -295,6 +296,8 @@ class PostTrainingAlgorithm(Algorithm):
         return jobs
 
     def plan_arm(self, p: PlanContext, lr: float, beta: float) -> list[Job]:
+        import dataclasses
+
         base = {**self.train_params(p), "lr": lr, "beta": beta}
         jobs: list[Job] = []
         prev, merges = None, []
@@ -304,8 +307,22 @@ class PostTrainingAlgorithm(Algorithm):
             jobs += round_jobs
             jobs += p.evaluations(self.name, r, train, policy={"model_from_job": train,
                                                                 "reference": p.paths["reference"]})
+            for f in snapshot_fractions(p.cfg):  # the policy along training: one pseudo-arm per snapshot
+                at = dataclasses.replace(p, variant=" ".join(x for x in (p.variant, f"at {f:.0%}") if x),
+                                         variant_id="-".join(x for x in (p.variant_id, f"ck{round(f * 100)}") if x))
+                sub = at.evaluations(self.name, r, train, policy={"model_from_job": train, "snapshot": f"{f:g}",
+                                                                  "reference": p.paths["reference"]})
+                for j in sub:
+                    if j.kind == "eval.merge":
+                        j.params["may_be_empty"] = True  # a run too short to reach the snapshot: no rows
+                jobs += sub
             prev = train
         return jobs
+
+
+def snapshot_fractions(cfg) -> list[float]:
+    """``eval.checkpoints``: the fractions of a policy's training it is also evaluated at."""
+    return sorted({float(f) for f in (cfg.eval.get("checkpoints") or [])})
 
 
 def user(text: str) -> list[dict]:

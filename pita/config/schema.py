@@ -192,6 +192,10 @@ class EvalConfig:
     # row within 10% or rows within 4x of each other around it, or a limit stops it: eta_max
     # above, eta_min below, eta_search_steps rounds of new etas (0: no search)
     eta_search_steps: int = 3
+    # DPO, GRPO and GRPO-HF: each round's policy is also evaluated (test and validation) at these
+    # fractions of its optimizer steps, snapshots its training job saves on the way: points of the
+    # KL-reward frontier along training, rows with variant "at 25%" ([]: the final policy only)
+    checkpoints: List[float] = field(default_factory=lambda: [0.25, 0.5])
     eta_max: float = 64.0
     eta_min: float = 0.0625
     # rows on every equal-KL frontier computed from the base model with no training

@@ -30,7 +30,8 @@ def prepare(ctx, req: dict, examples: list, ds) -> tuple:
         dev = default_device()
         model = pol["model"]
         if pol.get("model_from_job"):  # a policy trained by an earlier job (DPO / GRPO rounds, their evaluation)
-            model = ctx.dep_result(pol["model_from_job"])["checkpoint"]
+            res = ctx.dep_result(pol["model_from_job"])
+            model = res["snapshots"][pol["snapshot"]]["checkpoint"] if pol.get("snapshot") else res["checkpoint"]
             ctx.log.info("policy: %s (trained by %s)", model, pol["model_from_job"])
         lm = LM.load(model, device=dev, dtype=pol.get("dtype", "float32"), attn_impl=req.get("attn_impl", "sdpa"),
                      tf32=req.get("tf32", True), compile=req.get("compile", False))
@@ -93,6 +94,15 @@ def shard(ctx):
         ctx.log.info("chunks %d..%d: %d already done earlier, %d to do", a, b - 1, b - a - len(todo), len(todo))
     if not todo:
         return {"chunks": [a, b], "records": _count(ctx.paths, a, b)}
+    snap = (req.get("policy") or {}).get("snapshot")
+    if snap is not None:  # the policy at a fraction of its training: the snapshot its job saved
+        got = ctx.dep_result(req["policy"]["model_from_job"]).get("snapshots", {}).get(snap)
+        if got is None:
+            ctx.log.info("the training job saved no snapshot at %s of its steps (too few steps): nothing to "
+                         "evaluate", snap)
+            for k in todo:
+                atomic_write(_chunk_file(ctx.paths, k), "")
+            return {"chunks": [a, b], "records": 0}
     if req.get("etas_from") and not req["etas"]:
         for k in todo:
             atomic_write(_chunk_file(ctx.paths, k), "")

@@ -79,6 +79,10 @@ def experiment_plan(cfg, device_totals: list[int], cuda: bool, plan_only: bool =
     from pita.eval import eta_search
 
     problems += eta_search.check(ev)
+    ck = list(ev.get("checkpoints") or [])
+    if any(isinstance(f, bool) or not isinstance(f, (int, float)) or not 0 < f < 1 for f in ck):
+        problems.append(f"eval.checkpoints={ck} must list fractions in (0, 1) of a policy's training (e.g. "
+                        f"[0.25, 0.5]; the final policy is always evaluated), or [] for none")
     datasets, configs = [], {}
     for name in cfg.experiment.datasets:
         try:

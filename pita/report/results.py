@@ -17,6 +17,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import re
 import logging
 from pathlib import Path
 
@@ -193,8 +194,9 @@ def shared_data(ids: list[str], jobs: dict, prefix: str) -> list[str]:
 
 def cell_name(r: dict) -> str:
     algo = r["algorithm"].replace(": ", "-").replace(" ", "_")  # control: best-of-n -> control-best-of-n
+    variant = re.sub(r"[^A-Za-z0-9=+-]+", "_", str(r.get("variant") or "")).strip("_")  # an arm, a snapshot
     return (f"{algo}.{r['family']}.{r['train_dataset']}.r{r['round']}.{r['eval_dataset']}"
-            f".eta{float(r['eta']):g}")
+            f".eta{float(r['eta']):g}" + (f".{variant}" if variant else ""))
 
 
 def read_results(path) -> tuple[list[dict], dict]:

@@ -127,8 +127,11 @@ def resume_point(ctx, p: dict, out) -> tuple[str, int] | None:
 
 
 
-def _save_policy(ctx, trainer, tok, lora: bool) -> str:
-    out = ctx.paths.artifacts / "policy"
+def _save_policy(ctx, trainer, tok, lora: bool, out=None, merge: bool = True) -> str:
+    """The trained policy as a plain model in ``out`` (default ``artifacts/policy``), gathered to
+    rank 0 when sharded. ``merge=False`` (a snapshot mid-training) leaves LoRA's adapters as they
+    are and saves them alone: transformers loads them onto their base for the evaluation."""
+    out = out or ctx.paths.artifacts / "policy"
     state = None
     if is_sharded(trainer.model):  # every rank takes part in gathering the shards to rank 0's CPU
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
@@ -137,6 +140,10 @@ def _save_policy(ctx, trainer, tok, lora: bool) -> str:
     if not trainer.is_world_process_zero():  # rank 0 writes the checkpoint
         return str(out)
     model = trainer.accelerator.unwrap_model(trainer.model)
+    if lora and not merge:  # the adapters (and their base's path) alone; training goes on unchanged
+        model.save_pretrained(out)
+        tok.save_pretrained(out)
+        return str(out)
     if lora:
         model = model.merge_and_unload()  # the evaluation loads a plain model
     if state is not None:
@@ -169,6 +176,54 @@ def _plain_copy(model, state: dict):
     return plain
 
 
+def snapshot_dir(ctx, fraction: str):
+    return ctx.paths.artifacts / "snapshots" / f"at-{fraction}"
+
+
+def snapshot_saver(ctx, trainer, tok, p: dict):
+    """A TrainerCallback saving the policy at each of ``p["snapshots"]`` (fractions of the
+    optimizer steps, eval.checkpoints) short of the last step, for the evaluations along training.
+    Every rank calls it (a sharded policy is gathered); a snapshot an earlier attempt saved stays."""
+    from transformers import TrainerCallback
+
+    fractions = [float(f) for f in p.get("snapshots") or []]
+    if not fractions:
+        return None
+    if p["lora_r"] > 0 and is_sharded(trainer.model):
+        ctx.log.warning("eval.checkpoints: no snapshots of a sharded LoRA policy (its adapters are not gathered "
+                        "mid-training); the final policy is evaluated")
+        return None
+
+    class SnapshotSaver(TrainerCallback):
+        def on_step_end(self, args, state, control, **kw):
+            taken = set()
+            for f in fractions:
+                step = max(1, round(f * state.max_steps))
+                out = snapshot_dir(ctx, f"{f:g}")
+                if step in taken:  # two fractions of a short run on one step: one snapshot, the smaller fraction's
+                    continue
+                taken.add(step)
+                if state.global_step == step < state.max_steps and not (out / ".done").exists():
+                    _save_policy(ctx, trainer, tok, p["lora_r"] > 0, out=out, merge=False)
+                    if trainer.is_world_process_zero():
+                        (out / ".done").write_text(str(step))
+                        ctx.log.info("snapshot at %.0f%% of training (step %d of %d): %s", 100 * f, step,
+                                     state.max_steps, out)
+            return control
+
+    return SnapshotSaver()
+
+
+def snapshots_saved(ctx, p: dict) -> dict:
+    """{fraction: {"checkpoint", "step"}} of the snapshots on disk (result key ``snapshots``)."""
+    out = {}
+    for f in p.get("snapshots") or []:
+        d = snapshot_dir(ctx, f"{float(f):g}")
+        if (d / ".done").exists():
+            out[f"{float(f):g}"] = {"checkpoint": str(d), "step": int((d / ".done").read_text())}
+    return out
+
+
 def train_and_save(ctx, trainer, tok, p: dict, key: str) -> tuple[dict, list[dict]]:
     """Train (from the job's last checkpoint when an earlier attempt left one), write the log
     history and the policy; the common result and the logged rows with ``key``."""
@@ -177,6 +232,9 @@ def train_and_save(ctx, trainer, tok, p: dict, key: str) -> tuple[dict, list[dic
     pacer = checkpoint_pacer(p, sum(w.numel() for w in trainer.model.parameters()))  # before any sharding
     if pacer is not None:
         trainer.add_callback(pacer)
+    saver = snapshot_saver(ctx, trainer, tok, p)
+    if saver is not None:
+        trainer.add_callback(saver)
     point = resume_point(ctx, p, trainer.args.output_dir) if p.get("save_steps", "auto") != 0 else None
     last, resumed = point if point else (None, None)
     if last:
@@ -204,6 +262,6 @@ def train_and_save(ctx, trainer, tok, p: dict, key: str) -> tuple[dict, list[dic
     return ({"checkpoint": ckpt, "train_loss": out.training_loss, "steps": out.global_step, "rank_params": held,
              "train_flops": float(getattr(trainer.state, "total_flos", 0.0) or 0.0) or None,
              "train_tokens": next((int(h["num_tokens"]) for h in reversed(hist) if "num_tokens" in h), None),
-             "resumed_from_step": resumed, **units}, [h for h in hist if key in h])
+             "resumed_from_step": resumed, "snapshots": snapshots_saved(ctx, p), **units}, [h for h in hist if key in h])
 
 
