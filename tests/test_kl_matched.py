@@ -81,6 +81,9 @@ def test_every_cell_says_what_it_is_and_the_frontier_is_chosen_on_validation():
     assert c[("GRPO", 0.3)]["gain"] == pytest.approx(-0.04)  # a method that hurts shows it
     assert c[("DPO", 0.3)]["gain"] == 0.0 and c[("DPO", 0.3)]["ci_lo"] is None
     assert c[("PITA", 0.1)]["bracket"] == [[0.04, 0.2]] and c[("PITA", 0.1)]["ci_lo"] is None
+    # eval.wide_ratio: rows 5x apart are an ordinary interpolation where 6x is allowed
+    loose = {(e["algorithm"], e["kl_budget"]): e for e in matched_cells([(test, val, None)], [0.1], wide_ratio=6.0)}
+    assert loose[("PITA", 0.1)]["kind"] == "interpolated"
     assert c[("PITA", 0.1)]["frontier"] == [["r0 η=1", "r0 η=2"]]
     assert c[("PITA", 0.5)]["max_kl"] == [0.2] and c[("PITA", 0.5)]["method_max_kl"] == [0.6]
     # the test-selected reading, kept for comparison: η=4 is on the test envelope

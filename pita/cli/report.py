@@ -253,7 +253,7 @@ def pooled_report(runs, rows_per_run: list[list[dict]], roster, out: str | None,
 
     from pita.report.intervals import RecordStore
     from pita.report.matched import differences, matched_cells, matched_tables, public
-    from pita.report.results import kl_budgets, read_validation
+    from pita.report.results import kl_budgets, read_validation, wide_ratio
 
     budgets = [kl_budgets(r) for r in runs] if override is None else [override] * len(runs)
     if any(b != budgets[0] for b in budgets):
@@ -277,7 +277,7 @@ def pooled_report(runs, rows_per_run: list[list[dict]], roster, out: str | None,
     cells = matched_cells([([x for x in rows if x.get("algorithm") not in algos],
                             [x for x in read_validation(r) if x.get("algorithm") not in algos], RecordStore(r), sid)
                            for r, rows, (_, algos), sid in zip(runs, rows_per_run, states, seed_ids)], budgets[0],
-                          keep_draws=True)
+                          keep_draws=True, wide_ratio=wide_ratio(runs[0]))
     order = roster.order({c["algorithm"] for c in cells})
     diffs = differences(cells, order)
     k = len(runs)

@@ -191,6 +191,9 @@ class EvalConfig:
     # training; pita/eval/eta_search.py) beyond algos.<A>.etas until every kl_budgets value has a
     # row within 10% or rows within 4x of each other around it, or a limit stops it: eta_max
     # above, eta_min below, eta_search_steps rounds of new etas (0: no search)
+    # an interpolated equal-KL cell between rows more than this factor apart in KL is marked
+    # "wide interpolation", with no interval (and the eta search closes such gaps)
+    wide_ratio: float = 4.0
     eta_search_steps: int = 3
     # DPO, GRPO and GRPO-HF: each round's policy is also evaluated (test and validation) at these
     # fractions of its optimizer steps, snapshots its training job saves on the way: points of the

@@ -29,7 +29,7 @@ from pita.core.job import add_kind_module, job_kind
 add_kind_module("pita.eval.eta_search")
 
 TOLERANCE = 0.1  # a row within 10% of a budget measures it (pita.report.matched.MEASURED_TOLERANCE)
-WIDE = 4.0  # rows more than 4x apart in KL around a budget: a wide interpolation (pita.report.matched.WIDE_RATIO)
+WIDE = 4.0  # rows more than 4x apart in KL around a budget: a wide interpolation (eval.wide_ratio)
 
 
 def check(ev) -> list[str]:
@@ -40,6 +40,10 @@ def check(ev) -> list[str]:
         p.append(f"eval.eta_search_steps={steps!r} must be an integer >= 0 (rounds of new etas searched on the "
                  f"validation prompts; 0: no search)")
     number = all(isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) for x in (lo, hi))
+    w = ev.get("wide_ratio", WIDE)
+    if not (isinstance(w, (int, float)) and not isinstance(w, bool) and math.isfinite(w) and w > 1):
+        p.append(f"eval.wide_ratio={w!r} must be a number > 1 (how far apart in KL two rows may be for a value "
+                 f"between them to count as interpolated), e.g. eval.wide_ratio=4")
     if not (number and 0 < lo < hi):
         p.append(f"eval.eta_min/eta_max={lo!r}/{hi!r} must satisfy 0 < eval.eta_min < eval.eta_max (the eta "
                  f"search's limits), e.g. eval.eta_min=0.0625 eval.eta_max=64")
@@ -51,7 +55,7 @@ def _key(eta: float) -> float:
 
 
 def next_etas(points: list[tuple[float, float]], budgets: list[float], eta_min: float, eta_max: float,
-              tried: set | None = None) -> tuple[list[float], dict[str, str]]:
+              tried: set | None = None, wide: float = WIDE) -> tuple[list[float], dict[str, str]]:
     """(new etas to evaluate, {budget: why it cannot be bracketed}) from the guided rows measured
     so far, ``points`` = [(eta, validation KL)] with eta > 0. ``tried``: etas evaluated already."""
     pts = sorted((float(e), float(k)) for e, k in points if e > 0 and k is not None and not math.isnan(k))
@@ -75,7 +79,7 @@ def next_etas(points: list[tuple[float, float]], budgets: list[float], eta_min: 
             ok = e >= eta_min
         else:
             (e0, k0), (e1, k1) = max(below, key=lambda p: p[1]), min(above, key=lambda p: p[1])
-            if k1 <= WIDE * max(k0, 1e-12):
+            if k1 <= wide * max(k0, 1e-12):
                 continue
             e = math.sqrt(e0 * e1)
             why = f"the KL jumps from {k0:.3g} at η={e0:g} to {k1:.3g} at η={e1:g}"
@@ -99,7 +103,7 @@ def eta_search(ctx):
     from pita.generation.recipes import RUNNERS
 
     p = ctx.params
-    labels = p["labels"]
+    labels, wide = p["labels"], float(p.get("wide_ratio", WIDE))
     rows = [r for r in ctx.dep_result(p["validation"])["results"]]
     points = [(float(r["eta"]), r.get("kl")) for r in rows if float(r["eta"]) > 0]
     req = dict(p["request"])
@@ -109,7 +113,7 @@ def eta_search(ctx):
     records, out, added, tried = [], [], [], {float(e) for e, _ in points}
     stopped: dict[str, str] = {}
     for step in range(int(p["steps"])):
-        new, stopped = next_etas(points, p["budgets"], float(p["eta_min"]), float(p["eta_max"]), tried)
+        new, stopped = next_etas(points, p["budgets"], float(p["eta_min"]), float(p["eta_max"]), tried, wide)
         if not new:
             break
         if lm is None:
@@ -132,9 +136,9 @@ def eta_search(ctx):
             out.append({**labels, "eta": eta, **m})
             points.append((eta, m.get("kl")))
     else:
-        _new, stopped = next_etas(points, p["budgets"], float(p["eta_min"]), float(p["eta_max"]), tried)
+        _new, stopped = next_etas(points, p["budgets"], float(p["eta_min"]), float(p["eta_max"]), tried, wide)
         for b in p["budgets"]:
-            if f"{float(b):g}" not in stopped and _new and not _bracketed(points, float(b)):
+            if f"{float(b):g}" not in stopped and _new and not _bracketed(points, float(b), wide):
                 stopped[f"{float(b):g}"] = f"eval.eta_search_steps={p['steps']}"
     if records:
         save_records(ctx, records)
@@ -147,6 +151,6 @@ def eta_search(ctx):
             "stopped": stopped, "sequences": getattr(lm, "sequences_generated", 0)}
 
 
-def _bracketed(points: list[tuple[float, float]], b: float) -> bool:
-    new, stopped = next_etas(points, [b], 1e-12, 1e12)
+def _bracketed(points: list[tuple[float, float]], b: float, wide: float = WIDE) -> bool:
+    new, stopped = next_etas(points, [b], 1e-12, 1e12, wide=wide)
     return not new and not stopped

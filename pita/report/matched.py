@@ -151,7 +151,7 @@ def classify(curve: list[tuple[float, float, str]], budget: float,
 
 
 def seed_cells(rows: list[dict], val: list[dict], store: RecordStore | None, budgets: Sequence[float],
-               resamples: int = RESAMPLES, seed: int = SEED) -> dict[tuple, dict]:
+               resamples: int = RESAMPLES, seed: int = SEED, wide_ratio: float = WIDE_RATIO) -> dict[tuple, dict]:
     """One run: {(eval dataset, family, training dataset, algorithm): cell}. A cell holds per
     budget ``kinds``, ``values``, ``from`` and (with per-sample records) ``draws`` [resamples x
     budgets] (nan where a draw does not reach, or the kind has no interval), the base's value and
@@ -188,14 +188,14 @@ def seed_cells(rows: list[dict], val: list[dict], store: RecordStore | None, bud
         base_draws = draws[0][0] if draws is not None else None
         for (train, algo), ms in methods.items():
             cell = _cell(base, ms, m, budgets, vals.get((fam, train, algo), {}), base_val.get((fam, train)),
-                         draws, index, base_draws, resamples)
+                         draws, index, base_draws, resamples, wide_ratio)
             cell["prompts"] = prompts
             out[(eds, fam, train, algo)] = cell
     return out
 
 
 def _cell(base: dict, ms: list[dict], m: str, budgets: list[float], val_of: dict, base_val: dict | None,
-          draws, index: dict, base_draws, resamples: int) -> dict:
+          draws, index: dict, base_draws, resamples: int, wide_ratio: float = WIDE_RATIO) -> dict:
     vm = metric_of(base_val) if base_val is not None else m
     paired = [(r, val_of.get(_key(r))) for r in ms]
     if base_val is not None and any(v is not None and v.get(vm) is not None and v.get("kl") is not None
@@ -221,7 +221,7 @@ def _cell(base: dict, ms: list[dict], m: str, budgets: list[float], val_of: dict
     test_pts = [(0.0, float(base[m]))] + [(float(r["kl"]), float(r[m])) for r in ms]
     cell["test_values"] = [value_at(test_pts, b) for b in budgets]
     for b in budgets:
-        kind, v, src, _ = classify(curve, b, top >= b)
+        kind, v, src, _ = classify(curve, b, top >= b, wide_ratio)
         cell["kinds"].append(kind)
         cell["values"].append(v)
         cell["from"].append(src)
@@ -299,7 +299,7 @@ def _worst(kinds: Sequence[str]) -> str:
 
 
 def matched_cells(runs: Sequence[tuple], budgets: Sequence[float] = BUDGETS, resamples: int = RESAMPLES,
-                  seed: int = SEED, keep_draws: bool = False) -> list[dict]:
+                  seed: int = SEED, keep_draws: bool = False, wide_ratio: float = WIDE_RATIO) -> list[dict]:
     """One entry per (evaluation dataset, family, training dataset, algorithm, budget), pooled over
     ``runs``: (test rows, validation rows, record store[, seed id]) per seed (a method missing from
     a seed is left out of the pool; the seed id, ``system.seed`` of the run, pairs seeds across
@@ -310,7 +310,7 @@ def matched_cells(runs: Sequence[tuple], budgets: Sequence[float] = BUDGETS, res
     ids = [r[3] if len(r) > 3 and r[3] is not None else f"run {i}" for i, r in enumerate(runs)]
     if len(set(map(str, ids))) != len(ids):
         raise ValueError(f"matched_cells: seed ids {ids} repeat; one run per seed")
-    per_run = [(sid, seed_cells(r[0], r[1], r[2], budgets, resamples, seed)) for sid, r in zip(ids, runs)]
+    per_run = [(sid, seed_cells(r[0], r[1], r[2], budgets, resamples, seed, wide_ratio)) for sid, r in zip(ids, runs)]
     keys = sorted({k for _, cells in per_run for k in cells})
     out = []
     for key in keys:

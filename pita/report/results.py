@@ -208,6 +208,19 @@ def read_results(path) -> tuple[list[dict], dict]:
     return list(data.get("rows") or []), {k: v for k, v in data.items() if k != "rows"}
 
 
+def wide_ratio(run: RunPaths) -> float:
+    """``eval.wide_ratio`` of the run's config (the default for a run made before the key)."""
+    from pita.report.matched import WIDE_RATIO
+
+    try:
+        from omegaconf import OmegaConf
+
+        got = OmegaConf.select(OmegaConf.load(run.config), "eval.wide_ratio")
+    except Exception:  # noqa: BLE001 - an unreadable config falls back to the default
+        got = None
+    return float(got) if got else WIDE_RATIO
+
+
 def kl_budgets(run: RunPaths) -> list[float]:
     """``eval.kl_budgets`` of the run's config (the defaults for a run made before the key)."""
     from pita.report.matched import BUDGETS
@@ -233,7 +246,7 @@ def kl_matched(run: RunPaths, rows: list[dict], budgets: list[float] | None = No
     source = "eval.kl_budgets" if budgets is None else "pita report --kl-budgets"
     budgets = kl_budgets(run) if budgets is None else [float(b) for b in budgets]
     val = read_validation(run) if val is None else val
-    cells = matched_cells([(rows, val, RecordStore(run))], budgets, keep_draws=True)
+    cells = matched_cells([(rows, val, RecordStore(run))], budgets, keep_draws=True, wide_ratio=wide_ratio(run))
     return {"budgets": budgets, "budgets_from": source, "unit": "nats per sequence",
             "estimator": sorted({r.get("kl_estimator") or "log-ratio" for r in rows if r["algorithm"] != "base"}),
             "cells": public(cells), "differences": differences(cells, order)}
