@@ -226,7 +226,7 @@ def test_smoke_experiment_writes_results_for_every_algorithm_and_eta(tmp_path, t
              "datasets.arith.toy_test_size=8", "eval.n=2", "algos.PITA.etas=[0.0,2.0]",
              "algos.QSharp.etas=[0.0,2.0]", "algos.QSharp-HF.etas=[0.0,2.0]",
              "+eval.datasets_by_train.arith=[arith,sentiment]", "datasets.sentiment.toy_test_size=6",
-             "eval.controls=[]"],
+             "eval.controls=[]", "eval.eta_search_steps=0"],  # the grid's etas alone (the search: test_eta_search.py)
             tmp_path, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     [run] = list((tmp_path / "vg").iterdir())
@@ -479,7 +479,7 @@ def test_round_zero_data_from_the_reference_is_collected_once_per_recipe(tiny_ca
     jobs = {j.id: j for j in build_plan(compose(tiny_cache, "experiment.algos=[PITA,QSharp,QSharp-HF,DPO,GRPO-HF]",
                                                 *SHARED), [int(8e9)])}
     gens = sorted({j.rsplit(".", 1)[0] for j in jobs if ".r0." in j and jobs[j].kind == "generation.shard"
-                   and not j.rsplit(".", 2)[-2] in ("eval", "val")})
+                   and j.rsplit(".", 2)[-2] not in ("eval", "val", "eval-search")})
     VR, PP = data_of(jobs, "value_rollouts"), data_of(jobs, "preference_pairs")
     assert gens == [PP, VR]
     assert jobs["DPO.tiny.arith.r0.train"].params["data"] == PP + ".merge"
