@@ -31,7 +31,9 @@ class PITAConfig(ValueGuidedConfig):
     # PITA reference code pairs them (one pair per cut); sampled: continuations paired 1-2, 3-4, ...
     pair_mode: str = "greedy_vs_sampled"
     cut_points: int = 4  # one pair per cut (greedy_vs_sampled): 4 cuts give the 4 pairs of the label budget
-    # a pair with equal rewards: draw (a Bradley-Terry coin flip, kept: the reference's labelling) | drop
+    # a pair of continuations with equal rewards: draw (labelled by the Bradley-Terry draw, a coin
+    # flip, and kept, as the PITA reference labels every pair) or drop (left out: fewer examples
+    # than Q#, which the report's budget section states)
     ties: str = "draw"
 
 

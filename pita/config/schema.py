@@ -187,25 +187,29 @@ class EvalConfig:
     # split; at most a quarter of the training prompts; 0: no validation (eta is not chosen, the
     # equal-KL frontiers are the test envelope, labelled so)
     validation_prompts: int = 32
-    # the value-guided methods' eta, searched on the validation prompts (evaluations only, no
-    # training; pita/eval/eta_search.py) beyond algos.<A>.etas until every kl_budgets value has a
-    # row within 10% or rows within 4x of each other around it, or a limit stops it: eta_max
-    # above, eta_min below, eta_search_steps rounds of new etas (0: no search)
-    # an interpolated equal-KL cell between rows more than this factor apart in KL is marked
-    # "wide interpolation", with no interval (and the eta search closes such gaps)
+    # an equal-KL cell interpolated between two frontier rows more than this factor apart in KL
+    # is marked "wide interpolation", with no interval; the eta search closes such gaps
     wide_ratio: float = 4.0
+    # rounds of new etas the value-guided methods search on the validation prompts after each
+    # round (evaluations only; pita/eval/eta_search.py) until every kl_budgets value has a row
+    # within 10% or rows within wide_ratio of each other around it; the test prompts then
+    # evaluate the added etas; 0: no search
     eta_search_steps: int = 3
-    # DPO, GRPO and GRPO-HF: each round's policy is also evaluated (test and validation) at these
-    # fractions of its optimizer steps, snapshots its training job saves on the way: points of the
-    # KL-reward frontier along training, rows with variant "at 25%" ([]: the final policy only)
-    checkpoints: List[float] = field(default_factory=lambda: [0.25, 0.5])
+    # the eta search's upper limit: a budget above the KL it reaches is "not reached", stopped by eval.eta_max
     eta_max: float = 64.0
+    # the eta search's lower limit: a budget below the first row's KL stays a chord from base, stopped by eval.eta_min
     eta_min: float = 0.0625
+    # DPO, GRPO and GRPO-HF: each round's policy is also evaluated (test and validation) at these
+    # fractions of its optimizer steps, from snapshots its training job saves
+    # (artifacts/snapshots/at-0.25; LoRA: the adapters alone): rows with variant "at 25%", points
+    # of the frontier along training; [] for the final policy only
+    checkpoints: List[float] = field(default_factory=lambda: [0.25, 0.5])
     # rows on every equal-KL frontier computed from the base model with no training
     # (pita/eval/controls.py): temperature (the base model sampled colder, its KL exact per step)
     # and best_of_n (the best of n base samples by a score available at test time: the reward
-    # model on reward tasks, the run's Q#-HF / GRPO-HF proxy on verifier tasks; KL: the bound
-    # log n - (n-1)/n); [] for none
+    # model on reward tasks, the run's Q#-HF / GRPO-HF proxy on verifier tasks, and a second one
+    # ranked by Q#'s value model when Q# runs; its KL measured from the pool, the bound
+    # log n - (n-1)/n beside it); [] for none
     controls: List[str] = field(default_factory=lambda: ["temperature", "best_of_n"])
     # the temperature control's temperatures, each below eval.temperature; null: 0.85, 0.7, 0.55
     # and 0.4 x eval.temperature
