@@ -290,7 +290,7 @@ def measure(fake: Fake, cfg, paths: dict, job) -> int:
                 ids = _ids(torch, rows, seq, vm.spec.vocab_size)
                 vm.sequence_reward(ids, torch.ones_like(ids))
         return fake.peak(score, vm)
-    if job.kind == "generation.shard":
+    if job.kind in ("generation.shard", "eval.eta_search"):  # the eta search samples as a guided shard does
         req = p["request"]
         s = req["sampling"]
         B, new = int(s["batch_size"]), int(s["max_new_tokens"])

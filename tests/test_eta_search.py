@@ -77,3 +77,24 @@ def test_a_bad_search_setting_is_refused_naming_the_key(tiny_cache, over, needle
     with pytest.raises(ConfigError) as e:
         build_plan(compose(tiny_cache, *over), [int(8e9)])
     assert needle in str(e.value)
+
+
+def test_the_search_is_planned_as_the_guided_sampling_it_does(tiny_cache):
+    """The search job samples its validation prompts with the guided policy: it is sized and timed
+    as a guided evaluation shard (memory, system.fit_batches' batch, the plan's seconds for one new
+    eta a step), and its OOM retry halves its batch as a shard's does."""
+    from pita.plans import build_plan
+    from pita.plans.experiment import sampling_key
+    from test_baselines import compose
+
+    jobs = {j.id: j for j in build_plan(compose(tiny_cache, "experiment.algos=[PITA]"), [int(8e9)])}
+    search, val = jobs["PITA.tiny.arith.r0.eta_search"], jobs["PITA.tiny.arith.r0.val.s0"]
+    assert sampling_key(search) == sampling_key(val) == "eval_guided"
+    assert search.resources.memory_gb == val.resources.memory_gb
+    assert search.params["batch_size"] == search.params["request"]["sampling"]["batch_size"]
+    assert search.retry.batch_param == "batch_size"
+    # timed by the roofline of the sampling it does (three steps of one eta), not as a merge
+    from pita.plans.durations import rows_per_example
+
+    assert search.planned_s >= 1.0 and rows_per_example(dict(search.params["request"], etas=[0.0] * 3)) == \
+        3 * rows_per_example(dict(search.params["request"], etas=[0.0]))

@@ -400,3 +400,14 @@ def test_a_grpo_jobs_reservation_holds_its_measured_peak_within_target(monkeypat
     row = measure_job(job, cfg, paths)
     assert row["built_by"].endswith("grpo_train"), row
     assert 1.0 <= row_ratio(job, row["peak_bytes"]) <= 1.5, (job.resources.memory_gb, row["peak_bytes"] / 1e9)
+
+
+def test_memory_truth_measures_the_eta_search_as_the_guided_sampling_it_runs():
+    """The eta search samples the validation prompts with the guided policy: bench.memory_truth
+    measures it as it does a guided shard (a row within 1.0-1.5x), never 'not measured'."""
+    from bench.memory_truth import Fake, _plan, _representatives, measure, measured_peak
+
+    cfg, jobs, paths = _plan("paper_math", "smollm2")
+    job = _representatives(jobs)["eval.eta_search"]
+    peak = measured_peak(job, measure(Fake(), cfg, paths, job))
+    assert 1.0 <= job.resources.memory_bytes / peak <= 1.5, (job.resources.memory_gb, peak / 1e9)

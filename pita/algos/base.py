@@ -297,7 +297,8 @@ class PlanContext:
                             "budgets": [float(b) for b in ev.kl_budgets], "steps": int(ev.eta_search_steps),
                             "eta_min": float(ev.eta_min), "eta_max": float(ev.eta_max),
                             "kl_fraction": float(ev.kl_fraction), "n_examples": self.n_validation,
-                            "wide_ratio": float(ev.get("wide_ratio", 4.0))},
+                            "wide_ratio": float(ev.get("wide_ratio", 4.0)),
+                            "batch_size": req["sampling"]["batch_size"]},
                     resources=Resources(1, self.eval_memory(policy)),
                     duration_hint=2.0 * self.n_validation * max(1, int(ev.eta_search_steps)))]
         for eds, n_test, etask in self.evals:

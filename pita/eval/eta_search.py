@@ -107,6 +107,8 @@ def eta_search(ctx):
     rows = [r for r in ctx.dep_result(p["validation"])["results"]]
     points = [(float(r["eta"]), r.get("kl")) for r in rows if float(r["eta"]) > 0]
     req = dict(p["request"])
+    # an OOM retry halves the job's batch_size param, as a shard's: the sampling batch follows it
+    req["sampling"] = dict(req["sampling"], batch_size=int(p.get("batch_size", req["sampling"]["batch_size"])))
     ds = DatasetConfig(**req["dataset"])
     examples = load_examples(ds, req["split"])
     lm = scorer = None

@@ -118,10 +118,14 @@ class Durations:
 
     def seconds(self, job) -> float:
         p = job.params
-        if job.kind == "generation.shard":
+        if job.kind in ("generation.shard", "eval.eta_search"):
             req = p["request"]
             ref = self.shape("reference")
-            rows = self.examples(job) * rows_per_example(req)
+            if job.kind == "eval.eta_search":  # its validation prompts at one new eta a step, every step taken
+                req = dict(req, etas=[0.0] * max(1, int(p.get("steps", 1))))
+                rows = int(p.get("n_examples", 0)) * rows_per_example(req)
+            else:
+                rows = self.examples(job) * rows_per_example(req)
             wbytes = ref.n_params * self.b
             n = ref.n_params
             if (req.get("policy") or {}).get("guidance"):

@@ -242,7 +242,7 @@ def sampling_key(job) -> str | None:
     model of the reference's shape, as the reference does: "gen")."""
     from pita.plans.fit import sampling_policy
 
-    if job.kind != "generation.shard":
+    if job.kind not in ("generation.shard", "eval.eta_search"):  # the eta search samples as a guided shard
         return None
     req = job.params["request"]
     head = "eval" if req.get("recipe") == "eval" else "gen"
