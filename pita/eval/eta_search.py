@@ -98,14 +98,14 @@ def eta_search(ctx):
     (the ones it added, which the test evaluation samples) and ``stopped``."""
     from pita.datasets.config import DatasetConfig
     from pita.datasets.loading import load_examples
-    from pita.eval.metrics import summarize
+    from pita.eval.jobs import rows_by_eta
     from pita.generation.jobs import prepare, save_records
     from pita.generation.recipes import RUNNERS
 
     p = ctx.params
     labels, wide = p["labels"], float(p.get("wide_ratio", WIDE))
-    rows = [r for r in ctx.dep_result(p["validation"])["results"]]
-    points = [(float(r["eta"]), r.get("kl")) for r in rows if float(r["eta"]) > 0]
+    points = [(float(r["eta"]), r.get("kl")) for r in ctx.dep_result(p["validation"])["results"]
+              if float(r["eta"]) > 0]
     req = dict(p["request"])
     # an OOM retry halves the job's batch_size param, as a shard's: the sampling batch follows it
     req["sampling"] = dict(req["sampling"], batch_size=int(p.get("batch_size", req["sampling"]["batch_size"])))
@@ -126,17 +126,12 @@ def eta_search(ctx):
         records += got
         tried |= set(new)
         added += new
-        for eta in new:
-            by_id: dict = {}
-            for r in got:
-                if float(r["eta"]) == eta:
-                    by_id.setdefault(r["id"], []).append(r)
-            groups = [sorted(g, key=lambda x: x["sample"]) for _, g in sorted(by_id.items())]
-            if not groups:
-                raise JobError(f"the eta search's evaluation at eta {eta:g} produced no samples")
-            m = summarize(groups, labels["task"], kl_fraction=p.get("kl_fraction", 1.0))
-            out.append({**labels, "eta": eta, **m})
-            points.append((eta, m.get("kl")))
+        rows = rows_by_eta(got, labels, p.get("kl_fraction", 1.0))
+        missing = set(new) - {float(r["eta"]) for r in rows}
+        if missing:
+            raise JobError(f"the eta search's evaluation at eta {min(missing):g} produced no samples")
+        out += rows
+        points += [(float(r["eta"]), r.get("kl")) for r in rows]
     else:
         _new, stopped = next_etas(points, p["budgets"], float(p["eta_min"]), float(p["eta_max"]), tried, wide)
         for b in p["budgets"]:

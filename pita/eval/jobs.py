@@ -16,7 +16,6 @@ add_kind_module("pita.eval.jobs")
 
 @job_kind("eval.merge")
 def eval_merge(ctx):
-    from pita.eval.metrics import summarize
     from pita.generation.jobs import gather, save_records
 
     labels = ctx.params["labels"]
@@ -32,12 +31,22 @@ def eval_merge(ctx):
         raise JobError("evaluation produced no samples")
     if records:
         save_records(ctx, records)
+    variant = ctx.params.get("variant")  # a sweep other than eta's: e.g. "T={:g}" of the temperature control
+    for row in rows_by_eta(records, labels, ctx.params.get("kl_fraction", 1.0)):
+        results.append({**row, **({"variant": variant.format(row["eta"])} if variant else {})})
+    return {"labels": labels, "results": sorted(results, key=lambda x: float(x["eta"]))}
+
+
+def rows_by_eta(records: list[dict], labels: dict, kl_fraction: float = 1.0) -> list[dict]:
+    """One results row per eta of ``records`` (each prompt's samples in order): ``labels`` and
+    the metrics of pita.eval.metrics.summarize."""
+    from pita.eval.metrics import summarize
+
     by_eta: dict[float, dict[str, list]] = {}
     for r in records:
         by_eta.setdefault(r["eta"], {}).setdefault(r["id"], []).append(r)
+    rows = []
     for eta in sorted(by_eta):
         groups = [sorted(g, key=lambda x: x["sample"]) for _, g in sorted(by_eta[eta].items())]
-        m = summarize(groups, labels["task"], kl_fraction=ctx.params.get("kl_fraction", 1.0))
-        variant = ctx.params.get("variant")  # a sweep other than eta's: e.g. "T={:g}" of the temperature control
-        results.append({**labels, "eta": eta, **({"variant": variant.format(eta)} if variant else {}), **m})
-    return {"labels": labels, "results": sorted(results, key=lambda x: float(x["eta"]))}
+        rows.append({**labels, "eta": eta, **summarize(groups, labels["task"], kl_fraction=kl_fraction)})
+    return rows
