@@ -295,9 +295,10 @@ def test_the_text_plan_explains_a_critical_path_bound_run_and_names_its_longest_
     rc = plan_main(["experiment=paper_math", "gpu=auto", "model=llama", "system.inventory=8x80GB"])
     out, err = capsys.readouterr()
     assert rc == 0, err
-    assert "critical path: " in out and "GRPO-HF algo.grpo_train" in out
+    assert "critical path: " in out and "QSharp-HF algo.proxy_train" in out
     assert "devices idle: " in out and "device time: " in out
-    assert "lever: the critical path bounds the run: its longest job, GRPO-HF.llama." in out
+    assert ("lever: the critical path bounds the run: its longest job, QSharp-HF.llama.gsm8k.r0.proxy" in out
+            and "fewer epochs (algos.QSharp-HF.proxy_epochs)" in out)
 
 
 def test_use_vllm_is_planned_without_vllm_here_and_shortens_grpos_sampling(capsys, monkeypatch):
@@ -354,24 +355,30 @@ def test_durations_learn_the_median_ratio_per_kind_and_keep_each_family_and_devi
         DurationLearner.from_runs([tmp_path / "nope"])
 
 
+# paper_math at its earlier 512 new tokens: SmolLM2's GRPO-HF at the whole batch fits an L4 then
+SMALL = ("experiment=paper_math", "model=smollm2", "data_collection.max_new_tokens=512", "eval.max_new_tokens=512")
+
+
 def test_a_gpu_name_is_one_card_with_its_own_memory_and_speed(capsys):
     """A100 alone is two cards: refused, naming both. A100-80GB plans at the A100's speed (its
-    training jobs about 989 / 312 times an H100's) and says so; sizes alone assume an H100 and say that
+    training jobs slower, by up to 989 / 312) and says so; sizes alone assume an H100 and say that
     the card was not named; a mixed inventory is timed at its slowest card."""
-    rc, _, err = _plan(capsys, "experiment=paper_math", "model=smollm2", "system.inventory=4xA100")
+    rc, _, err = _plan(capsys, *SMALL, "system.inventory=4xA100")
     assert rc == 2 and "A100 is 2 cards with different memory; write A100-40GB or A100-80GB" in err
     speeds = {}
     for inv in ("4xA100-80GB", "4xH100"):
-        rc, plan, err = _plan(capsys, "--json", "experiment=paper_math", "model=smollm2", f"system.inventory={inv}")
+        rc, plan, err = _plan(capsys, "--json", *SMALL, f"system.inventory={inv}")
         assert rc == 0, err
         speeds[inv] = {j["id"]: j["seconds"] for j in plan["jobs"] if j["kind"] in ("algo.value_train", "algo.dpo_train")}
         assert plan["card"]["name"] == ("A100-80GB" if "A100" in inv else "H100-SXM")
         assert f"for {plan['card']['name']}:" in plan["durations"]
     ratios = [speeds["4xA100-80GB"][j] / speeds["4xH100"][j] for j in speeds["4xH100"] if speeds["4xH100"][j] > 5]
-    assert ratios and all(2.5 < r < 3.5 for r in ratios), ratios  # training is compute-bound: 989 / 312 TFLOP/s
-    rc, plan, err = _plan(capsys, "--json", "experiment=paper_math", "model=smollm2", "system.inventory=4x80GB")
+    # training's FLOPs at 989 / 312 TFLOP/s; its loading, saving and kernel launches take a card's
+    # time whatever its FLOP/s, and on a 135M model they are a good part of it
+    assert ratios and all(1.5 < r < 989 / 312 for r in ratios), ratios
+    rc, plan, err = _plan(capsys, "--json", *SMALL, "system.inventory=4x80GB")
     assert plan["card"]["name"] == "H100-SXM" and "do not name a GPU pita knows" in plan["card"]["note"]
-    rc, plan, err = _plan(capsys, "--json", "experiment=paper_math", "model=smollm2",
+    rc, plan, err = _plan(capsys, "--json", *SMALL,
                           "system.inventory=[2xA100-80GB,2xL4]")
     assert plan["card"]["name"] == "L4" and "slowest" in plan["card"]["note"]
 
@@ -385,3 +392,47 @@ def test_nvml_names_map_to_their_cards():
     assert card_of("NVIDIA A100-SXM4-80GB").name == "A100-80GB"
     assert card_of("NVIDIA L4").name == "L4" and card_of("Tesla T4").name == "T4"
     assert card_of("node 1.2.3.4 (abc) GPU 0") is None
+
+
+def test_gpu_auto_weighs_the_device_counts_that_fit_by_makespan_and_says_when_it_raised_yours(capsys):
+    """Qwen3 1.7B's full GRPO fits FSDP over 4 or 8 devices: both are planned and simulated, the
+    shorter makespan is kept and both are printed. A count the user set that fits no micro-batch
+    is raised, and the notes (text and --json) say so and why; one that fits is kept."""
+    base = ["experiment=paper_math", "gpu=auto", "model=qwen3", "system.inventory=8x80GB", "experiment.algos=[GRPO]"]
+    rc, plan, err = _plan(capsys, *base)
+    assert rc == 0, err
+    weighed = plan["devices_weighed"]["GRPO"]
+    assert [t["devices"] for t in weighed] == [4, 8]
+    chosen = [t for t in weighed if t["chosen"]]
+    assert len(chosen) == 1 and chosen[0]["makespan_s"] <= min(t["makespan_s"] for t in weighed) * 1.01
+    assert plan["training"]["GRPO"]["devices"] == chosen[0]["devices"]
+    assert plan["makespan_s"] == pytest.approx(chosen[0]["makespan_s"], rel=0.01)
+    assert any(n.startswith("gpu=auto weighed GRPO's training by the simulated makespan: 4 devices") for n in plan["notes"])
+    rc, plan, err = _plan(capsys, *base, "algos.GRPO.devices=2", "algos.GRPO.sharding=fsdp")
+    assert rc == 0, err
+    raised = plan["training"]["GRPO"]["devices"]
+    assert raised in (4, 8)
+    assert any(n.startswith(f"algos.GRPO.devices=2 raised to {raised}: its training does not fit 2 devices at any "
+                            f"micro-batch")
+               for n in plan["notes"]), plan["notes"]
+    rc, plan, err = _plan(capsys, *base, "algos.GRPO.devices=8", "algos.GRPO.sharding=fsdp")
+    assert rc == 0, err
+    assert plan["training"]["GRPO"]["devices"] == 8 and not plan["devices_weighed"]
+    assert not any("raised" in n for n in plan["notes"])
+
+
+def test_vllm_server_mode_sets_the_servers_gpus_aside(capsys, monkeypatch):
+    """TRL's server mode needs a vLLM server on GPUs of its own: the plan runs its jobs on the
+    others and says so; a server that would take every GPU is exit 2 naming the key."""
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else real(name, *a))
+    base = ["experiment=paper_math", "gpu=auto", "model=llama", "experiment.algos=[GRPO]", "algos.GRPO.use_vllm=true",
+            "algos.GRPO.vllm_mode=server", "algos.GRPO.lora_r=16", "algos.GRPO.ref_policy=previous"]
+    rc, plan, err = _plan(capsys, *base, "system.inventory=8x80GB", "algos.GRPO.vllm_server_devices=2")
+    assert rc == 0, err
+    assert len(plan["inventory"]) == 6
+    assert any(n.startswith("vllm_mode=server: 2 GPU(s) set aside for the vLLM server") for n in plan["notes"])
+    rc, _, err = _plan(capsys, *base, "system.inventory=1x80GB")
+    assert rc == 2 and "algos.<A>.vllm_server_devices" in err and "nothing is left to train on" in err

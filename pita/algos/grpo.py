@@ -47,6 +47,9 @@ class GRPOConfig(PostTrainingConfig):
     use_vllm: bool = False  # generation through vLLM (GPU only, needs vllm installed)
     vllm_mode: str = "colocate"  # TRL vLLM mode: colocate | server
     vllm_gpu_memory_utilization: float = 0.3  # colocate: the GPU share vLLM may take
+    # server: GPUs of the node the vLLM server (trl vllm-serve, started by you) holds; pita plan sets
+    # them aside, and a run should be given the others (system.devices)
+    vllm_server_devices: int = 1
     # the loss as the GRPO paper defines it (grpo: per-completion mean of its token losses, then the
     # mean over completions) | dapo (token mean over the batch) | dr_grpo (sum / max_completion_length)
     # | bnpo; set explicitly because TRL's default moved between releases (bnpo up to 0.23, dapo after)
@@ -83,6 +86,9 @@ class GRPO(PostTrainingAlgorithm):
             p.append(f"{k}.temperature={c.temperature} must be > 0 (GRPO samples its completions)")
         if c.vllm_mode not in VLLM_MODES:
             p.append(unknown_name(f"{k}.vllm_mode", c.vllm_mode, VLLM_MODES))
+        if c.vllm_server_devices < 1:
+            p.append(f"{k}.vllm_server_devices={c.vllm_server_devices} must be >= 1 (the GPUs the vLLM server holds "
+                     f"in vllm_mode=server)")
         if c.loss_type not in LOSS_TYPES:
             p.append(unknown_name(f"{k}.loss_type", c.loss_type, LOSS_TYPES))
         if c.scale_rewards not in SCALE_REWARDS:

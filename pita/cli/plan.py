@@ -64,6 +64,7 @@ def make_plan(cfg, durations=None) -> dict:
     from pita.core.graph import JobGraph
     from pita.core.simulation import simulate
     from pita.plans import build_plan
+    from pita.plans.durations import sources
     from pita.plans.fit import fit_problems, job_algorithm, job_kind
 
     validate_config(cfg, models=False)
@@ -82,12 +83,24 @@ def make_plan(cfg, durations=None) -> dict:
         gpus = GPUManager.detect(devices, cpu_devices=cpu_n)
     totals = [d.total_bytes for d in gpus.devices]
     cuda = not gpus.is_cpu
+    server = _vllm_server_devices(cfg) if cuda else 0
+    if server:  # vLLM's server holds GPUs of the node: the plan's jobs get the others
+        if server >= len(totals):
+            raise ConfigError(f"vllm_mode=server sets aside {server} GPU(s) for the vLLM server (algos.<A>."
+                              f"vllm_server_devices) and this inventory has {len(totals)}: nothing is left to train on; "
+                              f"use vllm_mode=colocate, or plan a larger node (system.inventory)")
+        gpus.devices = gpus.devices[:len(totals) - server]
+        totals = totals[:len(totals) - server]
+    from pita.core.gpu_manager import known_card, plan_card
+    from pita.plans.durations import device_class
+
+    card, card_note = plan_card([d.name for d in gpus.devices]) if cuda else (None, "")
     if durations is None and cfg.experiment.workload != "synthetic" and ex.learn_durations:
         from pita.plans.durations import DurationLearner
 
-        durations = DurationLearner.load(sy.cache_dir, cfg.model.name, cuda)
-    from pita.core.gpu_manager import plan_card
-    from pita.plans.durations import device_class
+        # a named card's own measurements (runs on it record them); sizes alone name no card
+        durations = DurationLearner.load(sy.cache_dir, cfg.model.name, cuda,
+                                         known_card([d.name for d in gpus.devices]) if cuda else None)
 
     ran_on = (durations.device_classes if durations is not None else set()) - {device_class(cuda)}
     if ran_on:
@@ -95,8 +108,8 @@ def make_plan(cfg, durations=None) -> dict:
                           f"for {'cuda' if cuda else 'cpu'} devices, whose speed they do not tell; calibrate with "
                           f"runs on the same kind of device (or plan for theirs: "
                           f"{'system.inventory=... for GPUs' if 'cuda' in ran_on else 'without system.inventory'})")
-    card, card_note = plan_card([d.name for d in gpus.devices]) if cuda else (None, "")
-    jobs = build_plan(cfg, totals, cuda=cuda, plan_only=True, durations=durations, card=card)
+    choices: dict = {}
+    jobs = build_plan(cfg, totals, cuda=cuda, plan_only=True, durations=durations, card=card, choices=choices)
     problems = fit_problems(jobs, totals, ex.memory_margin, cpu=not cuda)
     host = None
     if cuda and (inventory is None or sy.get("host_ram") is not None):
@@ -144,7 +157,12 @@ def make_plan(cfg, durations=None) -> dict:
             "makespan_s": round(sim.makespan, 1), "critical_path_s": round(sim.critical_path, 1),
             **explain(graph, sim, totals, ex.memory_margin),
             "durations": assumed,
-            "duration_corrections": durations.summary() if durations is not None else {}, "notes": _notes(cfg) + ([
+            "duration_corrections": durations.summary() if durations is not None else {},
+            "duration_sources": sources(graph.jobs, durations, known_card([d.name for d in gpus.devices]) if cuda else None, cuda) if cfg.experiment.workload != "synthetic" else {},
+            "devices_weighed": choices.get("weighed", {}),
+            "notes": _notes(cfg) + _choice_notes(choices) + ([
+                f"vllm_mode=server: {server} GPU(s) set aside for the vLLM server (trl vllm-serve, started by you); the "
+                f"plan's jobs run on the other {len(totals)}: give a run those (system.devices)"] if server else []) + ([
                 "host memory not checked: system.inventory describes another machine; set system.host_ram=<its RAM> "
                 "(e.g. 1TB) to plan it"] if cuda and host is None else []), "jobs": rows}
 
@@ -172,6 +190,30 @@ def _replan(run) -> dict:
     cuda = any(d.get("kind") != "cpu" for d in state.get("devices") or [])
     jobs = build_plan(cfg, totals, cuda=cuda, plan_only=True, durations=DurationLearner(apply=False))
     return {j.id: j for j in jobs}
+
+
+def _vllm_server_devices(cfg) -> int:
+    """GPUs the vLLM servers of the selected GRPO algorithms hold (vllm_mode=server), the most any asks."""
+    n = 0
+    for a in cfg.experiment.algos:
+        c = cfg.algos.get(a) if a in cfg.algos else None
+        if c is not None and c.get("use_vllm") and c.get("vllm_mode") == "server":
+            n = max(n, int(c.get("vllm_server_devices", 1) or 1))
+    return n
+
+
+def _choice_notes(choices: dict) -> list[str]:
+    """What gpu=auto changed about the devices of training jobs, and what it weighed."""
+    out = [f"algos.{a}.devices={was} raised to {now}: its training does not fit {was} device{'s' if was > 1 else ''} "
+           f"at any micro-batch, even with gradient checkpointing (gpu=auto); give it {now}, or train with LoRA "
+           f"(algos.{a}.lora_r=16) on fewer"
+           for a, (was, now) in (choices.get("raised") or {}).items()]
+    for a, tried in (choices.get("weighed") or {}).items():
+        alts = ", ".join(f"{t['devices']} devices {_hms(t['makespan_s'])}{' (chosen)' if t['chosen'] else ''}"
+                         for t in tried)
+        out.append(f"gpu=auto weighed {a}'s training by the simulated makespan: {alts}; set algos.{a}.devices to "
+                   f"keep a count of your own")
+    return out
 
 
 def _training_choices(cfg) -> dict:
@@ -212,7 +254,9 @@ def render(plan: dict) -> str:
     inv = plan["inventory"]
     kinds: dict = OrderedDict()
     for j in plan["jobs"]:
-        k = kinds.setdefault(j["kind"], {"n": 0, "devices": set(), "gb": [], "largest": j, "batch": set(), "host": 0.0})
+        k = kinds.setdefault(j["kind"], {"n": 0, "devices": set(), "gb": [], "largest": j, "batch": set(), "host": 0.0,
+                                         "dev_h": 0.0})
+        k["dev_h"] += j["seconds"] * max(0, j["devices"]) / 3600
         k["n"] += 1
         k["host"] = max(k["host"], j.get("host_gb") or 0.0)
         if j.get("batch_size") is not None:
@@ -237,8 +281,9 @@ def render(plan: dict) -> str:
              f"{train or 'none'}", ""]
     host = plan.get("host_ram_gb")
     show_host = any(j.get("host_gb") for j in plan["jobs"])  # a GPU plan: every job's host estimate
+    sources = plan.get("duration_sources") or {}
     head = (f"{'job kind':<40} {'jobs':>5} {'devices':>7} {'batch':>6} {'GB/device':>11}"
-            f"{' host GB' if show_host else ''}  largest job")
+            f"{' host GB' if show_host else ''} {'dev-h':>7}  {'seconds from':<18}  largest job")
     lines += [head, "-" * len(head)]
     for kind, k in kinds.items():
         lo, hi = min(k["gb"]), max(k["gb"])
@@ -246,7 +291,8 @@ def render(plan: dict) -> str:
         devs = ",".join(str(d) for d in sorted(k["devices"]))
         batch = ",".join(str(b) for b in sorted(k["batch"])) or "-"
         hgb = f" {k['host']:>7.0f}" if show_host else ""
-        lines.append(f"{kind:<40} {k['n']:>5} {devs:>7} {batch:>6} {gb:>11}{hgb}  {k['largest']['id']}")
+        lines.append(f"{kind:<40} {k['n']:>5} {devs:>7} {batch:>6} {gb:>11}{hgb} {k['dev_h']:>7.1f}  "
+                     f"{sources.get(kind, '-'):<18}  {k['largest']['id']}")
     total = len(plan["jobs"])
     ms = plan["makespan_s"]
     guess = (plan.get("device_kind") == "cpu" and not plan.get("duration_corrections")

@@ -131,10 +131,20 @@ def _run(cfg: DictConfig, overrides: list[str], run_dir: Path | None = None) -> 
     else:
         backend = ray_backend if ex.backend == "ray" else make_backend(ex.backend)
         start_note = f"workers: {ex.backend} backend"
+    durations = None
+    if cfg.experiment.workload != "synthetic":  # what finished jobs teach later plans and runs
+        from pita.core.gpu_manager import known_card
+        from pita.plans.durations import DurationLearner
+
+        # learn_durations=false: every attempt still records its seconds (--calibrate reads them);
+        # on GPUs, the store of this card's own measurements
+        durations = (DurationLearner.load(sy.cache_dir, cfg.model.name, not gpus.is_cpu,
+                                          None if gpus.is_cpu else known_card([d.name for d in gpus.devices]))
+                     if ex.learn_durations else DurationLearner(apply=False))
     try:
         from pita.core.gpu_manager import plan_card
 
-        planned = build_plan(cfg, totals, cuda=not gpus.is_cpu,
+        planned = build_plan(cfg, totals, cuda=not gpus.is_cpu, durations=durations,
                              card=plan_card([d.name for d in gpus.devices])[0] if not gpus.is_cpu else None)
         if len(planned) > ex.max_jobs:
             raise ConfigError(f"the plan has {len(planned)} jobs, more than executor.max_jobs={ex.max_jobs}: plan fewer "
@@ -216,13 +226,6 @@ def _run(cfg: DictConfig, overrides: list[str], run_dir: Path | None = None) -> 
         if resume:
             log.info("resuming %s%s%s", run.root, f" with changed keys: {', '.join(changed)}" if changed else "",
                      ": it stopped before it recorded its jobs, so it starts afresh" if rebuilt == "fresh" else "")
-        durations = None
-        if cfg.experiment.workload != "synthetic":  # what finished jobs teach later plans and runs
-            from pita.plans.durations import DurationLearner
-
-            # learn_durations=false: every attempt still records its seconds (--calibrate reads them)
-            durations = (DurationLearner.load(sy.cache_dir, cfg.model.name, not gpus.is_cpu)
-                         if ex.learn_durations else DurationLearner(apply=False))
         settings = ExecutorSettings(
             oom_retries=ex.oom_retries, crash_retries=ex.crash_retries, job_timeout_s=ex.job_timeout_s,
             lost_retries=ex.lost_retries, device_wait_s=ex.device_wait_s, command=START_COMMAND[0],

@@ -476,6 +476,12 @@ def card_of(name: str) -> Card | None:
     return None
 
 
+def known_card(names: list[str]) -> str | None:
+    """The card every device is, when pita knows it and they are all one card; else None."""
+    cards = {c.name if c is not None else None for c in (card_of(n) for n in names)}
+    return next(iter(cards)) if len(cards) == 1 and None not in cards else None
+
+
 def plan_card(names: list[str]) -> tuple[Card, str]:
     """The card a plan's durations are computed for, and a note saying why: the devices' own
     card when they name one (the slowest, when they name several), else DEFAULT_CARD."""

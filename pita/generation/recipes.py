@@ -41,6 +41,13 @@ from pita.datasets.base import Example
 RECIPES = ("samples", "preference_pairs", "prompts", "value_rollouts", "eval")
 
 
+def continuation_kinds(ro: dict) -> list[str]:
+    """The continuations one cut of a ``value_rollouts`` collection samples: a greedy and a sampled
+    one (greedy_vs_sampled, PITA's) or ``continuations`` sampled ones (Q#'s). What the recipe runs
+    and what ``pita plan`` times."""
+    return ["greedy", "sampled"] if ro.get("mode") == "greedy_vs_sampled" else ["sampled"] * int(ro.get("continuations", 1))
+
+
 @dataclass
 class Scorer:
     task: str
@@ -139,8 +146,7 @@ def run_value_rollouts(lm, examples, req, scorer) -> list[dict]:
     prompt_ids = {e.id: ids for e, ids in zip(examples, enc)}
     rows, meta = [], []
     for e, c, prefix in cuts:
-        kinds = ["greedy", "sampled"] if ro["mode"] == "greedy_vs_sampled" else ["sampled"] * ro["continuations"]
-        for j, kind in enumerate(kinds):
+        for j, kind in enumerate(continuation_kinds(ro)):
             rows.append((prompt_ids[e.id] + prefix, max(1, g["max_new_tokens"] - c), f"{e.id}/cut{c}/{j}", kind))
             meta.append((e, c, prefix, kind))
     from pita.models.lm import row_seed

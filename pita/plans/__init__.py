@@ -8,12 +8,13 @@ WORKLOADS = ("synthetic", "generate", "experiment")
 
 
 def build_plan(cfg, device_totals: list[int] | None = None, cuda: bool = False, plan_only: bool = False,
-               durations=None, card=None) -> list[Job]:
+               durations=None, card=None, choices: dict | None = None) -> list[Job]:
     """All jobs of the experiment described by ``cfg`` (validated by the caller). ``plan_only``:
     for ``pita plan``, which never asks the hub (see experiment_plan). ``durations``: the
     :class:`~pita.plans.durations.DurationLearner` whose corrections apply (default: the one
     ``system.cache_dir`` keeps for this family and device class). ``card``: the GPU
-    (pita.core.gpu_manager.Card) the durations are computed for (None: an H100)."""
+    (pita.core.gpu_manager.Card) the durations are computed for (None: an H100). ``choices``
+    (a dict, filled): what gpu=auto weighed (pita/plans/choose.py) and the devices it raised."""
     if cfg.experiment.workload == "synthetic":
         from pita.plans.synthetic import demo_grid
 
@@ -37,8 +38,19 @@ def build_plan(cfg, device_totals: list[int] | None = None, cuda: bool = False, 
     if cfg.experiment.workload == "experiment":
         from pita.plans.experiment import experiment_plan
 
-        return _with_durations(cfg, _with_host(cfg, experiment_plan(cfg, list(device_totals or [1]), cuda, plan_only),
-                                               cuda), cuda, durations, card)
+        totals = list(device_totals or [1])
+        options = choices if choices is not None else {}
+
+        def build(c, opts=None):
+            return _with_durations(c, _with_host(c, experiment_plan(c, totals, cuda, plan_only, options=opts), cuda),
+                                   cuda, durations, card)
+
+        jobs = build(cfg, options)
+        if cuda and len(totals) > 1:  # gpu=auto's alternatives, weighed by the simulated makespan
+            from pita.plans.choose import for_makespan
+
+            jobs = for_makespan(cfg, build, jobs, totals, options)
+        return jobs
     raise AssertionError(f"unvalidated workload {cfg.experiment.workload!r}")
 
 
@@ -53,8 +65,15 @@ def _with_durations(cfg, jobs: list[Job], cuda: bool, learner=None, card=None) -
     from pita.plans.memory import PROMPT_TOKENS
 
     paths = resolve_family(cfg.model, cfg.system.cache_dir, cfg.system.seed, defer="plan")
-    durations = Durations(jobs, lambda part: model_shape(paths[part], f"model.{part}"), cfg.model.dtype, PROMPT_TOKENS,
-                          card=card)
+    shapes: dict = {}
+
+    def shape(part: str):  # the family's "reference" or "guidance", or a reward model's path
+        if part not in shapes:
+            shapes[part] = (model_shape(paths[part], f"model.{part}") if part in ("reference", "guidance")
+                            else model_shape(part, "model.reward_models"))
+        return shapes[part]
+
+    durations = Durations(jobs, shape, cfg.model.dtype, PROMPT_TOKENS, card=card)
     if learner is None:
         learner = (DurationLearner.load(cfg.system.cache_dir, cfg.model.name, cuda)
                    if cfg.executor.get("learn_durations", True) else DurationLearner())

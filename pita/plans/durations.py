@@ -1,22 +1,45 @@
 """How long each planned job would take on a GPU, for ``pita plan``'s simulated makespan.
 
-A roofline, stated so a reader can scale it (``ASSUMED``):
+Each job kind's seconds follow what the job executes, counted as the job counts it, on a roofline
+whose constants a reader can scale (``assumed()`` states them):
 
-    decoding   one step per generated token for each batch of rows; a step reads every weight
-               once (memory-bound: bytes / HBM_BYTES_S) or does 2 x params x rows FLOPs
-               (compute-bound: / (PEAK_FLOPS x MFU)), whichever is slower; the prefill adds
-               2 x params x prompt tokens FLOPs
-    training   6 x params x tokens FLOPs per pass (LoRA: 4 x, no weight gradients) at
-               PEAK_FLOPS x MFU; DPO adds the frozen reference's forward (2 x), GRPO samples
-               its completions first (decoding, as above; with use_vllm, each step's completions
-               in one batch of up to VLLM_BATCH rows, weights in the model's dtype, no launch
-               overhead, split over the job's devices when colocated)
+    decoding   one step per generated token for each batch of rows. A step reads every weight once
+               and the KV cache of every row in the batch (memory-bound: bytes / HBM bandwidth), or
+               does 2 x params x rows FLOPs (compute-bound), whichever is slower; transformers'
+               cache grows by concatenation, so each step also copies the cache (read + write:
+               HF_CACHE_PASSES reads of it a step), vLLM's paged cache is read once. Each forward
+               launches its kernels (STEP_BASE_S + STEP_PER_LAYER_S x layers); a guided step runs
+               the value model's own forward beside the policy's (its weights, cache and layers)
+               and the guidance's top-k arithmetic (GUIDE_STEP_S). The prefill adds
+               2 x params x prompt tokens FLOPs. Rows per example are the recipe's own
+               (rollout_rows: PITA's greedy-vs-sampled cuts are 2 continuations, Q#'s are
+               ``continuations``), the prompt the dataset's typical length (PROMPT_TOKENS_BY_DATASET).
+    scoring    a reward model's forward over every completion (2 x its params x tokens), in
+               batches of reward_batch_size, with its launches.
+    training   (6 x params, LoRA 4 x; + 2 x for the frozen reference's forward in DPO and GRPO;
+               + 2 x for gradient checkpointing's second forward) x tokens FLOPs at an MFU that
+               grows with the tokens of one micro-batch (training_mfu: small micro-batches of short
+               sequences leave the GPU launch-bound), plus each micro-batch's launches (forward and
+               backward: 3 x a forward's), the optimizer's pass over its states (memory-bound),
+               and FSDP's gathers and reduce-scatters over NVLink where they exceed the compute.
+               Value training reads rows of prompt + max_new_tokens (the collection's own).
+    GRPO       samples each step's completions first: with transformers on each of its devices
+               (its share of the rows); with vLLM colocated, every device still runs every token
+               step of its share (decoding is bound by reading the weights, which each device
+               holds whole), then the trained weights are synced into vLLM each step; vLLM in
+               server mode decodes the whole batch on the server's GPUs.
+    jobs       load their models (LOAD_BASE_S + bytes / LOAD_BYTES_S) and training jobs save
+               what they trained (bytes / SAVE_BYTES_S).
     merges     1 s
 
-The figures are the plan's card's (``pita.core.gpu_manager.CARDS``: an H100's bf16 dense 989
-TFLOP/s and 3.35 TB/s unless the devices name another card) at the utilisation such jobs reach
-with transformers and TRL, not peak (MFU, and 60% of the memory bandwidth): the makespan is for
-comparing plans and sizing a booking, the run itself measures what happens.
+The launch overheads were measured: bench.guided on an H100 (bench/results/gpu_h100_2026-11-27.txt)
+gave the tiny family 4.43 ms per unguided step (4 layers) and 9.59 ms per guided step (4 + 3
+layers); STEP_BASE_S and GUIDE_STEP_S are fitted to them at the assumed 0.5 ms per layer. The rest
+is the card's datasheet (``pita.core.gpu_manager.CARDS``: an H100's bf16 dense 989 TFLOP/s and
+3.35 TB/s unless the devices name another card) at the utilisation such jobs reach with
+transformers and TRL, not peak. A run measures what happens, and its measured / planned seconds
+per kind correct later plans (DurationLearner); ``pita plan`` says per kind which of these its
+seconds are (``sources``).
 """
 
 from __future__ import annotations
@@ -24,15 +47,35 @@ from __future__ import annotations
 import math
 
 PEAK_FLOPS = 989e12
-MFU = 0.35
+MFU = 0.35  # compute-bound decoding steps and prefills
+# training: MFU_MAX x t / (t + MFU_HALF_TOKENS) for t tokens in one micro-batch: 0.36 at 4 x 1k
+# tokens, 0.27 at 1 x 768, 0.20 at 1 x 256 (launch- and memory-bound kernels at small shapes)
+MFU_MAX = 0.40
+MFU_HALF_TOKENS = 256
 HBM_SHARE = 0.6  # of the card's memory bandwidth: what a decode step achieves with small batches
 HBM_BYTES_S = HBM_SHARE * 3.35e12
 MERGE_S = 1.0
 VLLM_BATCH = 256  # rows vLLM decodes at once (its max_num_seqs default)
-# eager transformers: a decode step costs about this much beyond the roofline (kernel launches,
-# Python), which is most of a small model's step
-STEP_BASE_S = 0.004
+# eager transformers: a forward costs this much beyond the roofline (kernel launches, Python);
+# fitted to the H100's tiny-family steps at STEP_PER_LAYER_S
+STEP_BASE_S = 0.0024
 STEP_PER_LAYER_S = 0.0005
+GUIDE_STEP_S = 0.0012  # a guided step's own work beside the two forwards: top-k, offsets, resampling
+HF_CACHE_PASSES = 3  # attention reads the cache; torch.cat copies it (read + write)
+VLLM_CACHE_PASSES = 1
+LOAD_BASE_S = 20.0  # a job's process: interpreter, torch and transformers imports, CUDA context
+LOAD_BYTES_S = 2e9  # safetensors into GPU memory
+SAVE_BYTES_S = 1e9  # a trained model written as safetensors
+NVLINK_BYTES_S = 150e9  # FSDP's collectives per device, achieved
+VLLM_SYNC_BASE_S = 0.5  # TRL's weight push into vLLM each step: per-parameter calls ...
+VLLM_SYNC_BYTES_S = 50e9  # ... and the bytes (gathered from FSDP first when sharded)
+ADAM_BYTES_PER_PARAM = 32  # a fused AdamW step reads and writes fp32 weight, gradient and two moments
+
+# tokens of a typical prompt, chat template included (the plan's memory keeps PROMPT_TOKENS, an
+# upper bound): GSM8K's questions are ~60 words, MATH's and AIME's ~80-120, IMDB's prompt is the
+# review's first prefix_words words, TL;DR's a whole post (~300-400 tokens)
+PROMPT_TOKENS_BY_DATASET = {"gsm8k": 150, "math500": 180, "aime22to24": 200, "aime2024": 200, "aime2025": 200,
+                            "imdb": 45, "sentiment": 45, "tldr": 420, "arith": 80}
 
 
 def assumed(card=None, why: str = "") -> str:
@@ -41,17 +84,20 @@ def assumed(card=None, why: str = "") -> str:
     peak = card.tflops * 1e12 if card else PEAK_FLOPS
     hbm = card.hbm_tbs * 1e12 * HBM_SHARE if card else HBM_BYTES_S
     name = why or (card.name if card else "H100-SXM")
-    return (f"durations assumed (pita/plans/durations.py) for {name}: decoding reads the weights once per token "
-            f"step at {hbm / 1e12:.2f} TB/s or computes at {MFU:.0%} of {peak / 1e12:.0f} TFLOP/s, whichever is "
-            f"slower, plus {STEP_BASE_S * 1e3:g} ms + {STEP_PER_LAYER_S * 1e3:g} ms per layer of launch overhead; "
-            f"training 6 x params x tokens FLOPs at {MFU:.0%} of {peak / 1e12:.0f} TFLOP/s; merges {MERGE_S:g} s")
+    return (f"durations assumed (pita/plans/durations.py) for {name}: decoding reads the weights and the KV cache "
+            f"({HF_CACHE_PASSES} passes with transformers, {VLLM_CACHE_PASSES} with vLLM) once per token step at "
+            f"{hbm / 1e12:.2f} TB/s or computes at {MFU:.0%} of {peak / 1e12:.0f} TFLOP/s, whichever is slower, plus "
+            f"{STEP_BASE_S * 1e3:g} ms + {STEP_PER_LAYER_S * 1e3:g} ms per layer of launch overhead per forward "
+            f"(measured on an H100) and {GUIDE_STEP_S * 1e3:g} ms per guided step; training 6 x params x tokens FLOPs "
+            f"at up to {MFU_MAX:.0%} of {peak / 1e12:.0f} TFLOP/s (less for small micro-batches); loading "
+            f"{LOAD_BASE_S:g} s + {LOAD_BYTES_S / 1e9:g} GB/s, saving {SAVE_BYTES_S / 1e9:g} GB/s; merges {MERGE_S:g} s")
 
 
 ASSUMED = assumed()
 
 
-def _flops_s(flops: float, peak: float | None = None) -> float:
-    return flops / ((peak or PEAK_FLOPS) * MFU)
+def _flops_s(flops: float, peak: float | None = None, mfu: float = MFU) -> float:
+    return flops / ((peak or PEAK_FLOPS) * mfu)
 
 
 def step_overhead(n_layers: int) -> float:
@@ -59,13 +105,34 @@ def step_overhead(n_layers: int) -> float:
     return STEP_BASE_S + STEP_PER_LAYER_S * n_layers
 
 
+def training_mfu(micro_tokens: float) -> float:
+    """The share of peak FLOP/s a training step reaches with ``micro_tokens`` tokens per micro-batch."""
+    t = max(1.0, float(micro_tokens))
+    return MFU_MAX * t / (t + MFU_HALF_TOKENS)
+
+
 def decode_seconds(n_params: int, weight_bytes: float, rows: int, batch: int, prompt: int, new: int,
                    n_layers: int = 32, overhead: bool = True, peak: float | None = None,
-                   hbm: float | None = None) -> float:
+                   hbm: float | None = None, kv_bytes_per_token: float = 0.0,
+                   cache_passes: int = HF_CACHE_PASSES, step_extra: float | None = None) -> float:
+    """Seconds to sample ``new`` tokens for ``rows`` rows, ``batch`` at a time. ``kv_bytes_per_token``:
+    the KV cache one row holds per position (every model that decodes); ``step_extra``: the launch
+    overhead of a step (default: one forward of ``n_layers``)."""
     batches = math.ceil(rows / max(1, batch))
-    step = max(weight_bytes / (hbm or HBM_BYTES_S), _flops_s(2 * n_params * min(rows, batch), peak)) + (
-        step_overhead(n_layers) if overhead else 0.0)
-    return batches * (new * step + _flops_s(2 * n_params * min(rows, batch) * prompt, peak))
+    b = min(rows, batch)
+    mean_len = prompt + new / 2  # the cache a step reads, averaged over the completion
+    read = weight_bytes + cache_passes * kv_bytes_per_token * b * mean_len
+    step = max(read / (hbm or HBM_BYTES_S), _flops_s(2 * n_params * b, peak))
+    if overhead:
+        step += step_overhead(n_layers) if step_extra is None else step_extra
+    return batches * (new * step + _flops_s(2 * n_params * b * prompt, peak))
+
+
+def rollout_rows(ro: dict) -> int:
+    """Continuations one cut of a ``value_rollouts`` collection samples (the recipe's own count)."""
+    from pita.generation.recipes import continuation_kinds
+
+    return len(continuation_kinds(ro))
 
 
 def rows_per_example(req: dict) -> int:
@@ -75,15 +142,26 @@ def rows_per_example(req: dict) -> int:
         return int(req.get("n", 1)) * max(1, len(req.get("etas") or [0]))
     if recipe == "value_rollouts":
         ro = req.get("rollouts") or {}
-        return 1 + int(ro.get("cut_points", 1)) * int(ro.get("continuations", 1))
+        return 1 + int(ro.get("cut_points", 1)) * rollout_rows(ro)
     if recipe == "prompts":
         return 0
     return int(req.get("n", 1))
 
 
+def prompt_tokens(dataset: dict | None, default: int = 256) -> int:
+    """The typical prompt of a dataset (its request's or job's ``dataset`` dict)."""
+    if not dataset:
+        return default
+    name = dataset.get("base") or dataset.get("name")
+    return PROMPT_TOKENS_BY_DATASET.get(name, default)
+
+
+KINDS_MEASURED = ("generation.shard", "eval.eta_search")
+
+
 class Durations:
     """Seconds per job of a plan; ``shape(part)`` gives the family's ModelShape ("reference",
-    "guidance")."""
+    "guidance", or a model's path: a reward model)."""
 
     def __init__(self, jobs, shape, dtype: str, prompt_tokens: int, card=None):
         from pita.core.memory import bytes_per_param
@@ -92,11 +170,17 @@ class Durations:
         self.hbm = card.hbm_tbs * 1e12 * HBM_SHARE if card else HBM_BYTES_S
         self.by_id = {j.id: j for j in jobs}
         self.shape = shape
+        self.dtype = dtype
         self.b = bytes_per_param(dtype)
-        self.prompt = prompt_tokens
+        self.prompt = prompt_tokens  # when a job names no dataset
 
-    def _f(self, flops: float) -> float:
-        return _flops_s(flops, self.peak)
+    def _f(self, flops: float, mfu: float = MFU) -> float:
+        return _flops_s(flops, self.peak, mfu)
+
+    def kv_per_token(self, shape) -> float:
+        from pita.core.memory import kv_cache_bytes
+
+        return kv_cache_bytes(shape, self.dtype, 1, 1)
 
     @staticmethod
     def examples(shard) -> int:
@@ -105,73 +189,185 @@ class Durations:
         size = int(shard.params["request"]["chunk_size"])
         return max(0, min(b * size, int(shard.params.get("n_examples", b * size))) - a * size)
 
-    def rows_of_merge(self, merge_id: str) -> int:
+    def _shards(self, merge_id: str):
         m = self.by_id.get(merge_id)
-        if m is None:
-            return 0
-        total = 0
-        for sid in m.params.get("shards", []):
+        for sid in (m.params.get("shards", []) if m is not None else []):
             s = self.by_id.get(sid)
             if s is not None and s.kind == "generation.shard":
-                total += self.examples(s) * max(1, rows_per_example(s.params["request"]))
-        return total
+                yield s
+
+    def rows_of_merge(self, merge_id: str) -> int:
+        return sum(self.examples(s) * max(1, rows_per_example(s.params["request"])) for s in self._shards(merge_id))
+
+    def request_of_merge(self, merge_id: str) -> dict:
+        return next((s.params["request"] for s in self._shards(merge_id)), {})
+
+    def load_seconds(self, *shapes, weight_bytes: float | None = None) -> float:
+        b = sum(s.n_params * self.b for s in shapes) if weight_bytes is None else weight_bytes
+        return LOAD_BASE_S + b / LOAD_BYTES_S
+
+    # ------------------------------------------------------------------ kinds
+    def sampling(self, job) -> float:
+        p = job.params
+        req = p["request"]
+        ref = self.shape("reference")
+        if job.kind == "eval.eta_search":  # its validation prompts at one new eta a step, every step taken
+            req = dict(req, etas=[0.0] * max(1, int(p.get("steps", 1))))
+            rows = int(p.get("n_examples", 0)) * rows_per_example(req)
+        else:
+            rows = self.examples(job) * rows_per_example(req)
+        prompt = prompt_tokens(req.get("dataset"), self.prompt)
+        s = req["sampling"]
+        wbytes, n, kv = ref.n_params * self.b, ref.n_params, self.kv_per_token(ref)
+        extra = step_overhead(ref.n_layers)
+        shapes = [ref]
+        if (req.get("policy") or {}).get("guidance"):
+            g = self.shape("guidance")
+            wbytes += g.n_params * 4  # the value model runs in float32
+            n += g.n_params
+            kv += self.kv_per_token(g)
+            extra += step_overhead(g.n_layers) + GUIDE_STEP_S
+            shapes.append(g)
+        secs = decode_seconds(n, wbytes, rows, s["batch_size"], prompt, s["max_new_tokens"], ref.n_layers,
+                              peak=self.peak, hbm=self.hbm, kv_bytes_per_token=kv, step_extra=extra)
+        secs += self.scoring(req, rows, prompt) + self.load_seconds(*shapes)
+        return max(1.0, secs)
+
+    def scoring(self, req: dict, rows: int, prompt: int) -> float:
+        """A reward model's passes over ``rows`` completions (none for a verifier or a function)."""
+        sc = req.get("scoring") or {}
+        rm = sc.get("reward_model")
+        if not rm or req.get("recipe") == "prompts":
+            return 0.0
+        try:
+            shape = self.shape(rm)
+        except Exception:  # noqa: BLE001 - a reward model whose size is unknown: a function or an unread config
+            return 0.0
+        tokens = rows * (prompt + req["sampling"]["max_new_tokens"])
+        batch = max(1, int(sc.get("reward_batch_size") or 32))
+        return (self._f(2 * shape.n_params * tokens) + math.ceil(rows / batch) * step_overhead(shape.n_layers)
+                + self.load_seconds(shape))
+
+    def train(self, shape, tokens: float, micro_rows: int, seq: int, flops_per_param: float, devices: int = 1,
+              batch_rows: int = 1, rows: float = 0.0, full: bool = True, sharded: bool = False) -> float:
+        """Training over ``tokens`` tokens (``rows`` sequences of ``seq``) on ``devices`` devices,
+        ``micro_rows`` sequences per micro-batch and device, ``batch_rows`` per optimizer step."""
+        devices = max(1, devices)
+        micro_tokens = max(1, micro_rows) * seq
+        compute = self._f(flops_per_param * shape.n_params * tokens, training_mfu(micro_tokens)) / devices
+        micro_steps = math.ceil(max(rows, 1) / (max(1, micro_rows) * devices))
+        launches = micro_steps * 3 * step_overhead(shape.n_layers)
+        opt_steps = math.ceil(max(rows, 1) / max(1, batch_rows))
+        opt = opt_steps * (ADAM_BYTES_PER_PARAM * shape.n_params / devices if full else 0.0) / self.hbm
+        comm = micro_steps * 3 * shape.n_params * self.b / NVLINK_BYTES_S if sharded and devices > 1 else 0.0
+        return max(compute, comm) + launches + opt
 
     def seconds(self, job) -> float:
         p = job.params
-        if job.kind in ("generation.shard", "eval.eta_search"):
-            req = p["request"]
-            ref = self.shape("reference")
-            if job.kind == "eval.eta_search":  # its validation prompts at one new eta a step, every step taken
-                req = dict(req, etas=[0.0] * max(1, int(p.get("steps", 1))))
-                rows = int(p.get("n_examples", 0)) * rows_per_example(req)
-            else:
-                rows = self.examples(job) * rows_per_example(req)
-            wbytes = ref.n_params * self.b
-            n = ref.n_params
-            if (req.get("policy") or {}).get("guidance"):
-                g = self.shape("guidance")
-                wbytes += g.n_params * 4
-                n += g.n_params
-            s = req["sampling"]
-            return max(1.0, decode_seconds(n, wbytes, rows, s["batch_size"], self.prompt, s["max_new_tokens"],
-                                           ref.n_layers, peak=self.peak, hbm=self.hbm))
+        if job.kind in KINDS_MEASURED:
+            return self.sampling(job)
         if job.kind in ("algo.value_train", "algo.proxy_train"):
             g = self.shape("guidance")
-            rows = sum(self.rows_of_merge(d) for d in p.get("data", []))
-            tokens = rows * (self.prompt + 128) * int(p.get("epochs", 1))
-            return max(1.0, self._f(6 * g.n_params * tokens))
+            data = p.get("data", [])
+            rows = sum(self.rows_of_merge(d) for d in data)
+            req = self.request_of_merge(data[0]) if data else {}
+            seq = prompt_tokens(req.get("dataset"), self.prompt) + int((req.get("sampling") or {}).get("max_new_tokens", 128))
+            epochs = int(p.get("epochs", 1))
+            flops = 6 + (2 if p.get("gradient_checkpointing") else 0)
+            micro = int(p.get("micro_batch_size") or p.get("batch_size") or 8)
+            secs = self.train(g, rows * seq * epochs, micro, seq, flops, rows=rows * epochs,
+                              batch_rows=int(p.get("batch_size") or micro))
+            return max(1.0, secs + self.load_seconds(g) + g.n_params * 4 / SAVE_BYTES_S)
         if job.kind in ("algo.dpo_train", "algo.grpo_train"):
-            ref = self.shape("reference")
-            per_param = 4 if p.get("lora_r", 0) > 0 else 6
-            seq = self.prompt + int(p.get("max_completion_length") or p.get("max_length") or 512)
-            if job.kind == "algo.dpo_train":
-                rows = sum(self.rows_of_merge(d) for d in job.deps)  # completions: both sides of each pair
-                tokens = rows * seq * int(p.get("epochs", 1))  # split over the job's devices (DDP or FSDP)
-                return max(1.0, self._f((per_param + 2) * ref.n_params * tokens) / max(1, p["devices"]))
-            from pita.datasets.config import DatasetConfig
-            from pita.datasets.loading import count_examples
-
-            try:
-                prompts = count_examples(DatasetConfig(**p["dataset"]), "train", True)[0]
-            except Exception:  # noqa: BLE001 - a duration is a guess; an unreadable dataset failed earlier
-                prompts = 1000
-            steps = p.get("max_steps") or math.ceil(float(p.get("epochs", 1)) * prompts * p["num_generations"]
-                                                    / p["batch_size"])
-            rows = steps * p["batch_size"]
-            if p.get("use_vllm"):
-                # vLLM: its own copy of the weights in the model's dtype, every step's completions in one
-                # continuous batch (up to VLLM_BATCH rows), CUDA graphs instead of per-kernel launches
-                sample = steps * decode_seconds(ref.n_params, ref.n_params * self.b, p["batch_size"],
-                                                min(VLLM_BATCH, p["batch_size"]), self.prompt, seq - self.prompt,
-                                                ref.n_layers, overhead=False, peak=self.peak, hbm=self.hbm)
-                sample /= max(1, p["devices"]) if p.get("vllm_mode") == "colocate" else 1
-            else:
-                sample = decode_seconds(ref.n_params, ref.n_params * 4, rows, max(1, p["batch_size"] // p["devices"]),
-                                        self.prompt, seq - self.prompt, ref.n_layers, peak=self.peak, hbm=self.hbm) / max(1, p["devices"])
-            return max(1.0, sample + self._f((per_param + 2) * ref.n_params * rows * seq) / max(1, p["devices"]))
+            return max(1.0, self.policy_training(job))
+        if job.kind == "control.best_of_n" and job.resources.devices > 0:
+            # the pool's completions scored by a learned model (the proxy, or Q#'s value model)
+            g = self.shape("guidance")
+            shards = [self.by_id[s] for s in p.get("shards", []) if s in self.by_id]
+            rows = sum(self.examples(s) * max(1, rows_per_example(s.params["request"])) for s in shards)
+            req = shards[0].params["request"] if shards else {}
+            seq = prompt_tokens(req.get("dataset"), self.prompt) + int((req.get("sampling") or {}).get("max_new_tokens", 128))
+            batch = max(1, int(p.get("micro_batch_size") or 16))
+            return max(1.0, self._f(2 * g.n_params * rows * seq) + math.ceil(rows / batch) * step_overhead(g.n_layers)
+                       + self.load_seconds(g))
         if job.kind == "model.build_tiny":
             return 20.0
         return MERGE_S
+
+    def policy_training(self, job) -> float:
+        p = job.params
+        ref = self.shape("reference")
+        lora = p.get("lora_r", 0) > 0
+        flops = (4 if lora else 6) + 2 + (2 if p.get("gradient_checkpointing") else 0)
+        devices = max(1, int(p.get("devices", 1)))
+        sharded = p.get("sharding") == "fsdp"
+        prompt = prompt_tokens(p.get("dataset"), self.prompt)
+        new = int(p.get("max_completion_length") or p.get("max_length") or 512)
+        seq = prompt + new
+        micro = int(p.get("micro_batch_size") or max(1, int(p.get("batch_size", 1)) // devices))
+        saved = 0.0 if lora else ref.n_params * self.b
+        fixed = self.load_seconds(ref) * (1 if lora else 2) + saved / SAVE_BYTES_S  # policy and its frozen reference
+        if job.kind == "algo.dpo_train":
+            rows = sum(self.rows_of_merge(d) for d in job.deps) * int(p.get("epochs", 1))  # both sides of each pair
+            # a micro-batch of k pairs is 2k sequences (chosen and rejected concatenated)
+            return fixed + self.train(ref, rows * seq, 2 * micro, seq, flops, devices, rows=rows,
+                                      batch_rows=2 * int(p.get("batch_size", 1)), full=not lora, sharded=sharded)
+        from pita.datasets.config import DatasetConfig
+        from pita.datasets.loading import count_examples
+
+        try:
+            prompts = count_examples(DatasetConfig(**p["dataset"]), "train", True)[0]
+        except Exception:  # noqa: BLE001 - a duration is a guess; an unreadable dataset failed earlier
+            prompts = 1000
+        steps = p.get("max_steps") or math.ceil(float(p.get("epochs", 1)) * prompts * p["num_generations"]
+                                                / p["batch_size"])
+        rows = steps * p["batch_size"]
+        kv = self.kv_per_token(ref)
+        if p.get("use_vllm"):
+            # vLLM: its own copy of the weights in the model's dtype, continuous batching (up to
+            # VLLM_BATCH rows), CUDA graphs instead of per-kernel launches, a paged cache read once
+            if p.get("vllm_mode") == "server":
+                per_dev, wb = p["batch_size"], ref.n_params * self.b  # the server's GPU decodes every row
+            else:
+                per_dev = max(1, p["batch_size"] // devices)  # each device: its rows, every token step
+                wb = ref.n_params * self.b
+            sample = steps * decode_seconds(ref.n_params, wb, per_dev, min(VLLM_BATCH, per_dev), prompt, new,
+                                            ref.n_layers, overhead=False, peak=self.peak, hbm=self.hbm,
+                                            kv_bytes_per_token=kv, cache_passes=VLLM_CACHE_PASSES)
+            sample += steps * (VLLM_SYNC_BASE_S + ref.n_params * self.b / VLLM_SYNC_BYTES_S)
+            fixed += self.load_seconds(ref)  # vLLM's own engine (its start-up's profiling not counted)
+        else:
+            per_dev = max(1, p["batch_size"] // devices)
+            # each device samples its share of each step's rows with the policy (float32 master weights
+            # under autocast read as the model's dtype); sharded: gathered layer by layer
+            sample = steps * decode_seconds(ref.n_params, ref.n_params * 4, per_dev, per_dev, prompt, new,
+                                            ref.n_layers, peak=self.peak, hbm=self.hbm, kv_bytes_per_token=kv)
+        sample += self.scoring({"scoring": {"reward_model": p.get("reward_model")}, "sampling": {"max_new_tokens": new}},
+                               rows, prompt) if p.get("reward_model") else 0.0
+        return fixed + sample + self.train(ref, rows * seq, micro, seq, flops, devices, rows=rows,
+                                           batch_rows=int(p["batch_size"]), full=not lora, sharded=sharded)
+
+
+def sources(jobs, learner=None, card: str | None = None, cuda: bool = True) -> dict[str, str]:
+    """Per job kind (as the plan reports it), what its seconds are: "measured on <card>" where
+    finished runs' jobs of that kind on that class of device correct it, "calibrated on CPU" where
+    CPU runs do, else "roofline" (with its launch overheads measured on an H100)."""
+    from pita.plans.fit import job_kind
+
+    out = {}
+    for j in jobs:
+        k = job_kind(j)
+        if k in out:
+            continue
+        if j.resources.devices <= 0:
+            out[k] = "fixed"
+            continue
+        measured = learner is not None and learner.apply and learner.factor(duration_key(j)) is not None
+        if measured:
+            out[k] = f"measured on {card or 'GPUs'}" if cuda else "calibrated on CPU"
+        else:
+            out[k] = "roofline"
+    return out
 
 
 # ---------------------------------------------------------------- durations that learn
@@ -218,16 +414,19 @@ class DurationLearner:
 
     # ------------------------------------------------------------------ reading
     @staticmethod
-    def scope_of(family: str, cuda: bool) -> str:
-        return f"{device_class(cuda)}/{family}"
+    def scope_of(family: str, cuda: bool, card: str | None = None) -> str:
+        """``cpu/<family>``, ``cuda/<card>/<family>`` (a card pita knows: one card's measurements do
+        not time another), or ``cuda/<family>`` (GPUs pita does not know)."""
+        return f"{device_class(cuda)}/{card}/{family}" if cuda and card else f"{device_class(cuda)}/{family}"
 
     @classmethod
-    def load(cls, cache_dir, family: str, cuda: bool) -> "DurationLearner":
+    def load(cls, cache_dir, family: str, cuda: bool, card: str | None = None) -> "DurationLearner":
+        """The store's ratios for ``family`` on this class of device (``card``: the GPU's card name)."""
         import json
         from pathlib import Path
 
         path = Path(cache_dir) / "durations.json"
-        scope = cls.scope_of(family, cuda)
+        scope = cls.scope_of(family, cuda, card)
         ratios = {}
         try:
             ratios = json.loads(path.read_text()).get(scope, {})

@@ -34,10 +34,12 @@ def eval_request_factory(cfg, paths):
     return make
 
 
-def experiment_plan(cfg, device_totals: list[int], cuda: bool, plan_only: bool = False) -> list[Job]:
+def experiment_plan(cfg, device_totals: list[int], cuda: bool, plan_only: bool = False,
+                    options: dict | None = None) -> list[Job]:
     """The experiment's job graph. ``plan_only`` (``pita plan``): the hub is never asked; hub
     datasets that are not cached are counted from their known sizes and tokenizers that are not
-    cached are checked when the run starts."""
+    cached are checked when the run starts. ``options``: filled with gpu=auto's alternatives
+    (resolve_auto_training)."""
     from pita.algos import ALGORITHMS, PlanContext, algorithm
     from pita.algos.base import base_evaluation, base_validation
     from pita.datasets.loading import count_examples
@@ -118,7 +120,7 @@ def experiment_plan(cfg, device_totals: list[int], cuda: bool, plan_only: bool =
     if model_problems:
         raise ConfigError(model_problems)
     gen = ParallelDataGenerator(device_totals)
-    resolve_auto_training(cfg, paths, device_totals, cuda, algos, list(configs))
+    resolve_auto_training(cfg, paths, device_totals, cuda, algos, list(configs), alternatives=options)
     if str(cfg.training.micro_batch_size) != "auto":  # what gpu=auto chose, or left as configured
         late = [x for alg in algos.values() if hasattr(alg, "sharding_problems")
                 for x in alg.sharding_problems(n_devices)]
@@ -324,7 +326,7 @@ def shard_counts(a, n_devices: int) -> list[int]:
 
 
 def resolve_auto_training(cfg, paths: dict, device_totals: list[int], cuda: bool, algos: dict | None = None,
-                          datasets: list[str] = ()) -> None:
+                          datasets: list[str] = (), alternatives: dict | None = None) -> None:
     """``training.micro_batch_size=auto`` / ``gradient_checkpointing=auto`` (the gpu=auto preset):
     for each selected algorithm, the largest micro-batch dividing its per-device batch whose
     training-memory estimate (pita/plans/memory.py: weights, gradients, AdamW states, TRL's
@@ -333,7 +335,10 @@ def resolve_auto_training(cfg, paths: dict, device_totals: list[int], cuda: bool
     ``algos.<A>.micro_batch_size`` / ``gradient_checkpointing`` (an algorithm's own setting is
     kept) and ``training.*`` (the smallest micro-batch; checkpointing if any uses it), so the
     run's config.yaml shows what was chosen. A job that fits at no micro-batch is left to the
-    plan's fit check, which names its fix."""
+    plan's fit check, which names its fix. ``alternatives`` (a dict, filled): per algorithm, every
+    (devices, sharding, micro-batch, checkpointing) that fits, the one chosen first, for
+    :func:`pita.plans.choose.for_makespan`; ``alternatives["raised"]``: the algorithms whose configured
+    devices were raised because they do not fit, (configured, raised to)."""
     from pita.algos import ALGORITHMS, algorithm
     from pita.plans.memory import JobMemory
 
@@ -368,16 +373,30 @@ def resolve_auto_training(cfg, paths: dict, device_totals: list[int], cuda: bool
             return found, (micros[-1], options[-1])
 
         configured = algo_devices(a.c)
+        fitting = []
         for k in shard_counts(a, len(device_totals)):  # 1 (as configured), then FSDP over 2, 4, 8, ... devices
             if k > 1:
                 with open_dict(cfg):
                     cfg.algos[name].devices, cfg.algos[name].sharding = k, "fsdp"
                 a.c = cfg.algos[name]
-            pick, smallest = search()
-            if pick is not None:
-                if k > 1:
-                    sharded[name] = k
-                break
+            found, _ = search()
+            if found is not None:
+                fitting.append((k, "fsdp" if k > 1 else configured[1], *found))
+            if found is not None and k == configured[0]:
+                break  # the devices configured fit: kept
+        if fitting:  # the fewest devices that fit; pita.plans.choose weighs the rest by makespan
+            k, shard_mode, *found = fitting[0]
+            pick = tuple(found)
+            if (k, shard_mode) != algo_devices(a.c):
+                with open_dict(cfg):
+                    cfg.algos[name].devices, cfg.algos[name].sharding = k, shard_mode
+                a.c = cfg.algos[name]
+            if k > 1:
+                sharded[name] = k
+            if alternatives is not None:
+                alternatives[name] = fitting
+                if k > configured[0]:
+                    alternatives.setdefault("raised", {})[name] = (configured[0], k)
         else:  # nothing fits: as configured at the smallest settings, and the fit check names the fix
             if algo_devices(a.c) != configured:
                 with open_dict(cfg):

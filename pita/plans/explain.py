@@ -91,7 +91,8 @@ def _faster(job) -> str:
     if job.kind == "algo.dpo_train":
         return f"more devices (algos.{a}.devices) or fewer epochs (algos.{a}.epochs)"
     if job.kind in ("algo.value_train", "algo.proxy_train"):
-        return f"fewer epochs (algos.{a}.epochs) or fewer rows per round (data_collection.*)"
+        key = "proxy_epochs" if job.kind == "algo.proxy_train" else "epochs"
+        return f"fewer epochs (algos.{a}.{key}) or fewer rows per round (data_collection.*)"
     if job.kind == "generation.shard":
         return "more shards over more devices (generation shards follow the devices), or shorter samples"
     return "making that job faster"
