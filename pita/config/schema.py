@@ -86,8 +86,26 @@ class RayConfig:
 
 
 @dataclass
+class SlurmConfig:
+    # executor.backend=slurm: each job attempt is a Slurm job (sbatch) asking for the plan's GPUs,
+    # CPUs, host memory and a time limit; these name where it runs
+    partition: Optional[str] = None  # -p; null = the cluster's default partition
+    account: Optional[str] = None  # -A
+    qos: Optional[str] = None  # -q
+    constraint: Optional[str] = None  # -C, e.g. a100|h100
+    sbatch_args: List[str] = field(default_factory=list)  # more sbatch options, e.g. [--exclusive]
+    cpus_per_job: int = 1  # CPUs per device a job holds (-c = this x its devices)
+    time_margin: float = 2.0  # --time = the job's expected seconds x this (doubled after a TIMEOUT)
+    min_minutes: int = 10  # the shortest --time asked for
+    poll_interval_s: float = 2.0  # squeue at most this often
+    # the card of the partition's GPUs (H100, A100-80GB, ...): their memory sizes the jobs; null
+    # on a partition whose nodes report GPUs is exit 2 naming this key
+    gpu_card: Optional[str] = None
+
+
+@dataclass
 class ExecutorConfig:
-    backend: str = "local"  # local (a process per job) | inline (in-process, serial) | ray
+    backend: str = "local"  # local (a process per job) | inline (in-process, serial) | ray | slurm
     # local: forkserver (attempts fork from a warm process that imported torch, transformers and
     # TRL once; milliseconds to start) | exec (a fresh interpreter per attempt; seconds to start) |
     # auto (forkserver on CPU devices, where start-up is most of a job; exec on GPUs)
@@ -118,6 +136,7 @@ class ExecutorConfig:
     # <system.cache_dir>/durations.json for later plans and runs (pita/plans/durations.py)
     learn_durations: bool = True
     ray: RayConfig = field(default_factory=RayConfig)
+    slurm: SlurmConfig = field(default_factory=SlurmConfig)
 
 
 @dataclass

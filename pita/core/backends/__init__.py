@@ -3,6 +3,7 @@
     local   one spawned process per job attempt (default)
     inline  in this process, one at a time (debugging, fast tests)
     ray     a Ray task per job attempt, on any node of a Ray cluster (pip install -e '.[ray]')
+    slurm   a Slurm job per job attempt (sbatch), on a cluster the run folder is shared with
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from pita.core.backends.base import Backend, Finished, Launch
 from pita.core.names import unknown_name
 from pita.core.errors import ConfigError
 
-BACKEND_NAMES = ("local", "inline", "ray")
+BACKEND_NAMES = ("local", "inline", "ray", "slurm")
 
 
 def make_backend(name: str, **kwargs) -> Backend:
@@ -27,6 +28,10 @@ def make_backend(name: str, **kwargs) -> Backend:
         from pita.core.backends.ray import RayBackend
 
         return RayBackend(**kwargs)
+    if name == "slurm":
+        from pita.core.backends.slurm import SlurmBackend
+
+        return SlurmBackend(**kwargs)
     raise ConfigError(unknown_name("executor.backend", name, BACKEND_NAMES))
 
 
