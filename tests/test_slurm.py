@@ -159,3 +159,21 @@ def test_ctrl_c_of_the_driver_cancels_its_slurm_jobs(tmp_path):
     while ours() and time.time() < deadline:
         time.sleep(0.5)
     assert not ours(), ours()
+
+
+def test_the_plan_prints_the_sbatch_request_of_each_job_kind(capsys):
+    """pita plan executor.backend=slurm: per kind, the sbatch options its jobs are submitted with
+    (GPUs, CPUs, memory, a time limit from the plan's seconds), and the makespan with one job per GPU."""
+    from pita.cli.plan import plan_main
+
+    args = ["--json", "experiment=paper_math", "gpu=auto", "model=qwen3", "system.inventory=8xH100",
+            "system.host_ram=2TB", "experiment.algos=[GRPO]", "executor.backend=slurm",
+            "executor.slurm.partition=gpu", "executor.slurm.cpus_per_job=8"]
+    assert plan_main(args) == 0
+    plan = json.loads(capsys.readouterr().out)
+    grpo = plan["slurm_requests"]["GRPO algo.grpo_train"]
+    k = plan["training"]["GRPO"]["devices"]
+    assert f"--gres=gpu:{k}" in grpo and f"-c {8 * k}" in grpo and "-p gpu" in grpo and "--time=" in grpo
+    assert "--mem=" in grpo
+    shard = plan["slurm_requests"]["base eval.shard (reference)"]
+    assert "--gres=gpu:1" in shard

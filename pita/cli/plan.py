@@ -135,9 +135,10 @@ def make_plan(cfg, durations=None) -> dict:
                         + ", ".join(f"{k} x{v['measured_over_planned']:g}" for k, v in durations.summary().items()) + ")")
     else:
         assumed = f"durations assumed: synthetic.job_seconds={cfg.synthetic.job_seconds:g} per stand-in job"
+    slurm = ex.backend == "slurm"  # Slurm gives each job whole GPUs: one job per device
     sim = simulate(graph.jobs, totals, ex.memory_margin,
-                   max_jobs_per_device=ex.max_jobs_per_device if ex.max_jobs_per_device is not None else
-                   (1 if not cuda else None), starvation_passes=ex.starvation_passes, host_bytes=host)
+                   max_jobs_per_device=1 if slurm else ex.max_jobs_per_device if ex.max_jobs_per_device is not None
+                   else (1 if not cuda else None), starvation_passes=ex.starvation_passes, host_bytes=host)
     from pita.plans.explain import explain
 
     rows = [{"id": j.id, "kind": job_kind(j), "algorithm": job_algorithm(j), "devices": j.resources.devices,
@@ -160,6 +161,7 @@ def make_plan(cfg, durations=None) -> dict:
             "duration_corrections": durations.summary() if durations is not None else {},
             "duration_sources": sources(graph.jobs, durations, known_card([d.name for d in gpus.devices]) if cuda else None, cuda) if cfg.experiment.workload != "synthetic" else {},
             "devices_weighed": choices.get("weighed", {}),
+            "slurm_requests": _slurm_requests(cfg, graph.jobs, cuda) if slurm else {},
             "notes": _notes(cfg) + _choice_notes(choices) + ([
                 f"vllm_mode=server: {server} GPU(s) set aside for the vLLM server (trl vllm-serve, started by you); the "
                 f"plan's jobs run on the other {len(totals)}: give a run those (system.devices)"] if server else []) + ([
@@ -190,6 +192,31 @@ def _replan(run) -> dict:
     cuda = any(d.get("kind") != "cpu" for d in state.get("devices") or [])
     jobs = build_plan(cfg, totals, cuda=cuda, plan_only=True, durations=DurationLearner(apply=False))
     return {j.id: j for j in jobs}
+
+
+def _slurm_requests(cfg, jobs, cuda: bool) -> dict:
+    """Per job kind, the sbatch options its longest job is submitted with (executor.backend=slurm)."""
+    from types import SimpleNamespace
+
+    from pita.core.backends.slurm import SlurmBackend, settings_from
+    from pita.plans.fit import job_algorithm, job_kind
+
+    be = SlurmBackend(settings_from(cfg.executor.slurm))
+    longest: dict = {}
+    for j in jobs:
+        if j.resources.devices <= 0:
+            continue
+        key = f"{job_algorithm(j)} {job_kind(j)}" if job_algorithm(j) not in ("shared", "family") else job_kind(j)
+        if key not in longest or j.duration_hint > longest[key].duration_hint:
+            longest[key] = j
+    out = {}
+    for key, j in longest.items():
+        launch = SimpleNamespace(job=j.to_dict(), job_id=j.id, attempt=1,
+                                 devices=[{"kind": "cuda" if cuda else "cpu"}] * j.resources.devices,
+                                 paths=SimpleNamespace(log=f"<run>/jobs/{j.id}/job.log"))
+        args = be.request(launch)
+        out[key] = " ".join(a for a in args[4:] if a not in ("--open-mode=append",))
+    return out
 
 
 def _vllm_server_devices(cfg) -> int:
@@ -305,6 +332,9 @@ def render(plan: dict) -> str:
         from pita.plans.explain import render as render_explain
 
         lines += render_explain(plan, ms)
+    if plan.get("slurm_requests"):
+        lines.append("Slurm requests (executor.backend=slurm; per kind, its longest job; one job per GPU):")
+        lines += [f"  {k}: sbatch {v}" for k, v in plan["slurm_requests"].items()]
     lines.append(plan["durations"])
     if host:
         lines.append(f"host memory: {host:g} GB (system.host_ram); host GB: the most one job of the kind holds on "

@@ -25,7 +25,8 @@ def makespan(cfg, jobs, totals: list[int]) -> float:
     from pita.core.simulation import simulate
 
     ex = cfg.executor
-    return simulate(jobs, totals, ex.memory_margin, max_jobs_per_device=ex.max_jobs_per_device,
+    per_device = 1 if ex.backend == "slurm" else ex.max_jobs_per_device  # Slurm: whole GPUs per job
+    return simulate(jobs, totals, ex.memory_margin, max_jobs_per_device=per_device,
                     starvation_passes=ex.starvation_passes).makespan
 
 
