@@ -165,6 +165,8 @@ def _changed(name, key, value):
 # keys that by design change no job: documented as such in the config reference
 NOT_READ = {("*", "enabled"), ("PITA", "num_workers"), ("QSharp", "num_workers"), ("QSharp-HF", "num_workers"),
             ("GRPO", "use_vllm"), ("GRPO-HF", "use_vllm"),  # use_vllm needs vllm installed to plan
+            # the GPUs a vLLM server holds: pita plan sets them aside (use_vllm with vllm_mode=server)
+            ("GRPO", "vllm_server_devices"), ("GRPO-HF", "vllm_server_devices"),
             ("PITA", "normalize_targets")}  # PITA's only valid value is its default, none
 
 
