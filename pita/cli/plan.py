@@ -214,8 +214,16 @@ def _slurm_requests(cfg, jobs, cuda: bool) -> dict:
         launch = SimpleNamespace(job=j.to_dict(), job_id=j.id, attempt=1,
                                  devices=[{"kind": "cuda" if cuda else "cpu"}] * j.resources.devices,
                                  paths=SimpleNamespace(log=f"<run>/jobs/{j.id}/job.log"))
-        args = be.request(launch)
-        out[key] = " ".join(a for a in args[4:] if a not in ("--open-mode=append",))
+        args, shown = be.request(launch), []
+        skip = False
+        for a in args:  # the job's name and log are the run's own: left out
+            if skip:
+                skip = False
+            elif a in ("-J", "-o"):
+                skip = True
+            elif a != "--open-mode=append":
+                shown.append(a)
+        out[key] = " ".join(shown)
     return out
 
 
