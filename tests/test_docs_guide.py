@@ -15,8 +15,10 @@ machine check run. What the check changes, and why:
   devices share the host's *available* memory, so a run going beside the check (a seed of
   real_arith holds about 8 GB) would otherwise refuse the plan the guide promises.
 
-The Ray recipe is run command by command by tests/test_ray_backend.py; environment steps
-(`make`, `pip`, `python -m venv`, `source`) are what CI itself runs."""
+The Ray recipe is run command by command by tests/test_ray_backend.py, the Slurm recipe (its
+`sbatch` and `squeue` lines, and the `pita run` they wrap) by tests/test_slurm.py on a real
+one-node cluster; environment steps (`make`, `pip`, `python -m venv`, `source`) are what CI
+itself runs."""
 
 from __future__ import annotations
 
@@ -31,7 +33,7 @@ import pytest
 from helpers import ROOT, as_user, pita_here, user_folder
 
 pytestmark = pytest.mark.integration
-ENV_STEPS = ("make ", "python -m venv", "source ", "ray ", "pip ")
+ENV_STEPS = ("make ", "python -m venv", "source ", "ray ", "pip ", "sbatch ", "squeue ")
 
 
 def guide_commands() -> list[str]:

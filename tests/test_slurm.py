@@ -13,8 +13,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from pita.core.backends.slurm import SlurmBackend, SlurmSettings, gres_gpus, time_limit
-from tests.helpers import ROOT, cli
+from pita.core.backends.slurm import (SlurmBackend, SlurmSettings, access_problems, gres_gpus, pending_reason,
+                                      slurm_seconds, time_limit)
+from tests.helpers import ROOT, cli, only_run
 
 SLURM_CONF = os.environ.get("PITA_SLURM_CONF", "/var/tmp/pita-slurm/slurm.conf")
 
@@ -65,6 +66,13 @@ def test_an_attempt_asks_slurm_for_what_the_plan_gives_its_job(tmp_path):
 
 def test_slurms_formats_are_read_as_slurm_writes_them():
     assert time_limit(90061, 1.0, 1) == "1-01:01:01"
+    # after a TIMEOUT the next attempt asks twice the last limit (not twice the expected seconds,
+    # which the shortest limit would swallow), and never more than the partition's MaxTime
+    assert time_limit(5, 2.0, 10, factor=2.0) == "0-00:20:00" and time_limit(5, 2.0, 10, 900, 2.0) == "0-00:15:00"
+    assert [slurm_seconds(t) for t in ("UNLIMITED", "30", "30:00", "1:00:00", "2-00:00:00", "1-12")] == [
+        None, 1800.0, 1800.0, 3600.0, 172800.0, 129600.0]
+    assert pending_reason("Resources").startswith("Resources (the partition's nodes are busy")
+    assert "executor.slurm.time_margin" in pending_reason("PartitionTimeLimit") and pending_reason("Odd") == "Odd"
     assert gres_gpus("gpu:2") == 2 and gres_gpus("gpu:h100:8(S:0-1)") == 8 and gres_gpus("gpu:a100:4,shard:8") == 4
     assert gres_gpus("(null)") == 0
 
@@ -177,3 +185,290 @@ def test_the_plan_prints_the_sbatch_request_of_each_job_kind(capsys):
     assert "--mem=" in grpo
     shard = plan["slurm_requests"]["base eval.shard (reference)"]
     assert "--gres=gpu:1" in shard
+
+
+def test_an_account_or_qos_the_partition_or_the_associations_refuse_names_the_key():
+    """Read before anything is submitted: the partition's Allow/Deny lists (scontrol show
+    partition) and, where the cluster keeps accounting, the user's associations (sacctmgr)."""
+    part = {"PartitionName": "gpu", "AllowAccounts": "lab,other", "AllowQos": "ALL", "DenyQos": "free"}
+    [p] = access_problems(SlurmSettings(account="mine"), part)
+    assert p.startswith("executor.slurm.account='mine'") and "lab, other" in p
+    [p] = access_problems(SlurmSettings(account="lab", qos="free"), part)
+    assert p.startswith("executor.slurm.qos='free'") and "denies" in p
+    assert access_problems(SlurmSettings(account="lab", qos="high"), part) == []
+    assoc = [{"Account": "lab", "Partition": "", "QOS": "normal,high"}, {"Account": "x", "Partition": "cpu", "QOS": ""}]
+    [p] = access_problems(SlurmSettings(account="x"), {"PartitionName": "gpu"}, assoc)
+    assert p.startswith("executor.slurm.account='x'") and "lab" in p
+    [p] = access_problems(SlurmSettings(account="lab", qos="urgent"), {"PartitionName": "gpu"}, assoc)
+    assert p.startswith("executor.slurm.qos='urgent'") and "high, normal" in p
+    assert access_problems(SlurmSettings(account="lab", qos="high"), {"PartitionName": "gpu"}, assoc) == []
+
+
+@needs_slurm
+@pytest.mark.parametrize("override,key", [("executor.slurm.cpus_per_job=4", "executor.slurm.cpus_per_job=4"),
+                                          ("executor.slurm.constraint=nvlink", "executor.slurm.constraint"),
+                                          ("executor.slurm.sbatch_args=[--mem=900G]", "--mem=900G")])
+def test_a_request_the_cluster_cannot_satisfy_is_exit_2_before_anything_is_submitted(tmp_path, override, key):
+    """Each kind's largest request is tried with sbatch --test-only: 4 CPUs per job on 2-CPU nodes,
+    a feature no node has, an extra option no node satisfies."""
+    r = cli([*SYNTH, override, "experiment.name=bad"], tmp_path, timeout=120)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert key in r.stderr, r.stderr
+    assert not (tmp_path / "bad").exists()
+
+
+def _ours(env, run=None):
+    out = subprocess.run(["squeue", "-h", "-o", "%i|%j|%T|%o"], env=env, capture_output=True, text=True)
+    return [line.split("|") for line in out.stdout.splitlines() if "|pita:" in line and (run is None or str(run) in line)]
+
+
+@needs_slurm
+def test_a_driver_killed_and_resumed_takes_over_its_slurm_jobs_and_submits_the_rest(tmp_path):
+    """SIGKILL of the driver leaves its Slurm jobs running; resume_from= follows them by the ids
+    the state recorded (or, for an attempt whose id was never recorded, by its batch script in the
+    job's folder) instead of submitting them again, and submits what had not started."""
+    import signal
+
+    from pita.core.state import StateStore
+
+    env = _slurm_env()
+    proc = subprocess.Popen([os.sys.executable, str(ROOT / "run_parallel.py"), *SYNTH, "synthetic.algos=[A]",
+                             "synthetic.job_seconds=20", "experiment.name=kill", f"system.output_dir={tmp_path}",
+                             "executor.progress=plain"], cwd=ROOT, env=dict(env, PYTHONPATH=str(ROOT)),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 120
+    while len(_ours(env)) < 2 and time.time() < deadline:
+        time.sleep(0.3)
+    time.sleep(1.0)  # the state has recorded both
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=30)
+    run = only_run(tmp_path, "kill")
+    before = {row[1][len("pita:"):]: row[0] for row in _ours(env, run)}
+    assert len(before) == 2, before
+    store = StateStore(run / "state.db")
+    saved = store.read()["jobs"]
+    assert {j: saved[j]["handle"]["slurm_job"] for j in before} == before
+    unrecorded = sorted(before)[0]  # as if the driver died between sbatch and writing the state
+    store.apply({unrecorded: {"handle": None, "state": "PENDING"}})
+    store.close()
+    r = cli([f"resume_from={run}", "executor.progress=plain"], tmp_path, timeout=600)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    state = json.loads((run / "state.json").read_text())
+    assert all(e["state"] == "COMPLETED" for e in state["jobs"].values())
+    for jid, sid in before.items():  # one attempt each: the Slurm job the killed driver submitted
+        assert [(a["status"], a["slurm_job"]) for a in state["jobs"][jid]["attempts"]] == [("ok", sid)], jid
+    log = (run / "run.log").read_text()
+    assert log.count("taken over from the earlier driver") == 2
+    later = [a for j, e in state["jobs"].items() if j not in before for a in e["attempts"] if a.get("slurm_job")]
+    assert later and all(int(a["slurm_job"]) > max(map(int, before.values())) for a in later)
+    assert not _ours(env, run)
+
+
+@needs_slurm
+def test_a_job_kept_in_the_queue_is_reported_with_slurms_reason(tmp_path):
+    """Both GPUs held by another user's job: pita's jobs wait in Slurm's queue, and the run says
+    why (squeue's reason and what it means) once they have waited executor.slurm.pending_report_s."""
+    env = _slurm_env()
+    hog = subprocess.run(["sbatch", "--parsable", "-J", "other", "--gres=gpu:2", "-o", "/dev/null", "--wrap",
+                          "sleep 12"], env=env, capture_output=True, text=True)
+    assert hog.returncode == 0, hog.stderr
+    try:
+        r = cli([*SYNTH, "synthetic.algos=[A]", "synthetic.job_seconds=1", "executor.slurm.pending_report_s=3",
+                 "experiment.name=wait", "executor.progress=plain"], tmp_path, timeout=300)
+    finally:
+        subprocess.run(["scancel", hog.stdout.strip()], env=env)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    log = (only_run(tmp_path, "wait") / "run.log").read_text()
+    assert "in the cluster's queue: Slurm job" in log and "pending, reason Resources (the partition's nodes are busy" \
+        in log, log[-3000:]
+
+
+NON_TIMING = ("train_device_s", "eval_device_s")  # device seconds: how long, not what
+
+
+def _rows(run):
+    import csv
+
+    with open(run / "results" / "results.csv") as f:
+        return [{k: v for k, v in row.items() if k not in NON_TIMING} for row in csv.DictReader(f)]
+
+
+@needs_slurm
+def test_the_smoke_preset_through_slurm_gives_the_local_backends_results(tmp_path, tiny_cache):
+    """experiment=smoke on CPU devices, once with each job a Slurm job and once with local
+    workers: every column of results.csv but the device seconds is the same (same jobs, same
+    thread budget per job, same seeds)."""
+    common = ["experiment=smoke", f"system.cache_dir={tiny_cache}", "system.devices=cpu", "executor.progress=plain"]
+    t = time.time()
+    r = cli([*common, "executor.backend=slurm", "executor.slurm.poll_interval_s=0.5", "experiment.name=viaslurm"],
+            tmp_path, timeout=900)
+    slurm_s = time.time() - t
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    t = time.time()
+    r = cli([*common, "experiment.name=vialocal"], tmp_path, timeout=600)
+    local_s = time.time() - t
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    via_slurm, via_local = only_run(tmp_path, "viaslurm"), only_run(tmp_path, "vialocal")
+    assert _rows(via_slurm) == _rows(via_local) and len(_rows(via_local)) > 20
+    state = json.loads((via_slurm / "state.json").read_text())
+    device = [a for e in state["jobs"].values() for a in e["attempts"] if a.get("devices")]
+    assert device and all(a["slurm_state"] == "COMPLETED" and a["slurm_job"] for a in device)
+    print(f"smoke: {len(state['jobs'])} jobs, {len(device)} as Slurm jobs; wall {slurm_s:.0f}s through Slurm, "
+          f"{local_s:.0f}s with local workers")
+
+
+@needs_slurm
+def test_a_training_job_past_its_time_limit_continues_from_its_checkpoint_with_twice_the_limit(tmp_path, tiny_cache):
+    """DPO trains for minutes (300 epochs of the smoke data, a checkpoint every 5 steps); once its
+    first checkpoint is written its Slurm time limit is lowered to one minute (scontrol update, as
+    an administrator or a mis-sized plan would have it), so Slurm ends it TIMEOUT. pita submits it
+    again asking twice its first limit, and the new attempt resumes from the checkpoint the first
+    one saved. The driver is then stopped (the rest of the training is not the point)."""
+    import re
+    import signal
+
+    env = _slurm_env()
+    job = "DPO.tiny.arith.r0.train"
+    proc = subprocess.Popen([os.sys.executable, str(ROOT / "run_parallel.py"), "experiment=smoke",
+                             "experiment.algos=[DPO]", "algos.DPO.epochs=300", "training.save_steps=5",
+                             f"system.cache_dir={tiny_cache}", "system.devices=cpu", "executor.backend=slurm",
+                             "executor.slurm.poll_interval_s=0.5", "executor.slurm.min_minutes=1",
+                             "experiment.name=limit", f"system.output_dir={tmp_path}", "executor.progress=plain"],
+                            cwd=ROOT, env=dict(env, PYTHONPATH=str(ROOT)), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    lowered = resumed = None
+    deadline = time.time() + 600
+    try:
+        while time.time() < deadline and proc.poll() is None and not resumed:
+            folder = next((tmp_path / "limit").glob("*/jobs/" + job), None) if (tmp_path / "limit").exists() else None
+            if folder is not None and lowered is None and list(folder.glob("artifacts/trainer/checkpoint-*")):
+                [sid] = [row[0] for row in _ours(env, folder)]
+                subprocess.run(["scontrol", "update", f"JobId={sid}", "TimeLimit=1"], env=env, check=True)
+                lowered = sid
+            if folder is not None and (folder / "job.log").exists():
+                resumed = re.search(r"resuming from \S+checkpoint-(\d+)", (folder / "job.log").read_text(errors="replace"))
+            time.sleep(1.0)
+    finally:
+        proc.send_signal(signal.SIGINT)
+        text, _ = proc.communicate(timeout=180)
+    assert lowered and resumed, text[-3000:]
+    assert int(resumed.group(1)) >= 5
+    assert proc.returncode == 130, text[-3000:]
+    run = only_run(tmp_path, "limit")
+    first = json.loads((run / "state.json").read_text())["jobs"][job]["attempts"][0]
+    assert first["status"] == "lost" and first["slurm_state"] == "TIMEOUT" and "time limit" in first["error"]
+    asked = [re.search(r"--time=(\S+)", (run / "jobs" / job / f"slurm-{n}.sh").read_text()).group(1) for n in (1, 2)]
+    assert first["slurm_time"] == asked[0]
+    from pita.core.backends.slurm import slurm_seconds
+
+    assert slurm_seconds(asked[1]) == 2 * slurm_seconds(asked[0])
+    assert not _ours(env, tmp_path)
+
+
+def _guide_block(marker: str) -> str:
+    text = (ROOT / "docs" / "guide.md").read_text()
+    return text.split(f"<!-- {marker} -->", 1)[1].split(f"<!-- /{marker} -->", 1)[0]
+
+
+def _wait_gone(env, sid: str, timeout: float) -> None:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        out = subprocess.run(["squeue", "-h", "-j", sid, "-o", "%T"], env=env, capture_output=True, text=True)
+        if not out.stdout.strip():
+            return
+        time.sleep(1.0)
+    raise AssertionError(f"Slurm job {sid} still queued after {timeout:.0f}s")
+
+
+RECIPE_WORK = ("experiment.workload=synthetic synthetic.algos=[A] synthetic.families=[f] synthetic.datasets=[d] "
+               "synthetic.rounds=1 synthetic.gen_shards=1 synthetic.eval_shards=1 executor.slurm.poll_interval_s=0.5 "
+               "executor.slurm.min_minutes=2 executor.progress=plain")
+
+
+@needs_slurm
+def test_the_guides_slurm_recipe_runs_as_written(tmp_path):
+    """docs/guide.md's Slurm recipe, command by command, with the synthetic workload added and the
+    test cluster's partition for `gpu`: the driver from a login node; the driver as a Slurm job,
+    scancelled mid-run (its jobs are cancelled with it, the state saved); squeue; and the driver
+    submitted again on the run folder, which finishes the grid."""
+    import re
+    import shlex
+
+    block = _guide_block("slurm-recipe")
+    commands = [ln.strip() for ln in block.splitlines() if ln.strip() and not ln.startswith(("#", "`"))]
+    assert [c.split(" ")[0] for c in commands] == ["pita", "sbatch", "squeue", "sbatch"]
+    env = dict(_slurm_env(), PATH=f"{Path(os.sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+               PYTHONPATH=str(ROOT))
+
+    def adapt(cmd: str, seconds: int) -> str:
+        cmd = cmd.replace("partition=gpu", "partition=debug").replace("$USER", os.environ.get("USER", "root"))
+        work = f"{RECIPE_WORK} synthetic.job_seconds={seconds}"
+        if cmd.startswith("sbatch"):  # inside --wrap "...": the run's own overrides
+            return re.sub(r'--wrap "([^"]*)"', lambda m: f'--wrap "{m.group(1)} {work}"', cmd)
+        return f"{cmd} {work}" if cmd.startswith("pita") else cmd
+
+    r = subprocess.run(adapt(commands[0], 1), shell=True, env=env, cwd=tmp_path, capture_output=True, text=True,
+                       timeout=600)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    first = only_run(tmp_path / "outputs", "grid")
+    assert all(e["state"] == "COMPLETED" for e in json.loads((first / "state.json").read_text())["jobs"].values())
+    import shutil
+
+    shutil.rmtree(tmp_path / "outputs")
+    r = subprocess.run(adapt(commands[1], 15), shell=True, env=env, cwd=tmp_path, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    driver = re.search(r"Submitted batch job (\d+)", r.stdout).group(1)
+    deadline = time.time() + 180
+    while not any(row[2] == "RUNNING" for row in _ours(env)) and time.time() < deadline:
+        time.sleep(0.5)
+    assert _ours(env), "the driver submitted no job"
+    subprocess.run(["scancel", driver], env=env, check=True)  # SIGTERM to the driver
+    _wait_gone(env, driver, 120)
+    deadline = time.time() + 60
+    while _ours(env) and time.time() < deadline:
+        time.sleep(0.5)
+    assert not _ours(env), "the stopped driver left its jobs queued"
+    r = subprocess.run(adapt(commands[2], 0), shell=True, env=env, cwd=tmp_path, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    run = only_run(tmp_path / "outputs", "grid")
+    stopped = json.loads((run / "state.json").read_text())
+    assert stopped.get("interrupted") and not all(e["state"] == "COMPLETED" for e in stopped["jobs"].values())
+    resume = adapt(commands[3], 15).replace("outputs/grid/<time>", shlex.quote(str(run)))
+    r = subprocess.run(resume, shell=True, env=env, cwd=tmp_path, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    again = re.search(r"Submitted batch job (\d+)", r.stdout).group(1)
+    _wait_gone(env, again, 600)
+    state = json.loads((run / "state.json").read_text())
+    log = (tmp_path / f"pita-driver-{again}.log").read_text()
+    assert all(e["state"] == "COMPLETED" for e in state["jobs"].values()), log[-3000:]
+    assert "resuming" in log and "0 failed" in log
+
+
+@needs_slurm
+def test_the_guides_ray_in_slurm_script_runs_as_written(tmp_path):
+    """docs/guide.md's batch script for Ray inside a Slurm allocation, submitted on one node with the
+    test cluster's 2 GPUs and 2 CPUs (the synthetic workload added to its pita line): Ray starts on
+    the allocation, the grid runs on its GPUs, Ray stops, and the job ends COMPLETED."""
+    pytest.importorskip("ray")
+    script = _guide_block("slurm-ray-recipe").split("```sh", 1)[1].split("```", 1)[0].lstrip("\n")
+    assert script.startswith("#!/bin/bash") and "ray start --head" in script and "ray stop" in script
+    script = script.replace("executor.ray.address=auto", "executor.ray.address=auto "
+                            + RECIPE_WORK.replace(" executor.slurm.poll_interval_s=0.5 executor.slurm.min_minutes=2", "")
+                            + " synthetic.job_seconds=1")
+    (tmp_path / "ray-grid.sh").write_text(script)
+    home = tmp_path / "home"
+    home.mkdir()
+    env = dict(_slurm_env(), PATH=f"{Path(os.sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+               PYTHONPATH=str(ROOT), HOME=str(home), RAY_USAGE_STATS_ENABLED="0", RAY_AUTH_MODE="disabled")
+    r = subprocess.run(["sbatch", "--parsable", "-N", "1", "--gres=gpu:2", "-c", "2", "-o", "ray-%j.log",
+                        "ray-grid.sh"], env=env, cwd=tmp_path, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    sid = r.stdout.strip().split(";")[0]
+    _wait_gone(env, sid, 600)
+    from pita.core.backends.slurm import SlurmBackend
+
+    log = (tmp_path / f"ray-{sid}.log").read_text()
+    assert SlurmBackend.end_state(sid) == ("COMPLETED", 0), log[-3000:]
+    state = json.loads((only_run(tmp_path / "outputs", "grid") / "state.json").read_text())
+    assert all(e["state"] == "COMPLETED" for e in state["jobs"].values())
+    assert len([d for d in state["devices"] if d.get("kind") == "cuda"]) == 2

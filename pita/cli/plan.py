@@ -195,36 +195,11 @@ def _replan(run) -> dict:
 
 
 def _slurm_requests(cfg, jobs, cuda: bool) -> dict:
-    """Per job kind, the sbatch options its longest job is submitted with (executor.backend=slurm)."""
-    from types import SimpleNamespace
+    """Per job kind, the sbatch options its largest job is submitted with (executor.backend=slurm)."""
+    from pita.core.backends.slurm import SlurmBackend, representative, settings_from
 
-    from pita.core.backends.slurm import SlurmBackend, settings_from
-    from pita.plans.fit import job_algorithm, job_kind
-
-    be = SlurmBackend(settings_from(cfg.executor.slurm))
-    longest: dict = {}
-    for j in jobs:
-        if j.resources.devices <= 0:
-            continue
-        key = f"{job_algorithm(j)} {job_kind(j)}" if job_algorithm(j) not in ("shared", "family") else job_kind(j)
-        if key not in longest or j.duration_hint > longest[key].duration_hint:
-            longest[key] = j
-    out = {}
-    for key, j in longest.items():
-        launch = SimpleNamespace(job=j.to_dict(), job_id=j.id, attempt=1,
-                                 devices=[{"kind": "cuda" if cuda else "cpu"}] * j.resources.devices,
-                                 paths=SimpleNamespace(log=f"<run>/jobs/{j.id}/job.log"))
-        args, shown = be.request(launch), []
-        skip = False
-        for a in args:  # the job's name and log are the run's own: left out
-            if skip:
-                skip = False
-            elif a in ("-J", "-o"):
-                skip = True
-            elif a != "--open-mode=append":
-                shown.append(a)
-        out[key] = " ".join(shown)
-    return out
+    return {k: " ".join(args) for k, (_, args) in representative(SlurmBackend(settings_from(cfg.executor.slurm)),
+                                                                 jobs, cuda).items()}
 
 
 def _vllm_server_devices(cfg) -> int:
@@ -341,7 +316,7 @@ def render(plan: dict) -> str:
 
         lines += render_explain(plan, ms)
     if plan.get("slurm_requests"):
-        lines.append("Slurm requests (executor.backend=slurm; per kind, its longest job; one job per GPU):")
+        lines.append("Slurm requests (executor.backend=slurm; per kind, its largest job; one job per GPU):")
         lines += [f"  {k}: sbatch {v}" for k, v in plan["slurm_requests"].items()]
     lines.append(plan["durations"])
     if host:

@@ -179,6 +179,13 @@ def _run(cfg: DictConfig, overrides: list[str], run_dir: Path | None = None) -> 
         if mig := mig_problems(planned, gpus):
             raise ConfigError(mig)
         graph = JobGraph(planned).validate(totals, ex.memory_margin)
+        if ex.backend == "slurm":  # every kind's request tried with sbatch --test-only: exit 2 before any sbatch
+            from pita.core.backends.slurm import submission_problems
+
+            problems, notes = submission_problems(backend, graph.jobs, slurm_nodes, cuda=not gpus.is_cpu)
+            if problems:
+                raise ConfigError(problems)
+            backend.notes = notes
 
         if resume and rebuilt == "fresh":  # nothing recorded, nothing computed: nothing to compare
             differs = []
@@ -241,6 +248,7 @@ def _run(cfg: DictConfig, overrides: list[str], run_dir: Path | None = None) -> 
         settings = ExecutorSettings(
             oom_retries=ex.oom_retries, crash_retries=ex.crash_retries, job_timeout_s=ex.job_timeout_s,
             lost_retries=ex.lost_retries, device_wait_s=ex.device_wait_s, command=START_COMMAND[0],
+            pending_report_s=ex.slurm.pending_report_s,
             kill_grace_s=ex.kill_grace_s, poll_interval_s=ex.poll_interval_s, memory_margin=ex.memory_margin,
             # Slurm gives each job whole GPUs (--gres): one pita job per device
             max_jobs_per_device=1 if not sy.use_parallel_execution or ex.backend == "slurm" else (

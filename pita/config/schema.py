@@ -98,6 +98,11 @@ class SlurmConfig:
     time_margin: float = 2.0  # --time = the job's expected seconds x this (doubled after a TIMEOUT)
     min_minutes: int = 10  # the shortest --time asked for
     poll_interval_s: float = 2.0  # squeue at most this often
+    # a job queued longer than this is reported with Slurm's reason (and again every as long)
+    pending_report_s: float = 300.0
+    # --mem (GB) of a job the plan gives no host-memory estimate (always asked: a cluster without
+    # DefMemPerNode gives a job that asks none the whole node's memory)
+    mem_gb: float = 4.0
     # the card of the partition's GPUs (H100, A100-80GB, ...): their memory sizes the jobs; null
     # on a partition whose nodes report GPUs is exit 2 naming this key
     gpu_card: Optional[str] = None

@@ -65,6 +65,14 @@ def validate_config(cfg: DictConfig, models: bool = False) -> None:
     need(ex.job_timeout_s is None or ex.job_timeout_s > 0, "executor.job_timeout_s", ex.job_timeout_s,
          "must be > 0 seconds, or null for no limit")
     need(ex.kill_grace_s >= 0, "executor.kill_grace_s", ex.kill_grace_s, "must be >= 0")
+    sl = ex.slurm
+    need(sl.cpus_per_job >= 1, "executor.slurm.cpus_per_job", sl.cpus_per_job, "must be >= 1 (CPUs per device a job holds)")
+    need(sl.time_margin >= 1, "executor.slurm.time_margin", sl.time_margin,
+         "must be >= 1 (a job's --time is its expected seconds times this)")
+    need(sl.min_minutes >= 1, "executor.slurm.min_minutes", sl.min_minutes, "must be >= 1 (Slurm counts minutes)")
+    need(sl.poll_interval_s > 0, "executor.slurm.poll_interval_s", sl.poll_interval_s, "must be > 0 seconds")
+    need(sl.mem_gb > 0, "executor.slurm.mem_gb", sl.mem_gb, "must be > 0 GB")
+    need(sl.pending_report_s > 0, "executor.slurm.pending_report_s", sl.pending_report_s, "must be > 0 seconds")
     need(ex.poll_interval_s > 0, "executor.poll_interval_s", ex.poll_interval_s, "must be > 0")
     need(0 <= ex.memory_margin < 1, "executor.memory_margin", ex.memory_margin, "must be a fraction in [0, 1)")
     if cfg.system.get("host_ram") is not None:

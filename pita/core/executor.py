@@ -79,6 +79,9 @@ class ExecutorSettings:
     lost_retries: int = 5
     # every device lost and work left: wait this long for a node to join, then stop (resumable)
     device_wait_s: float = 600.0
+    # an attempt waiting in the cluster's queue (Slurm) longer than this is reported with the
+    # scheduler's reason, and again every as long while it waits
+    pending_report_s: float = 300.0
     command: str = ""  # how pita was started (``pita run``, ``python run_parallel.py``): resume hints repeat it
 
 
@@ -172,6 +175,7 @@ class Executor:
         self._last_snapshot = 0.0
         self._snapshot_cost = 0.0
         self._stop: int | None = None
+        self._queue_said: dict[str, float] = {}  # job -> when its wait in the cluster's queue was last reported
         self._rss: dict[int, int] = {}  # CPU devices: RSS of their running jobs (bytes), as last measured
         self.pump = LogPump(run.run_log)
         self.progress = Progress(settings.progress, settings.progress_interval_s)
@@ -273,18 +277,62 @@ class Executor:
         for jid, why in redo.items():
             log.warning("re-running %s: %s", jid, why)
         for j in self.graph.jobs:
-            jp = self.run_paths.job(j.id)
             if done[j.id]:
                 self.sched.mark_completed(j.id)
-            elif jp.dir.exists():
+            entry = saved["jobs"].get(j.id, {})
+            prior = entry.get("attempts", [])
+            # an attempt an earlier driver started and never recorded the end of keeps its number
+            self.attempts[j.id] = max([a.get("n", 0) for a in prior] + [int(entry.get("attempt") or 0)
+                                                                        if entry.get("state") == "RUNNING" else 0])
+        adopted = self._adopt(saved)
+        for j in self.graph.jobs:
+            jp = self.run_paths.job(j.id)
+            if not done[j.id] and j.id not in adopted and jp.dir.exists():
                 jp.clear_for_rerun()
-            prior = saved["jobs"].get(j.id, {}).get("attempts", [])
-            self.attempts[j.id] = max((a.get("n", 0) for a in prior), default=0)
         if resumed:
             log.info("resume: %d of %d jobs already completed; running the other %d",
                      resumed, len(self.graph), len(self.graph) - resumed)
         self._restore_memory(saved)
         self._snapshot(force=True)
+
+    def _adopt(self, saved: dict) -> set[str]:
+        """Attempts an earlier driver of this folder started that still run (Slurm jobs outlive
+        their driver): the backend takes each over, on the devices it was placed on, instead of
+        starting it again; what nothing takes over is ended (it would run twice)."""
+        adopted: set[str] = set()
+        labels = {d.label: d.ordinal for d in self.gpus.devices}
+        for jid in self.sched.ready():
+            entry = saved["jobs"].get(jid, {})
+            handle = entry.get("handle") or {}
+            if entry.get("state") != "RUNNING" and not handle and not self.backend.outlives_driver:
+                continue
+            job = self.graph[jid]
+            ordinals = [labels.get(d.get("label"), -1) for d in entry.get("devices") or []]
+            if len(ordinals) != job.resources.devices or -1 in ordinals:
+                if handle:
+                    log.warning("%s ran under an earlier driver (%s) on devices this inventory lacks: running it "
+                                "again", jid, handle)
+                continue
+            n = self.attempts[jid] or 1
+            launch = self._launch_for(jid, ordinals, n)
+            why = self.backend.adopt(launch, handle)
+            if why:
+                if handle:
+                    log.info("%s: %s; running it again", jid, why)
+                continue
+            if not self.sched.adopt(jid, ordinals):
+                continue
+            self.attempts[jid] = n
+            self.reserved[jid] = self.sched.devices[ordinals[0]].reserved.get(jid, 0) if ordinals else 0
+            self.started_at[jid] = float(entry.get("started") or time.time())
+            self.pump.add(jid, launch.paths.log, launch.tag)
+            adopted.add(jid)
+            log.info("%s: taken over from the earlier driver (%s, attempt %d)", jid,
+                     ", ".join(f"{k} {v}" for k, v in (handle or self.backend.handle(jid)).items()
+                               if k != "submitted"), n)
+        for line in self.backend.end_strays(str(self.run_paths.root)):
+            log.warning("%s", line)
+        return adopted
 
     # ------------------------------------------------------------------ main loop
     def run(self) -> RunSummary:
@@ -347,6 +395,7 @@ class Executor:
                     for f in self.backend.poll(timeout=self.s.poll_interval_s):
                         self._handle(f)
                     self._check_timeouts()
+                    self._report_queued(now)
                     self.pump.pump()
                     self._flush()
                     self._snapshot()
@@ -417,23 +466,29 @@ class Executor:
         return self._finish(t0, interrupted=True)
 
     # ------------------------------------------------------------------ launching
+    def _launch_for(self, job_id: str, ordinals: list[int], n: int) -> Launch:
+        """Attempt ``n`` of a job on the devices ``ordinals``, as its worker reads it."""
+        job = self.graph[job_id]
+        devs = [self.gpus.devices[o] for o in ordinals]
+        labels = ",".join(d.label for d in devs) or "host"
+        return Launch(job=dict(job.to_dict(), params=self.params[job_id]), target=kind_target(job.kind), attempt=n,
+                      run_dir=str(self.run_paths.root), config=self.config,
+                      devices=[dict(d.describe(), label=d.label) for d in devs],
+                      env=self.gpus.env_for(ordinals, self._threads(ordinals)), paths=self.run_paths.job(job_id),
+                      tag=f"{job_id} {labels}", fingerprint=job.fingerprint())
+
     def _launch(self, job_id: str, ordinals: list[int]) -> None:
         job = self.graph[job_id]
         self.attempts[job_id] += 1
         n = self.attempts[job_id]
         devs = [self.gpus.devices[o] for o in ordinals]
-        labels = ",".join(d.label for d in devs) or "host"
         jp = self.run_paths.job(job_id)
         jp.dir.mkdir(parents=True, exist_ok=True)
         reserve = self.sched.devices[ordinals[0]].reserved.get(job_id, 0) if ordinals else 0
         self.reserved[job_id] = reserve
         self.sampled_peak.pop(job_id, None)
         self._apply_oom_batch(job_id)
-        job_dict = dict(job.to_dict(), params=self.params[job_id])
-        launch = Launch(job=job_dict, target=kind_target(job.kind), attempt=n, run_dir=str(self.run_paths.root),
-                        config=self.config, devices=[dict(d.describe(), label=d.label) for d in devs],
-                        env=self.gpus.env_for(ordinals, self._threads(ordinals)), paths=jp, tag=f"{job_id} {labels}",
-                        fingerprint=job.fingerprint())
+        launch = self._launch_for(job_id, ordinals, n)
         self.pump.add(job_id, jp.log, launch.tag)
         self.started_at[job_id] = time.time()
         where = ", ".join(f"{d.label} ({d.uuid})" for d in devs) or "host"
@@ -445,6 +500,9 @@ class Executor:
                    devices=[dict(d.describe(), label=d.label) for d in devs])
         try:
             self.backend.start(launch)
+            if handle := self.backend.handle(job_id):  # a resumed driver finds the attempt by it
+                self._note(job_id, handle=handle)
+                self._flush()
         except Exception as e:  # the backend could not start it: a failure of this job, not of the run
             if is_disk_full(e):
                 self.sched.requeue(job_id)
@@ -469,6 +527,15 @@ class Executor:
                 self.backend.kill(job_id, status="timeout", reason=f"timed out after {limit:g}s",
                                   grace_s=self.s.kill_grace_s)
 
+    def _report_queued(self, now: float) -> None:
+        """Attempts the cluster's scheduler has kept waiting longer than executor.pending_report_s:
+        its reason, in the log and in the job's state (again every pending_report_s while it waits)."""
+        for jid, (reason, waited) in self.backend.queued().items():
+            if waited >= self.s.pending_report_s and now - self._queue_said.get(jid, 0.0) >= self.s.pending_report_s:
+                self._queue_said[jid] = now
+                log.warning("%s has waited %.0f min in the cluster's queue: %s", jid, waited / 60, reason)
+                self._note(jid, queue_reason=reason)
+
     def _apply_oom_batch(self, job_id: str) -> None:
         """A job of a kind that already ran out of memory at its planned batch starts at the batch
         that kind was retried at (one line in the log), not at the one known to fail."""
@@ -486,6 +553,8 @@ class Executor:
     def _handle(self, f: Finished) -> None:
         job = self.graph[f.job_id]
         jp = self.run_paths.job(f.job_id)
+        self._note(f.job_id, handle=None, queue_reason=None)
+        self._queue_said.pop(f.job_id, None)
         self.pump.remove(f.job_id)
         now = time.time()
         ordinals = self.sched.placement.get(f.job_id, [])

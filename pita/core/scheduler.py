@@ -401,6 +401,19 @@ class Scheduler:
                 self._passed_over[jid] = self._passed_over.get(jid, 0) + 1
         return started
 
+    def adopt(self, jid: str, ordinals: list[int]) -> bool:
+        """Count a job an earlier driver started (and the backend took over at resume) as running on
+        ``ordinals``, reserving its estimate there; False when it is not ready or a device is gone."""
+        if jid not in self._ready or any(o >= len(self.devices) or not self.devices[o].alive for o in ordinals):
+            return False
+        need = self.estimate(jid)
+        for o in ordinals:
+            self.devices[o].reserved[jid] = need
+        if not ordinals:
+            self._cpu_running.add(jid)
+        self._start(jid, list(ordinals))
+        return True
+
     def _start(self, jid: str, ordinals: list[int]) -> None:
         self._started_at[jid] = self.clock()
         if self.host_bytes is not None:

@@ -52,6 +52,7 @@ class Finished:
 
 class Backend(abc.ABC):
     name = "?"
+    outlives_driver = False  # attempts go on when the driver dies (Slurm jobs): a resume adopts them
 
     @abc.abstractmethod
     def start(self, launch: Launch) -> None:
@@ -79,4 +80,26 @@ class Backend(abc.ABC):
         return set()
 
     def running(self) -> list[str]:
+        return []
+
+    # An attempt that outlives its driver (a Slurm job) is found again by a resumed one: the
+    # executor keeps ``handle`` in the job's state while it runs and offers it to ``adopt``.
+    def handle(self, job_id: str) -> dict:
+        """What a later driver of the run needs to find this running attempt again ({}: nothing,
+        the attempt ends with its driver)."""
+        return {}
+
+    def adopt(self, launch: Launch, handle: dict) -> str:
+        """Follow an attempt an earlier driver started, as if started here: "" when taken over,
+        else why not (the job then runs again)."""
+        return f"the {self.name} backend cannot take over an earlier driver's attempts"
+
+    def queued(self) -> dict[str, tuple[str, float]]:
+        """Attempts started but still waiting for a cluster's scheduler: job -> (why, in the
+        scheduler's words with what it means; seconds waited)."""
+        return {}
+
+    def end_strays(self, run_root: str) -> list[str]:
+        """After adoption: end what earlier drivers of the run left running and nothing took over
+        (it would run twice otherwise); a line for the log each."""
         return []

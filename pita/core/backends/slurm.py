@@ -51,9 +51,67 @@ def _run(args: list[str], timeout: float = 30.0) -> subprocess.CompletedProcess:
     return subprocess.run(args, capture_output=True, text=True, timeout=timeout)
 
 
-def time_limit(seconds: float, margin: float, min_minutes: int) -> str:
-    """A Slurm time limit (``D-HH:MM:SS``) of ``seconds`` x ``margin``, at least ``min_minutes``."""
-    s = max(min_minutes * 60, int(math.ceil(seconds * margin)))
+# squeue's pending reasons (%r) a user meets most, and what to do about each
+PENDING_REASONS = {
+    "Resources": "the partition's nodes are busy; it starts when enough GPUs, CPUs and memory free up",
+    "Priority": "jobs of higher priority come first (sprio shows the factors)",
+    "None": "the scheduler has not looked at it yet",
+    "PartitionTimeLimit": "its --time exceeds the partition's MaxTime: lower executor.slurm.time_margin or choose "
+                          "another executor.slurm.partition",
+    "PartitionNodeLimit": "it asks for more nodes than the partition allows",
+    "ReqNodeNotAvail": "the nodes that could run it are down, drained or reserved (sinfo -R says why)",
+    "BadConstraints": "no node has executor.slurm.constraint's features with the GPUs, CPUs and memory asked for",
+    "QOSMaxJobsPerUserLimit": "the QoS caps your running jobs; it starts when one of yours ends",
+    "QOSMaxGRESPerUser": "the QoS caps the GPUs you hold at once; it starts when one of your jobs ends",
+    "AssocGrpGRES": "the account's GPU allowance is in use; it starts when the account's jobs free GPUs",
+    "AssocMaxJobsLimit": "the account caps its running jobs",
+    "InvalidAccount": "executor.slurm.account is not an account of yours on this partition",
+    "InvalidQOS": "executor.slurm.qos is not allowed for this account or partition",
+    "Dependency": "it waits for another job",
+    "JobHeldAdmin": "an administrator holds it (scontrol release needs one)",
+    "JobHeldUser": "it is held (scontrol release <id> lets it go)",
+}
+
+
+def pending_reason(reason: str) -> str:
+    """Slurm's pending reason with what it means, where known."""
+    r = reason or "None"
+    key = next((k for k in PENDING_REASONS if r == k or r.startswith(k + ",") or r.startswith(k + " ")), None)
+    return f"{r} ({PENDING_REASONS[key]})" if key else r
+
+
+def slurm_seconds(text: str) -> float | None:
+    """Seconds of a Slurm duration (``30``, ``MM:SS``, ``HH:MM:SS``, ``D-HH[:MM[:SS]]``); None for
+    UNLIMITED / INFINITE / NONE."""
+    t = (text or "").strip()
+    if not t or t.upper() in ("UNLIMITED", "INFINITE", "NONE", "N/A"):
+        return None
+    days = 0
+    if "-" in t:
+        d, t = t.split("-", 1)
+        days = int(d)
+        parts = [int(x) for x in t.split(":")] + [0] * (3 - len(t.split(":")))  # D-HH, D-HH:MM, D-HH:MM:SS
+    else:
+        parts = [int(x) for x in t.split(":")]
+        parts = {1: [0, parts[0], 0], 2: [0, *parts], 3: parts}[len(parts)]  # minutes, MM:SS, HH:MM:SS
+    h, m, sec = parts[:3]
+    return float(days * 86400 + h * 3600 + m * 60 + sec)
+
+
+def submit_env() -> dict[str, str]:
+    """The environment sbatch runs in: the driver's, without the SLURM_* variables of an allocation
+    it may itself run in (a driver submitted with sbatch): its job id, CPUs and memory would
+    otherwise leak into each job's request and environment. SLURM_CONF and SBATCH_* stay."""
+    return {k: v for k, v in os.environ.items() if not k.startswith("SLURM_") or k == "SLURM_CONF"}
+
+
+def time_limit(seconds: float, margin: float, min_minutes: int, max_s: float | None = None, factor: float = 1.0) -> str:
+    """A Slurm time limit (``D-HH:MM:SS``): ``seconds`` x ``margin``, at least ``min_minutes``, times
+    ``factor`` (2 after one TIMEOUT, 4 after two), at most ``max_s`` (the partition's MaxTime: a
+    longer request would wait in the queue forever)."""
+    s = int(math.ceil(max(min_minutes * 60, math.ceil(seconds * margin)) * factor))
+    if max_s:
+        s = min(s, int(max_s))
     d, rem = divmod(s, 86400)
     h, rem = divmod(rem, 3600)
     m, sec = divmod(rem, 60)
@@ -71,7 +129,11 @@ class SlurmSettings:
     time_margin: float = 2.0  # time limit = expected seconds x this
     min_minutes: int = 10
     poll_interval_s: float = 2.0  # squeue at most this often
-    mem_gb: float = 0.0  # --mem when the plan has no host estimate (CPU devices: their reservation)
+    # --mem when the plan gives a GPU job no host estimate (CPU devices: their reservation); never
+    # left out: without --mem a cluster with no DefMemPerNode gives a job the whole node's memory
+    mem_gb: float = 4.0
+    pending_report_s: float = 300.0  # a job queued longer than this is reported with Slurm's reason
+    max_time_s: float | None = None  # the partition's MaxTime (read at start): no --time beyond it
 
 
 @dataclass
@@ -86,10 +148,14 @@ class _Sub:
     grace_s: float = 10.0
     state: str = "PENDING"
     state_reason: str = ""
+    started: float | None = None  # when squeue first showed it running
+    time_limit: str = ""  # the --time it was submitted with
+    adopted: bool = False  # submitted by an earlier driver of this run (resume_from=)
 
 
 class SlurmBackend(Backend):
     name = "slurm"
+    outlives_driver = True
 
     def __init__(self, settings: SlurmSettings | None = None, kill_grace_s: float = 10.0,
                  python: str | None = None):
@@ -99,6 +165,7 @@ class SlurmBackend(Backend):
         self.subs: dict[str, _Sub] = {}
         self.time_factor: dict[str, float] = {}  # a job that hit its limit: twice the limit next time
         self._last_query = 0.0
+        self._listing: list[list[str]] | None = None  # squeue, read once while a resume adopts
         self._ended: list[Finished] = []
         from pita.core.backends.local import LocalBackend
 
@@ -114,12 +181,12 @@ class SlurmBackend(Backend):
         mem_gb = float(res.get("host_gb") or 0.0)
         if not mem_gb:  # CPU devices: the job's reservation is host memory
             mem_gb = float(res.get("memory_gb") or 0.0) * devices if not gpus else self.s.mem_gb
-        expected = float(job.get("duration_hint") or 60.0) * self.time_factor.get(launch.job_id, 1.0)
+        expected = float(job.get("duration_hint") or 60.0)
         args = ["-J", f"pita:{launch.job_id}", "-o", str(launch.paths.log), "--open-mode=append", "-N", "1", "-n", "1",
                 "-c", str(self.s.cpus_per_job * devices if launch.devices else 1),
-                f"--time={time_limit(expected, self.s.time_margin, self.s.min_minutes)}"]
-        if mem_gb > 0:
-            args.append(f"--mem={max(1, math.ceil(mem_gb))}G")
+                "--time=" + time_limit(expected, self.s.time_margin, self.s.min_minutes, self.s.max_time_s,
+                                       self.time_factor.get(launch.job_id, 1.0))]
+        args.append(f"--mem={max(1, math.ceil(mem_gb or self.s.mem_gb))}G")
         if gpus:
             args.append(f"--gres=gpu:{gpus}")
         for flag, value in (("-p", self.s.partition), ("-A", self.s.account), ("-q", self.s.qos),
@@ -128,7 +195,7 @@ class SlurmBackend(Backend):
                 args += [flag, str(value)]
         return args + list(self.s.sbatch_args)
 
-    def script(self, launch: Launch, gpus: int) -> str:
+    def script(self, launch: Launch, gpus: int, args: list[str] | None = None) -> str:
         env = dict(launch.env)
         if gpus:
             env.pop("CUDA_VISIBLE_DEVICES", None)  # Slurm's GRES plugin sets it to the allocation
@@ -136,6 +203,7 @@ class SlurmBackend(Backend):
         exports = "".join(f"export {k}={shlex.quote(str(v))}\n" for k, v in sorted(env.items()))
         return ("#!/bin/bash\n"
                 f"# pita job {launch.job_id}, attempt {launch.attempt}\n"
+                + (f"# submitted as: sbatch {shlex.join(args)}\n" if args else "") +
                 f"cd {shlex.quote(os.getcwd())}\n"
                 f"{exports}"
                 f"exec {shlex.quote(self.python)} -m pita.core.worker {shlex.quote(str(launch.paths.launch))}\n")
@@ -153,12 +221,65 @@ class SlurmBackend(Backend):
             pass
         gpus = sum(1 for d in launch.devices if d.get("kind") == "cuda")
         script = p.dir / f"slurm-{launch.attempt}.sh"
-        script.write_text(self.script(launch, gpus))
-        out = _run(["sbatch", "--parsable", *self.request(launch), str(script)])
+        args = self.request(launch)
+        script.write_text(self.script(launch, gpus, args))
+        out = subprocess.run(["sbatch", "--parsable", *args, str(script)], capture_output=True,
+                             text=True, timeout=60, env=submit_env())
         if out.returncode != 0:
             raise RuntimeError(f"sbatch refused {launch.job_id}: {out.stderr.strip() or out.stdout.strip()}")
         sid = out.stdout.strip().split(";")[0]
-        self.subs[launch.job_id] = _Sub(launch, sid, time.time(), gpus, grace_s=self.kill_grace_s)
+        self.subs[launch.job_id] = _Sub(launch, sid, time.time(), gpus, grace_s=self.kill_grace_s,
+                                        time_limit=next(a.split("=", 1)[1] for a in args if a.startswith("--time=")))
+
+    # ------------------------------------------------------------------ a later driver of the run
+    def handle(self, job_id: str) -> dict:
+        """What the run state keeps of an attempt in flight, so a resumed driver finds it again."""
+        sub = self.subs.get(job_id)
+        return {"slurm_job": sub.slurm_id, "submitted": round(sub.submitted, 3)} if sub else {}
+
+    def _queued(self) -> list[list[str]]:
+        """This user's Slurm jobs as [id, state, reason, name, command], read once per resume."""
+        if self._listing is None:
+            import getpass
+
+            out = _run(["squeue", "-h", "-u", getpass.getuser(), "-o", "%i|%T|%r|%j|%o"])
+            self._listing = [line.split("|", 4) for line in out.stdout.splitlines() if line.count("|") >= 4]
+        return self._listing
+
+    def adopt(self, launch: Launch, handle: dict) -> str:
+        """Take over an attempt an earlier driver of this run submitted (``resume_from=``): "" when
+        its Slurm job is still queued or running (it is followed from now on as if submitted here),
+        else why not (the job runs again). The job is found by the id the state recorded, or, when
+        that driver was stopped before it recorded one, by its batch script in this job's folder."""
+        sid = str(handle.get("slurm_job") or "")
+        mine = str(launch.paths.dir / "slurm-")
+        row = next((r for r in self._queued() if (r[0] == sid if sid else r[4].startswith(mine))), None)
+        if row is None:
+            return (f"Slurm job {sid} is no longer queued ({self.end_state(sid)[0]})" if sid
+                    else "no Slurm job of it is queued")
+        if row[3] != f"pita:{launch.job_id}" or not row[4].startswith(mine):
+            return f"Slurm job {row[0]} is now {row[3]!r}, not this job's"
+        if row[1] not in ACTIVE_STATES:
+            return f"Slurm job {row[0]} ended {row[1]}"
+        gpus = sum(1 for d in launch.devices if d.get("kind") == "cuda")
+        self.subs[launch.job_id] = _Sub(launch, row[0], float(handle.get("submitted") or time.time()), gpus,
+                                        grace_s=self.kill_grace_s, state=row[1],
+                                        state_reason=row[2] if row[1] == "PENDING" else "", adopted=True,
+                                        started=time.time() if row[1] != "PENDING" else None)
+        return ""
+
+    def end_strays(self, run_root: str) -> list[str]:
+        """Cancel the Slurm jobs of this run folder an adoption did not take (an attempt whose job is
+        done, or runs again from here): one line each, for the log."""
+        root = str(run_root).rstrip("/") + "/"
+        ours = {s.slurm_id for s in self.subs.values()}
+        lines = []
+        for sid, state, _, name, command in self._queued():
+            if command.startswith(root) and sid not in ours and state in ACTIVE_STATES:
+                _run(["scancel", sid])
+                lines.append(f"cancelled Slurm job {sid} ({name}, {state}): an earlier driver's attempt not taken over")
+        self._listing = None
+        return lines
 
     # ------------------------------------------------------------------ what Slurm says
     def slurm_ids(self) -> dict[str, str]:
@@ -203,6 +324,8 @@ class SlurmBackend(Backend):
         from pita.core.backends.local import finished_from
 
         extra = {"slurm_job": sub.slurm_id, "slurm_state": state}
+        if sub.time_limit:
+            extra["slurm_time"] = sub.time_limit
         if sub.forced:
             return finished_from(sub.launch, rc, sub.submitted, sub.forced, sub.reason, extra)
         if state in LOST_STATES:
@@ -235,6 +358,8 @@ class SlurmBackend(Backend):
                 state, reason = listed[sub.slurm_id]
                 sub.state_reason = reason if state == "PENDING" else ""
                 if state in ACTIVE_STATES:
+                    if state == "RUNNING" and sub.started is None:
+                        sub.started = time.time()
                     sub.state = state
                     continue
                 _, rc = self.end_state(sub.slurm_id)
@@ -250,9 +375,12 @@ class SlurmBackend(Backend):
         out, self._ended = self._ended, []
         return out
 
-    def pending(self) -> dict[str, str]:
-        """pita job id -> Slurm's reason, for attempts still waiting in the queue."""
-        return {j: s.state_reason or "Pending" for j, s in self.subs.items() if s.state == "PENDING"}
+    def queued(self) -> dict[str, tuple[str, float]]:
+        """pita job id -> (Slurm's reason and what it means, seconds queued) of the attempts still
+        waiting to run."""
+        now = time.time()
+        return {j: (f"Slurm job {s.slurm_id} pending, reason {pending_reason(s.state_reason)}", now - s.submitted)
+                for j, s in self.subs.items() if s.state == "PENDING" and s.started is None}
 
     # ------------------------------------------------------------------ ending attempts
     def kill(self, job_id: str, status: str = "cancelled", reason: str = "", grace_s: float | None = None) -> None:
@@ -297,7 +425,8 @@ def settings_from(cfg_slurm) -> SlurmSettings:
     return SlurmSettings(partition=c.partition, account=c.account, qos=c.qos, constraint=c.constraint,
                          sbatch_args=[str(a) for a in (c.sbatch_args or [])], cpus_per_job=int(c.cpus_per_job),
                          time_margin=float(c.time_margin), min_minutes=int(c.min_minutes),
-                         poll_interval_s=float(c.poll_interval_s))
+                         poll_interval_s=float(c.poll_interval_s), pending_report_s=float(c.pending_report_s),
+                         mem_gb=float(c.mem_gb))
 
 
 def gres_gpus(gres: str) -> int:
@@ -368,3 +497,169 @@ def slurm_inventory(settings: SlurmSettings, gpu_card: str | None, cpu_devices: 
             d.total_bytes = per
     mgr.source = "slurm"
     return mgr, nodes
+
+
+# ---------------------------------------------------------------- every request checked before the first sbatch
+def partition_fields(partition: str | None) -> dict[str, str]:
+    """``scontrol show partition``'s fields of ``partition`` (the default one when None)."""
+    out = _run(["scontrol", "-o", "show", "partition", *([partition] if partition else [])])
+    lines = out.stdout.splitlines()
+    line = next((ln for ln in lines if "Default=YES" in ln), lines[0] if lines else "") if not partition else (
+        lines[0] if lines else "")
+    return dict(kv.split("=", 1) for kv in line.split() if "=" in kv)
+
+
+def _listed(value: str | None) -> list[str] | None:
+    """A partition's Allow*/Deny* list; None for ALL or unset."""
+    if not value or value.upper() in ("ALL", "(NULL)", "NONE"):
+        return None
+    return [v for v in value.split(",") if v]
+
+
+def access_problems(settings: SlurmSettings, fields: dict[str, str], assoc: list[dict] | None = None) -> list[str]:
+    """executor.slurm.account and .qos against the partition's Allow/Deny lists and, where the
+    cluster keeps accounting, the user's associations (``assoc``: sacctmgr's Account, Partition,
+    QOS rows)."""
+    part = fields.get("PartitionName", settings.partition or "the default partition")
+    out = []
+    for key, value, allow, deny in (("account", settings.account, "AllowAccounts", "DenyAccounts"),
+                                    ("qos", settings.qos, "AllowQos", "DenyQos")):
+        if value is None:
+            continue
+        allowed, denied = _listed(fields.get(allow)), _listed(fields.get(deny)) or []
+        if allowed is not None and value not in allowed:
+            out.append(f"executor.slurm.{key}={value!r}: partition {part} allows only {', '.join(allowed)} "
+                       f"({allow}); set executor.slurm.{key} to one of them or choose another executor.slurm.partition")
+        elif value in denied:
+            out.append(f"executor.slurm.{key}={value!r}: partition {part} denies it ({deny}); choose another "
+                       f"executor.slurm.{key} or executor.slurm.partition")
+    if assoc is not None and not out:
+        mine = [a for a in assoc if a.get("Partition") in ("", part)]
+        accounts = sorted({a["Account"] for a in mine})
+        if settings.account is not None and settings.account not in accounts:
+            out.append(f"executor.slurm.account={settings.account!r}: you have no association with it on partition "
+                       f"{part} (sacctmgr lists {', '.join(accounts) or 'none'}); set executor.slurm.account to one "
+                       f"of those")
+        elif settings.qos is not None:
+            rows = [a for a in mine if settings.account in (None, a["Account"])]
+            qos = sorted({q for a in rows for q in a.get("QOS", "").split(",") if q})
+            if qos and settings.qos not in qos:
+                out.append(f"executor.slurm.qos={settings.qos!r}: not a QoS of "
+                           f"{'account ' + settings.account if settings.account else 'your associations'} on "
+                           f"partition {part} (sacctmgr lists {', '.join(qos)}); set executor.slurm.qos to one of those")
+    return out
+
+
+def associations() -> list[dict] | None:
+    """The user's associations (Account, Partition, QOS) where the cluster keeps accounting
+    (slurmdbd); None where it does not (nothing to check against)."""
+    import getpass
+
+    conf = _run(["scontrol", "show", "config"]).stdout
+    if "accounting_storage/slurmdbd" not in conf:
+        return None
+    out = _run(["sacctmgr", "-nP", "show", "assoc", f"where user={getpass.getuser()}", "format=Account,Partition,QOS"])
+    if out.returncode != 0:
+        return None
+    return [dict(zip(("Account", "Partition", "QOS"), line.split("|")))
+            for line in out.stdout.splitlines() if line.count("|") == 2]
+
+
+def job_key(job) -> str:
+    """A job's kind as the plan names it, with its algorithm where it has one."""
+    from pita.plans.fit import job_algorithm, job_kind
+
+    algo = job_algorithm(job)
+    return f"{algo} {job_kind(job)}" if algo not in ("shared", "family") else job_kind(job)
+
+
+def representative(backend: SlurmBackend, jobs, cuda: bool) -> dict[str, tuple[object, list[str]]]:
+    """Per job kind: its job with the largest request (GPUs, memory, then time) and that request's
+    sbatch options, without the job's name and log."""
+    from types import SimpleNamespace
+
+    best: dict = {}
+    for j in jobs:
+        if j.resources.devices <= 0:
+            continue
+        launch = SimpleNamespace(job=j.to_dict(), job_id=j.id, attempt=1,
+                                 devices=[{"kind": "cuda" if cuda else "cpu"}] * j.resources.devices,
+                                 paths=SimpleNamespace(log=f"<run>/jobs/{j.id}/job.log"))
+        size = (j.resources.devices, j.resources.host_gb or j.resources.memory_gb, j.duration_hint)
+        key = job_key(j)
+        if key not in best or size > best[key][0]:
+            best[key] = (size, j, launch)
+    out = {}
+    for key, (_, j, launch) in best.items():
+        args, shown, skip = backend.request(launch), [], False
+        for a in args:
+            if skip:
+                skip = False
+            elif a in ("-J", "-o"):
+                skip = True
+            elif a != "--open-mode=append":
+                shown.append(a)
+        out[key] = (j, shown)
+    return out
+
+
+def _flag(args: list[str], prefix: str) -> str | None:
+    for i, a in enumerate(args):
+        if a == prefix and i + 1 < len(args):
+            return args[i + 1]
+        if a.startswith(prefix + "="):
+            return a.split("=", 1)[1]
+    return None
+
+
+def request_problem(job, args: list[str], message: str, nodes: list[dict]) -> str:
+    """What a refused request asks that the cluster lacks, named by the key that sets it."""
+    m = message.lower()
+    for words, key in (("invalid account", "executor.slurm.account"), ("invalid qos", "executor.slurm.qos"),
+                       ("invalid feature", "executor.slurm.constraint"),
+                       ("invalid partition", "executor.slurm.partition")):
+        if words in m:
+            return f"{key}: Slurm refuses the requests with it ({message.strip()})"
+    cpus, mem = int(_flag(args, "-c") or 1), _flag(args, "--mem")
+    gpus = int((_flag(args, "--gres") or "gpu:0").split(":")[-1])
+    most = {k: max((n[k] for n in nodes), default=0) for k in ("cpus", "mem_mb", "gpus")}
+    asks = f"{job.id} asks for {' '.join(args)}"
+    if gpus > most["gpus"]:
+        return (f"{asks}: {gpus} GPUs on one node, and the partition's largest node has {most['gpus']}; lower the "
+                f"algorithm's devices (algos.<A>.devices) or choose another executor.slurm.partition")
+    if cpus > most["cpus"]:
+        per = cpus // max(1, int(job.resources.devices))
+        return (f"executor.slurm.cpus_per_job={per}: a {job.resources.devices}-device job asks for {cpus} CPUs on one "
+                f"node, and the partition's largest node has {most['cpus']}; lower executor.slurm.cpus_per_job to at "
+                f"most {max(1, most['cpus'] // max(1, int(job.resources.devices)))}")
+    if mem and float(mem.rstrip("G")) * 1024 > most["mem_mb"]:
+        return (f"{asks}: {mem} of host memory, and the partition's largest node has {most['mem_mb'] / 1024:.0f}G; "
+                f"the plan's host estimate is too large for these nodes: lower the job's batch or length, or choose "
+                f"another executor.slurm.partition")
+    return (f"{asks}: Slurm refuses it ({message.strip()}); check executor.slurm.constraint, executor.slurm.sbatch_args "
+            f"and executor.slurm.partition")
+
+
+def submission_problems(backend: SlurmBackend, jobs, nodes: list[dict], cuda: bool) -> tuple[list[str], list[str]]:
+    """(problems, notes) of the run's Slurm requests, found before anything is submitted: the
+    partition's account and QoS rules, and each kind's largest request tried with ``sbatch
+    --test-only``. Sets the partition's MaxTime as the longest --time asked for; a kind whose
+    expected seconds exceed it is a note (its jobs continue from their checkpoints when requeued,
+    or fail)."""
+    s = backend.s
+    fields = partition_fields(s.partition)
+    problems = access_problems(s, fields, associations())
+    notes: list[str] = []
+    s.max_time_s = slurm_seconds(fields.get("MaxTime", ""))
+    if problems:
+        return problems, notes
+    for key, (job, args) in representative(backend, jobs, cuda).items():
+        out = _run(["sbatch", "--test-only", "-J", "pita:check", "-o", "/dev/null", *args, "--wrap", "true"])
+        if out.returncode != 0:
+            msg = " ".join(ln.split(":", 1)[-1].strip() for ln in out.stderr.splitlines() if ln.strip()) or out.stdout
+            problems.append(request_problem(job, args, msg, nodes))
+        elif s.max_time_s and job.duration_hint > s.max_time_s:
+            notes.append(f"{key}: its longest job is expected to take {job.duration_hint / 3600:.1f} h, more than "
+                         f"partition {fields.get('PartitionName')}'s MaxTime of {s.max_time_s / 3600:.1f} h; each "
+                         f"attempt asks for MaxTime, and a training job continues from its checkpoint when requeued")
+    return sorted(set(problems)), notes
