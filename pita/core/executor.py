@@ -4,16 +4,14 @@ One loop, in the main process:
     schedule ready jobs that fit (Scheduler) -> start attempts (Backend) -> poll for ended
     attempts -> apply the failure rules -> copy job logs into run.log -> save state -> repeat
 
-Failure rules:
-    job raised            FAILED (traceback in its job.log); descendants SKIPPED; others go on
-    CUDA out of memory    retried with params[batch_param] halved, at most oom_retries times
-    worker died           (signal, os._exit, segfault) retried crash_retries times, then FAILED
-    timeout               TERM once, KILL the job's processes after kill_grace_s, FAILED
-    Ctrl-C / SIGTERM      stop scheduling, end every worker's process group, save, exit 130
-    disk full             stop scheduling, end the running jobs, save what can be saved, exit 1
-                          with the free space needed; the folder resumes once space is freed
-    state store locked    another process holds state.db's write lock: changes wait in memory
-                          (with a warning) and are written once it lets go; jobs go on
+Its rooms (pita/core/execution/): outcomes.py (what an ended attempt means: OOM halving,
+crash and lost retries, failures and skipped dependents), memory_watch.py (NVML, RSS and torch
+reports fed to the scheduler; learned memory and durations), disk.py (a full disk stops the run
+resumable), inventory.py (devices that come and go, attempts taken over at resume, jobs waiting
+in a cluster's queue), summary.py (how the run ended). Here: the loop, launching, timeouts
+(TERM, then KILL after kill_grace_s, FAILED), Ctrl-C / SIGTERM (stop scheduling, end every
+attempt, save, exit 130) and the state store (a store locked by another process: changes wait
+in memory, with a warning, and are written once it lets go).
 A job counts as COMPLETED only once its ``.done`` marker exists and the outputs it lists are
 there, so a resumed run redoes exactly the jobs that did not finish (or lost their outputs).
 The executor owns the run folder while it runs (:mod:`pita.core.owner`).
@@ -22,21 +20,25 @@ The executor owns the run folder while it runs (:mod:`pita.core.owner`).
 from __future__ import annotations
 
 import copy
-import json
 import logging
 import os
 import signal
 import time
 from typing import Any
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from pita.core.backends.base import Backend, Finished, Launch
-from pita.core.gpu_manager import GPUManager, jobs_rss
+from pita.core.execution.disk import DiskFull, DiskSpace
+from pita.core.execution.inventory import Inventory
+from pita.core.execution.memory_watch import MemoryWatch, torch_usage
+from pita.core.execution.outcomes import OutcomeRules
+from pita.core.execution.summary import EXIT_INTERRUPTED, RunSummary
+from pita.core.gpu_manager import GPUManager
 from pita.core.graph import JobGraph
 from pita.core.job import JobState, kind_target
 from pita.core.logs import LogPump
-from pita.core.memlearn import MemoryLearner, device_peak
+from pita.core.memlearn import MemoryLearner
 from pita.core.owner import OwnerLock
 from pita.core.paths import RunPaths
 from pita.core.provenance import source
@@ -44,10 +46,11 @@ from pita.core.progress import Progress
 from pita.core.scheduler import Scheduler
 from pita.core.state import StateBusy, StateStore, is_disk_full
 
+# RunSummary, EXIT_INTERRUPTED, DiskFull and torch_usage are imported from here too
+__all__ = ["Executor", "ExecutorSettings", "RunSummary", "EXIT_INTERRUPTED", "DiskFull", "torch_usage"]
+
 log = logging.getLogger("pita.executor")
 joblog = logging.getLogger("pita.executor.jobs")  # per-job start/done lines: run.log only
-
-EXIT_INTERRUPTED = 130
 
 
 @dataclass
@@ -85,44 +88,13 @@ class ExecutorSettings:
     command: str = ""  # how pita was started (``pita run``, ``python run_parallel.py``): resume hints repeat it
 
 
-@dataclass
-class RunSummary:
-    counts: dict[str, int]
-    failures: list[dict] = field(default_factory=list)
-    interrupted: bool = False
-    wall_s: float = 0.0
-    disk_full: str = ""  # the message, when the run stopped because its disk filled
+class Executor(OutcomeRules, MemoryWatch, DiskSpace, Inventory):
+    """The loop and what it owns: the job graph's state, attempts, launches, timeouts and the
+    state store. Each other concern is a room of its own (pita/core/execution/): what an ended
+    attempt means (outcomes), what the devices' memory says (memory_watch), a full disk (disk),
+    and devices that come and go, attempts taken over at resume and jobs kept in a cluster's
+    queue (inventory). A backend adds only how an attempt starts, ends and is reported."""
 
-    @property
-    def exit_code(self) -> int:
-        if self.disk_full:
-            return 1
-        if self.interrupted:
-            return EXIT_INTERRUPTED
-        return 1 if self.counts.get("FAILED", 0) or self.counts.get("SKIPPED", 0) else 0
-
-
-class DiskFull(Exception):
-    """The run folder's file system is full: the run stops (and resumes once space is freed)."""
-
-
-def torch_usage(nvml: dict[str, int], reserved: dict[str, int], reports: dict[str, int], ordinal: int,
-                placement: dict[str, list[int]]) -> dict[str, int]:
-    """What our jobs hold on a device when NVML attributes none of its memory to them (in a
-    container NVML reports host pids; on MIG per-process figures may be absent): each job's own
-    torch report (its share on this device, plus the CUDA context torch does not count), or its
-    reservation while it has not reported yet. Taking every job at its reservation instead would
-    hide another tenant's memory whenever our jobs sit below their reservations (used - sum of
-    reservations comes out too small)."""
-    from pita.core.memory import CUDA_CONTEXT_BYTES
-
-    if not reports or not any(j in reports for j in nvml):
-        return nvml  # nothing reported: the scheduler takes our jobs at their reservations
-    return {j: (reports[j] // max(1, len(placement.get(j) or [ordinal])) + CUDA_CONTEXT_BYTES if j in reports
-                else reserved.get(j, 0)) for j in nvml}
-
-
-class Executor:
     def _threads(self, ordinals: list[int]) -> int | None:
         """A job's thread budget: the threads of every logical device it holds (a job that holds
         both devices of a 2-core machine runs on both cores); a Ray node's device brings its own
@@ -295,45 +267,6 @@ class Executor:
         self._restore_memory(saved)
         self._snapshot(force=True)
 
-    def _adopt(self, saved: dict) -> set[str]:
-        """Attempts an earlier driver of this folder started that still run (Slurm jobs outlive
-        their driver): the backend takes each over, on the devices it was placed on, instead of
-        starting it again; what nothing takes over is ended (it would run twice)."""
-        adopted: set[str] = set()
-        labels = {d.label: d.ordinal for d in self.gpus.devices}
-        for jid in self.sched.ready():
-            entry = saved["jobs"].get(jid, {})
-            handle = entry.get("handle") or {}
-            if entry.get("state") != "RUNNING" and not handle and not self.backend.outlives_driver:
-                continue
-            job = self.graph[jid]
-            ordinals = [labels.get(d.get("label"), -1) for d in entry.get("devices") or []]
-            if len(ordinals) != job.resources.devices or -1 in ordinals:
-                if handle:
-                    log.warning("%s ran under an earlier driver (%s) on devices this inventory lacks: running it "
-                                "again", jid, handle)
-                continue
-            n = self.attempts[jid] or 1
-            launch = self._launch_for(jid, ordinals, n)
-            why = self.backend.adopt(launch, handle)
-            if why:
-                if handle:
-                    log.info("%s: %s; running it again", jid, why)
-                continue
-            if not self.sched.adopt(jid, ordinals):
-                continue
-            self.attempts[jid] = n
-            self.reserved[jid] = self.sched.devices[ordinals[0]].reserved.get(jid, 0) if ordinals else 0
-            self.started_at[jid] = float(entry.get("started") or time.time())
-            self.pump.add(jid, launch.paths.log, launch.tag)
-            adopted.add(jid)
-            log.info("%s: taken over from the earlier driver (%s, attempt %d)", jid,
-                     ", ".join(f"{k} {v}" for k, v in (handle or self.backend.handle(jid)).items()
-                               if k != "submitted"), n)
-        for line in self.backend.end_strays(str(self.run_paths.root)):
-            log.warning("%s", line)
-        return adopted
-
     # ------------------------------------------------------------------ main loop
     def run(self) -> RunSummary:
         t0 = time.time()
@@ -423,48 +356,6 @@ class Executor:
             self.pump.close()
             self.backend.close()
 
-    # ------------------------------------------------------------------ inventory
-    def _follow_inventory(self) -> None:
-        """Devices that joined or left since the last look (the Ray backend follows its cluster)."""
-        refresh = getattr(self.backend, "refresh", None)
-        if refresh is None:
-            return
-        added, lost = refresh()
-        for o, why in sorted(lost.items()):
-            d = self.gpus.devices[o]
-            d.lost = why
-            running = self.sched.remove_device(o)
-            log.warning("%s (%s) left the inventory: %s%s", d.label, d.name, why,
-                        f"; its running job(s) {', '.join(running)} run again elsewhere" if running else "")
-        for d in (self.backend.devices(ordinals=added) if added else []):
-            assert d.ordinal == len(self.gpus.devices), (d.ordinal, len(self.gpus.devices))
-            self.gpus.devices.append(d)
-            self.sched.add_device(d.total_bytes, d.node)
-            log.info("%s (%s, %.1f GB) joined the inventory", d.label, d.name, d.total_bytes / 1e9)
-        if added or lost:
-            self.pending_meta["devices"] = [dict(d.describe(), label=d.label, **({"lost": d.lost} if d.lost else {}))
-                                            for d in self.gpus.devices]
-            self._no_device_since = None
-
-    def _no_device_left(self, now: float) -> bool:
-        """Every device is lost and device work is left: wait ``device_wait_s`` for one to join."""
-        if self.sched.live_devices() or not self.gpus.devices or not any(
-                self.graph[j].resources.devices for j in self.sched.ready()):
-            self._no_device_since = None
-            return False
-        if self._no_device_since is None:
-            self._no_device_since = now
-            log.warning("every device has left the inventory; waiting up to %.0fs (executor.device_wait_s) for a "
-                        "node to join", self.s.device_wait_s)
-        return now - self._no_device_since > self.s.device_wait_s
-
-    def _stop_without_devices(self, t0: float) -> RunSummary:
-        log.error("no device joined within %.0fs after the last one left: stopping; the run resumes where it "
-                  "stopped with resume_from=%s once the cluster has nodes again", self.s.device_wait_s,
-                  self.run_paths.root.resolve())
-        self._end_running("no device left")
-        return self._finish(t0, interrupted=True)
-
     # ------------------------------------------------------------------ launching
     def _launch_for(self, job_id: str, ordinals: list[int], n: int) -> Launch:
         """Attempt ``n`` of a job on the devices ``ordinals``, as its worker reads it."""
@@ -527,208 +418,7 @@ class Executor:
                 self.backend.kill(job_id, status="timeout", reason=f"timed out after {limit:g}s",
                                   grace_s=self.s.kill_grace_s)
 
-    def _report_queued(self, now: float) -> None:
-        """Attempts the cluster's scheduler has kept waiting longer than executor.pending_report_s:
-        its reason, in the log and in the job's state (again every pending_report_s while it waits)."""
-        for jid, (reason, waited) in self.backend.queued().items():
-            if waited >= self.s.pending_report_s and now - self._queue_said.get(jid, 0.0) >= self.s.pending_report_s:
-                self._queue_said[jid] = now
-                log.warning("%s has waited %.0f min in the cluster's queue: %s", jid, waited / 60, reason)
-                self._note(jid, queue_reason=reason)
-
-    def _apply_oom_batch(self, job_id: str) -> None:
-        """A job of a kind that already ran out of memory at its planned batch starts at the batch
-        that kind was retried at (one line in the log), not at the one known to fail."""
-        job = self.graph[job_id]
-        key = self.memory.key_of.get(job_id)
-        smaller = self.oom_batch.get(key) if key else None
-        bp = job.retry.batch_param
-        bs = self.params[job_id].get(bp)
-        if smaller is not None and isinstance(bs, int) and bs > smaller:
-            self.params[job_id][bp] = smaller
-            log.info("%s starts with %s=%d instead of %d: a job like it ran out of memory at the larger one",
-                     job_id, bp, smaller, bs)
-
-    # ------------------------------------------------------------------ outcomes
-    def _handle(self, f: Finished) -> None:
-        job = self.graph[f.job_id]
-        jp = self.run_paths.job(f.job_id)
-        self._note(f.job_id, handle=None, queue_reason=None)
-        self._queue_said.pop(f.job_id, None)
-        self.pump.remove(f.job_id)
-        now = time.time()
-        ordinals = self.sched.placement.get(f.job_id, [])
-        devs = [self.gpus.devices[o] for o in ordinals]
-        where = ",".join(d.label for d in devs) or "host"
-        self.timed_out.discard(f.job_id)
-        record = {"n": f.attempt, "status": f.status, "start": self.started_at.get(f.job_id), "end": now,
-                  "devices": [d.describe() for d in devs], "exit_code": f.exit_code, "error": f.error or None,
-                  job.retry.batch_param: self.params[f.job_id].get(job.retry.batch_param), **f.extra}
-        used, planned_bs = self.params[f.job_id].get(job.retry.batch_param), job.params.get(job.retry.batch_param)
-        if used != planned_bs:  # an OOM (this job's or one like it) changed its size: the report says so
-            record["oom_resized"] = {"param": job.retry.batch_param, "planned": planned_bs, "used": used}
-        mem = self._memory_record(f, job, devs)
-        if mem:
-            record["memory"] = mem
-        if f.status == "ok" and job.planned_s > 0 and self.started_at.get(f.job_id):
-            self._learn_duration(job, record, now - self.started_at[f.job_id])
-        self.pending_attempts.setdefault(f.job_id, []).append(record)
-        peak = f.extra.get("peak_gpu_bytes") or f.extra.get("peak_rss_bytes")
-        peak_txt = f", peak {'GPU' if f.extra.get('peak_gpu_bytes') else 'RSS'} {peak / 1e9:.2f} GB" if peak else ""
-        if f.status == "ok" and jp.is_done():
-            self.sched.mark_completed(f.job_id)
-            joblog.info("done %s on %s in %.1fs%s", f.job_id, where, f.extra.get("duration_s", 0.0), peak_txt)
-            if mem and mem["learn"]:
-                self._memory_changed(self.memory.observe(f.job_id, mem["peak_bytes"]))
-            self._note(f.job_id, state=JobState.COMPLETED.value, finished=now, error=None,
-                       duration_s=f.extra.get("duration_s"))
-            return
-        if f.status == "ok":  # reported success but the marker is missing: treat as a crash
-            f = Finished(f.job_id, f.attempt, "died", f.exit_code, "worker reported success but wrote no .done marker")
-        if f.status == "lost":
-            self.lost_count[f.job_id] += 1
-            if self.lost_count[f.job_id] <= self.s.lost_retries:
-                log.warning("%s lost its device on %s (attempt %d): %s; running it again (not counted as its "
-                            "crash; %d of %d)", f.job_id, where, f.attempt, f.error, self.lost_count[f.job_id],
-                            self.s.lost_retries)
-                self.sched.requeue(f.job_id)
-                self._note(f.job_id, state=JobState.PENDING.value, reason="device lost")
-                return
-            f = Finished(f.job_id, f.attempt, "lost", f.exit_code,
-                         f"{f.error} [its device was lost {self.lost_count[f.job_id]} times; executor.lost_retries="
-                         f"{self.s.lost_retries}]", f.traceback, f.extra)
-        if f.status == "cancelled" and self._stop is not None:
-            self.sched.requeue(f.job_id)
-            self._note(f.job_id, state=JobState.PENDING.value, reason="interrupted")
-            return
-        if f.status != "ok" and self._out_of_space(f):
-            # Not the job's fault: it runs again once space is freed (resume).
-            self.sched.requeue(f.job_id)
-            self._note(f.job_id, state=JobState.PENDING.value, reason="disk full")
-            raise DiskFull(f"{f.job_id}: {f.error}")
-        if f.status == "oom" and mem and mem["lowered"] and f.job_id not in self.memory_retried:
-            # Admitted below its planned estimate: the packing, not the batch, is the likely cause.
-            # Its kind goes back to the planned estimate and it runs again as planned (once).
-            self._memory_changed(self.memory.distrust(f.job_id), level=logging.WARNING)
-            self.memory_retried.add(f.job_id)
-            log.warning("%s ran out of memory on %s (attempt %d) with a learned estimate of %.2f GB; retrying "
-                        "with the planned %.2f GB and the same %s", f.job_id, where, f.attempt,
-                        mem["reserved_bytes"] / 1e9, job.resources.memory_gb, job.retry.batch_param)
-            self.sched.requeue(f.job_id)
-            self._note(f.job_id, state=JobState.PENDING.value, reason="OOM on a learned memory estimate")
-            return
-        if f.status == "oom":
-            limit = job.retry.oom_retries if job.retry.oom_retries is not None else self.s.oom_retries
-            bs = self.params[f.job_id].get(job.retry.batch_param)
-            self.oom_count[f.job_id] += 1
-            if isinstance(bs, int) and bs > 1 and self.oom_count[f.job_id] <= limit:
-                self.params[f.job_id][job.retry.batch_param] = bs // 2
-                key = self.memory.key_of.get(f.job_id)
-                if key:  # the kind's later jobs start at the smaller batch; its estimate is not lowered
-                    self.oom_batch[key] = min(self.oom_batch.get(key, bs), bs // 2)
-                    self._memory_changed(self.memory.distrust(f.job_id), level=logging.WARNING)
-                log.warning("%s ran out of memory on %s (attempt %d); retrying with %s=%d (OOM retry %d of %d)",
-                            f.job_id, where, f.attempt, job.retry.batch_param, bs // 2, self.oom_count[f.job_id], limit)
-                self.sched.requeue(f.job_id)
-                self._note(f.job_id, state=JobState.PENDING.value, reason="OOM retry")
-                return
-            why = (f"no {job.retry.batch_param} to halve" if not isinstance(bs, int)
-                   else f"{job.retry.batch_param}={bs} cannot be halved" if bs <= 1
-                   else f"{limit} OOM retries used (executor.oom_retries)")
-            f = Finished(f.job_id, f.attempt, "oom", f.exit_code, f"{f.error} [{why}]", f.traceback, f.extra)
-        if f.status == "died" and mem and mem["lowered"] and f.exit_code == -signal.SIGKILL:
-            # On host memory the kernel's OOM killer answers with SIGKILL, not an exception: a job
-            # killed so while admitted below its planned estimate puts its kind back on the plan.
-            self._memory_changed(self.memory.distrust(f.job_id), level=logging.WARNING)
-        if f.status == "died":
-            limit = job.retry.crash_retries if job.retry.crash_retries is not None else self.s.crash_retries
-            self.crash_count[f.job_id] += 1
-            if self.crash_count[f.job_id] <= limit:
-                log.warning("%s: %s on %s (attempt %d); retrying (%d of %d)", f.job_id, f.error, where,
-                            f.attempt, self.crash_count[f.job_id], limit)
-                self.sched.requeue(f.job_id)
-                self._note(f.job_id, state=JobState.PENDING.value, reason="crash retry")
-                return
-        reason = f.error or f.status
-        skipped = self.sched.mark_failed(f.job_id, reason)
-        log.error("FAILED %s on %s (attempt %d): %s -- log: %s", f.job_id, where, f.attempt, reason, jp.log)
-        self._note(f.job_id, state=JobState.FAILED.value, finished=now, error=reason)
-        for s in skipped:
-            self._note(s, state=JobState.SKIPPED.value, reason=f"dependency {f.job_id} failed")
-        if skipped:
-            log.warning("skipped %d job(s) that depend on %s", len(skipped), f.job_id)
-
-    def _interrupt(self, t0: float) -> RunSummary:
-        name = signal.Signals(self._stop).name
-        running = self.backend.running()
-        log.warning("%s received: stopping; ending %d running job(s) (grace %.0fs)", name, len(running),
-                    self.s.kill_grace_s)
-        self._end_running("interrupted")
-        return self._finish(t0, interrupted=True)
-
-    def _end_running(self, reason: str) -> None:
-        """Stop every running job: one that finished meanwhile counts as completed, the rest go
-        back to pending with ``reason`` (a resume runs them)."""
-        for f in self.backend.shutdown(self.s.kill_grace_s) or []:
-            self.pump.remove(f.job_id)
-            if f.status == "ok" and self.run_paths.job(f.job_id).is_done():
-                self.sched.mark_completed(f.job_id)
-                self._note(f.job_id, state=JobState.COMPLETED.value, finished=time.time())
-            else:
-                self.sched.requeue(f.job_id)
-                self._note(f.job_id, state=JobState.PENDING.value, reason=reason)
-
-    def _out_of_space(self, f: Finished) -> bool:
-        """The attempt failed because the run folder's disk is full (its error says so, or the disk
-        has next to nothing left), rather than because of the job."""
-        if f.status == "nospace" or "No space left on device" in (f.error or "") or "disk is full" in (f.error or ""):
-            return True
-        if f.status in ("died", "error"):
-            import shutil
-
-            try:
-                return shutil.disk_usage(self.run_paths.root).free < 1 << 20
-            except OSError:
-                return False
-        return False
-
-    def _space_needed(self) -> float:
-        """Bytes the rest of the run needs, judged by what the finished jobs wrote (once, when the
-        disk is full), and never less than system.min_free_gb."""
-        used = 0
-        for folder, _, files in os.walk(self.run_paths.root):
-            for f in files:
-                try:
-                    used += os.lstat(os.path.join(folder, f)).st_size
-                except OSError:
-                    pass
-        done = max(1, self.sched.counts()["COMPLETED"])
-        left = len(self.graph) - self.sched.counts()["COMPLETED"]
-        return max(self.s.min_free_gb * 2**30, 1.5 * used / done * left, 64 * 2**20)
-
-    def _disk_full(self, t0: float, e: BaseException) -> RunSummary:
-        """Stop cleanly: end the running jobs (they re-run on resume), keep what can be kept, and
-        say how much space to free where."""
-        import shutil
-
-        try:
-            free = shutil.disk_usage(self.run_paths.root).free
-        except OSError:
-            free = 0
-        msg = (f"no space left on the file system of {self.run_paths.root} ({free / 2**20:.1f} MiB free; {e}); "
-               f"the run stopped. Free at least {self._space_needed() / 2**30:.2f} GiB there, then resume "
-               f"with: resume_from={self.run_paths.root}")
-        log.error("%s", msg)
-        self._end_running("disk full")
-        counts = self.sched.counts()
-        try:  # best effort: on resume the markers decide anyway
-            self._flush()
-            self.state.apply(meta={"interrupted": True, "counts": counts})
-            self._snapshot(force=True)
-        except Exception:  # noqa: BLE001 - still full
-            pass
-        return RunSummary(counts, interrupted=True, wall_s=time.time() - t0, disk_full=msg)
-
+    # ------------------------------------------------------------------ the end
     def _finish(self, t0: float, interrupted: bool) -> RunSummary:
         counts = self.sched.counts()
         summary = RunSummary(counts, interrupted=interrupted, wall_s=time.time() - t0)
@@ -757,69 +447,6 @@ class Executor:
             log.error("failed: %s on %s: %s (log: %s)", fl["job"], fl["device"], fl["error"], fl["log"])
         return summary
 
-    # ------------------------------------------------------------------ monitoring
-    def _observe_memory(self) -> None:
-        if not all(d.kind == "cuda" for d in self.gpus.devices):  # CPU devices: their jobs' RSS
-            self._rss = jobs_rss({j: self.backend.pids(j) for j in self.backend.running()}, self.sched.placement)
-        if self.gpus.source == "ray" and hasattr(self.backend, "read_memory"):
-            self._read_remote_memory()
-        elif self.gpus.source != "nvml":
-            return
-        else:
-            self.gpus.refresh()
-        reports = None
-        for d in self.gpus.devices:
-            if d.lost or (self.gpus.source == "ray" and d.job_bytes is None):  # not read on its node
-                continue
-            usage = {}
-            for jid in self.sched.devices[d.ordinal].reserved:
-                usage[jid] = self.gpus.process_usage(d.ordinal, self.backend.pids(jid), jid)
-                self.sampled_peak[jid] = max(self.sampled_peak[jid], usage[jid])
-            if usage and not any(usage.values()):  # NVML attributes nothing to our workers (container, MIG)
-                reports = self._torch_reports() if reports is None else reports
-                usage = torch_usage(usage, self.sched.devices[d.ordinal].reserved, reports, d.ordinal,
-                                    self.sched.placement)
-            self.sched.observe(d.ordinal, d.used_bytes, usage)
-
-    def _read_remote_memory(self) -> None:
-        """A Ray cluster's GPUs, read by NVML on their own nodes (nothing where a node has none)."""
-        live = [d.ordinal for d in self.gpus.devices if not d.lost and d.kind == "cuda"]
-        for o, m in self.backend.read_memory(live).items():
-            d = self.gpus.devices[o]
-            d.used_bytes, d.utilization = int(m["used"]), m.get("utilization")
-            d.job_bytes = {j: int(b) for j, b in m.get("jobs", {}).items()}
-
-    def _torch_reports(self) -> dict[str, int]:
-        """Running job -> the torch-reserved bytes its worker last reported (all its devices)."""
-        out = {}
-        for jid in self.backend.running():
-            try:
-                out[jid] = int(json.loads(self.run_paths.job(jid).torch_memory.read_text())["reserved"])
-            except (OSError, ValueError, KeyError):
-                continue
-        return out
-
-    def _device_lines(self) -> list[str]:
-        return self.gpus.summary({o: self.sched.jobs_on(o) for o in range(len(self.gpus.devices))}, self._rss,
-                                 self._torch_memory())
-
-    def _torch_memory(self) -> dict[int, tuple[int, int]]:
-        """(allocated, reserved) bytes per GPU of the running jobs' torch, from what their workers
-        report (pita/core/worker.py writes it while torch holds CUDA memory)."""
-        out: dict[int, tuple[int, int]] = {}
-        if self.gpus.is_cpu:
-            return out
-        for jid in self.backend.running():
-            try:
-                m = json.loads(self.run_paths.job(jid).torch_memory.read_text())
-            except (OSError, ValueError):
-                continue
-            ordinals = self.sched.placement.get(jid) or []
-            for o in ordinals:
-                a, r = out.get(o, (0, 0))
-                out[o] = (a + int(m["allocated"]) // len(ordinals), r + int(m["reserved"]) // len(ordinals))
-        return out
-
     def _group_counts(self) -> dict[str, Counter]:
         """Jobs by group and state (a pass over every job: called only when progress is shown)."""
         out: dict[str, Counter] = {}
@@ -827,63 +454,3 @@ class Executor:
             out.setdefault(j.group or "jobs", Counter())[self.sched.state[j.id].value] += 1
         return out
 
-    def _explain_wait(self) -> None:
-        job = self.graph[self.sched.ready()[0]]
-        loads = self.sched.devices[:len(self.gpus.devices)]
-        best = max((d.available() for d in loads), default=0)
-        others = max((d.others() for d in loads), default=0)
-        ours = sum(sum(d.reserved.values()) for d in loads)
-        why = (f"other processes hold up to {others / 1e9:.2f} GB of a device" if others > 0.05 * 1e9 else
-               f"this run's jobs reserve {ours / 1e9:.2f} GB in all")
-        log.warning("%s waits for memory: needs %.2f GB on %d device(s), the most available is %.2f GB (%s)",
-                    job.id, self.memory.estimate(job.id) / 1e9, job.resources.devices, best / 1e9, why)
-
-    # ------------------------------------------------------------------ memory learning
-    def _memory_record(self, f: Finished, job, devs) -> dict | None:
-        """The attempt's memory as learning sees it (kept in its record, so a resume learns too):
-        its key, what it reserved, whether that was below the planned estimate, its peak in the
-        devices' unit, and whether it may teach (completed at its planned params)."""
-        key = self.memory.key_of.get(f.job_id)
-        if key is None or not devs:
-            return None
-        reserved = self.reserved.get(f.job_id, job.resources.memory_bytes)
-        peak = device_peak(f.extra, self.memory.unit, self.sampled_peak.pop(f.job_id, 0))
-        planned_params = self.params[f.job_id].get(job.retry.batch_param) == job.params.get(job.retry.batch_param)
-        learn = (f.status == "ok" and peak is not None and planned_params and not self.oom_count[f.job_id]
-                 and f.job_id not in self.memory_retried)
-        return {"key": key, "reserved_bytes": reserved, "lowered": reserved < job.resources.memory_bytes,
-                "peak_bytes": peak, "unit": self.memory.unit, "learn": learn}
-
-    def _expected(self, job_id: str) -> float:
-        """Seconds the scheduler expects of a job (its reservations): the plan's, corrected by
-        the durations measured so far in this run and the runs before it."""
-        job = self.graph[job_id]
-        return self.s.durations.expected(job) if self.s.durations is not None else job.duration_hint
-
-    def _learn_duration(self, job, record: dict, seconds: float) -> None:
-        record.update(seconds=round(seconds, 3), planned_s=round(job.planned_s, 3),
-                      expected_s=round(self._expected(job.id), 3))
-        if self.s.durations is not None:
-            key = self.s.durations.key(job)
-            record["duration_key"] = key
-            self.s.durations.observe(key, job.planned_s, seconds)
-            try:
-                self.s.durations.save()
-            except OSError as e:  # a full or read-only cache: the run goes on, the lesson is lost
-                log.warning("could not save learned durations to %s: %s", self.s.durations.path, e)
-
-    def _memory_changed(self, change, level: int = logging.INFO) -> None:
-        """Log a moved estimate; the state's summary follows every measurement (a few keys)."""
-        if change is not None:
-            log.log(level, "%s", change.line())
-        self.pending_meta["memory_estimates"] = self.memory.summary()
-
-    def _restore_memory(self, saved: dict) -> None:
-        """Learn from the measured peaks an earlier run of this folder recorded."""
-        self.pending_meta["memory_learning"] = {"enabled": self.s.learn_memory, "unit": self.memory.unit}
-        for change in self.memory.restore(saved.get("jobs", {})):
-            self._memory_changed(change)
-        if not self.s.learn_memory:
-            log.info("memory learning is off (executor.learn_memory=false): jobs reserve their planned estimates")
-        self.pending_meta["memory_estimates"] = self.memory.summary()
-        self._flush(wait=True)
