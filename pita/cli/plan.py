@@ -197,9 +197,10 @@ def _replan(run) -> dict:
 def _slurm_requests(cfg, jobs, cuda: bool) -> dict:
     """Per job kind, the sbatch options its largest job is submitted with (executor.backend=slurm)."""
     from pita.core.backends.slurm import SlurmBackend, representative, settings_from
+    from pita.plans.fit import job_label
 
-    return {k: " ".join(args) for k, (_, args) in representative(SlurmBackend(settings_from(cfg.executor.slurm)),
-                                                                 jobs, cuda).items()}
+    be = SlurmBackend(settings_from(cfg.executor.slurm))
+    return {k: " ".join(args) for k, (_, args) in representative(be, jobs, cuda, job_label).items()}
 
 
 def _vllm_server_devices(cfg) -> int:

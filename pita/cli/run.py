@@ -181,8 +181,9 @@ def _run(cfg: DictConfig, overrides: list[str], run_dir: Path | None = None) -> 
         graph = JobGraph(planned).validate(totals, ex.memory_margin)
         if ex.backend == "slurm":  # every kind's request tried with sbatch --test-only: exit 2 before any sbatch
             from pita.core.backends.slurm import submission_problems
+            from pita.plans.fit import job_label
 
-            problems, notes = submission_problems(backend, graph.jobs, slurm_nodes, cuda=not gpus.is_cpu)
+            problems, notes = submission_problems(backend, graph.jobs, slurm_nodes, not gpus.is_cpu, job_label)
             if problems:
                 raise ConfigError(problems)
             backend.notes = notes
@@ -350,11 +351,40 @@ def _ray_inventory(ex, cpu_slots: int):
     return GPUManager(backend.devices(), source="ray"), backend
 
 
+_DEFERRED: list[int] = []  # SIGINTs received while Hydra composed
+
+
+def _defer_interrupts() -> object:
+    """While Hydra composes, a Ctrl-C is noted rather than raised: raised inside OmegaConf's node
+    construction, KeyboardInterrupt is re-raised as an AttributeError and the run would end
+    with a traceback and exit 1. Returns the handler to restore (an ignored SIGINT stays ignored)."""
+    import signal
+
+    old = signal.getsignal(signal.SIGINT)
+    if old is signal.SIG_IGN:
+        return old
+    _DEFERRED.clear()
+    signal.signal(signal.SIGINT, lambda signum, frame: _DEFERRED.append(signum))
+    return old
+
+
+def _interrupt_now() -> None:
+    """Composition is over: Ctrl-C raises again, and one that came meanwhile is raised now."""
+    import signal
+
+    if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    if _DEFERRED:
+        _DEFERRED.clear()
+        raise KeyboardInterrupt
+
+
 def _task(cfg: DictConfig):
     """Hydra's task function: one run, or one point of a sweep (``-m``; pita/sweep.py names its
     folder and skips the points after an interrupted one)."""
     from pita import sweep
 
+    _interrupt_now()  # a Ctrl-C while Hydra composed: now, as a KeyboardInterrupt
     point = sweep.current()
     if point is not None and point.skip:
         return None
@@ -422,8 +452,15 @@ def run_main(argv: list[str] | None = None, prog: str = "python run_parallel.py"
     if problem:
         print(f"error: {problem}", file=sys.stderr)
         return 2
-    argv = normalize_argv(argv)
-    check_cli_overrides(argv)
+    old_handler = _defer_interrupts()  # checking the overrides composes the config too
+    try:
+        argv = normalize_argv(argv)
+        check_cli_overrides(argv)
+    except BaseException:
+        import signal
+
+        signal.signal(signal.SIGINT, old_handler)
+        raise
     main = hydra.main(config_path=str(CONF_DIR), config_name="config", version_base=None)(_task)
     before = len(_exit_codes)
     saved, sys.argv = sys.argv, [prog, *argv]  # Hydra reads its command line from sys.argv
@@ -435,6 +472,13 @@ def run_main(argv: list[str] | None = None, prog: str = "python run_parallel.py"
         sweep.close(interrupted=True)
     finally:
         sys.argv = saved
+        import signal
+
+        signal.signal(signal.SIGINT, old_handler)
+        if _DEFERRED:  # interrupted while composing, and Hydra stopped before the task (a bad config)
+            _DEFERRED.clear()
+            print("interrupted", file=sys.stderr)
+            _exit_codes.append(130)
         sweep.close()  # a sweep cut short (Ctrl-C between points, an error) still gets its summary
     return max(_exit_codes[before:], default=0)
 

@@ -176,3 +176,9 @@ def node_problems(jobs, devices) -> list[str]:
             f"{', '.join(f'{n or THIS}: {c}' for n, c in sorted(per_node.items()))}); set "
             f"algos.{a}.devices={most} or fewer (sharding=fsdp splits the model over them), or add a larger node"
             for a, j in worst.items()]
+
+
+def job_label(job) -> str:
+    """A job's kind as the plan prints it, with its algorithm where it has one."""
+    algo = job_algorithm(job)
+    return f"{algo} {job_kind(job)}" if algo not in ("shared", "family") else job_kind(job)

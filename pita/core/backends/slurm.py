@@ -565,17 +565,10 @@ def associations() -> list[dict] | None:
             for line in out.stdout.splitlines() if line.count("|") == 2]
 
 
-def job_key(job) -> str:
-    """A job's kind as the plan names it, with its algorithm where it has one."""
-    from pita.plans.fit import job_algorithm, job_kind
-
-    algo = job_algorithm(job)
-    return f"{algo} {job_kind(job)}" if algo not in ("shared", "family") else job_kind(job)
-
-
-def representative(backend: SlurmBackend, jobs, cuda: bool) -> dict[str, tuple[object, list[str]]]:
-    """Per job kind: its job with the largest request (GPUs, memory, then time) and that request's
-    sbatch options, without the job's name and log."""
+def representative(backend: SlurmBackend, jobs, cuda: bool, key=lambda j: j.kind) -> dict[str, tuple[object, list[str]]]:
+    """Per job kind (``key`` names it: the plan's kind with its algorithm, pita.plans.fit.job_label):
+    its job with the largest request (GPUs, memory, then time) and that request's sbatch options,
+    without the job's name and log."""
     from types import SimpleNamespace
 
     best: dict = {}
@@ -586,9 +579,9 @@ def representative(backend: SlurmBackend, jobs, cuda: bool) -> dict[str, tuple[o
                                  devices=[{"kind": "cuda" if cuda else "cpu"}] * j.resources.devices,
                                  paths=SimpleNamespace(log=f"<run>/jobs/{j.id}/job.log"))
         size = (j.resources.devices, j.resources.host_gb or j.resources.memory_gb, j.duration_hint)
-        key = job_key(j)
-        if key not in best or size > best[key][0]:
-            best[key] = (size, j, launch)
+        k = key(j)
+        if k not in best or size > best[k][0]:
+            best[k] = (size, j, launch)
     out = {}
     for key, (_, j, launch) in best.items():
         args, shown, skip = backend.request(launch), [], False
@@ -640,7 +633,8 @@ def request_problem(job, args: list[str], message: str, nodes: list[dict]) -> st
             f"and executor.slurm.partition")
 
 
-def submission_problems(backend: SlurmBackend, jobs, nodes: list[dict], cuda: bool) -> tuple[list[str], list[str]]:
+def submission_problems(backend: SlurmBackend, jobs, nodes: list[dict], cuda: bool,
+                        key=lambda j: j.kind) -> tuple[list[str], list[str]]:
     """(problems, notes) of the run's Slurm requests, found before anything is submitted: the
     partition's account and QoS rules, and each kind's largest request tried with ``sbatch
     --test-only``. Sets the partition's MaxTime as the longest --time asked for; a kind whose
@@ -653,13 +647,13 @@ def submission_problems(backend: SlurmBackend, jobs, nodes: list[dict], cuda: bo
     s.max_time_s = slurm_seconds(fields.get("MaxTime", ""))
     if problems:
         return problems, notes
-    for key, (job, args) in representative(backend, jobs, cuda).items():
+    for kind, (job, args) in representative(backend, jobs, cuda, key).items():
         out = _run(["sbatch", "--test-only", "-J", "pita:check", "-o", "/dev/null", *args, "--wrap", "true"])
         if out.returncode != 0:
             msg = " ".join(ln.split(":", 1)[-1].strip() for ln in out.stderr.splitlines() if ln.strip()) or out.stdout
             problems.append(request_problem(job, args, msg, nodes))
         elif s.max_time_s and job.duration_hint > s.max_time_s:
-            notes.append(f"{key}: its longest job is expected to take {job.duration_hint / 3600:.1f} h, more than "
+            notes.append(f"{kind}: its longest job is expected to take {job.duration_hint / 3600:.1f} h, more than "
                          f"partition {fields.get('PartitionName')}'s MaxTime of {s.max_time_s / 3600:.1f} h; each "
                          f"attempt asks for MaxTime, and a training job continues from its checkpoint when requeued")
     return sorted(set(problems)), notes

@@ -80,7 +80,10 @@ class Inventory:
             launch = self._launch_for(jid, ordinals, n)
             why = self.backend.adopt(launch, handle)
             if why:
-                if handle:
+                if handle and not self.backend.outlives_driver:  # another backend's attempt: it may still run
+                    log.warning("%s: %s (%s); running it again here: end that attempt yourself if it still "
+                                "runs (a Slurm job: scancel %s)", jid, why, handle, handle.get("slurm_job", "<id>"))
+                elif handle:
                     log.info("%s: %s; running it again", jid, why)
                 continue
             if not self.sched.adopt(jid, ordinals):
