@@ -24,7 +24,9 @@ accounting is kept); how each maps:
 
 Jobs that hold no device (merges) run on the driver, as local workers. Killing an attempt is
 ``scancel --signal=TERM`` then ``scancel`` after the grace period; a driver that stops cancels
-every job it submitted. GPU jobs leave ``CUDA_VISIBLE_DEVICES`` to
+every job it submitted; a driver that is killed leaves them running, and a resumed one takes
+them over (``handle``/``adopt``/``end_strays``). Attempts kept waiting in the queue are reported
+with squeue's reason (``queued``). GPU jobs leave ``CUDA_VISIBLE_DEVICES`` to
 Slurm (its GRES plugin sets it to the allocation); CPU jobs keep the driver's empty one.
 """
 
@@ -150,7 +152,6 @@ class _Sub:
     state_reason: str = ""
     started: float | None = None  # when squeue first showed it running
     time_limit: str = ""  # the --time it was submitted with
-    adopted: bool = False  # submitted by an earlier driver of this run (resume_from=)
 
 
 class SlurmBackend(Backend):
@@ -264,7 +265,7 @@ class SlurmBackend(Backend):
         gpus = sum(1 for d in launch.devices if d.get("kind") == "cuda")
         self.subs[launch.job_id] = _Sub(launch, row[0], float(handle.get("submitted") or time.time()), gpus,
                                         grace_s=self.kill_grace_s, state=row[1],
-                                        state_reason=row[2] if row[1] == "PENDING" else "", adopted=True,
+                                        state_reason=row[2] if row[1] == "PENDING" else "",
                                         started=time.time() if row[1] != "PENDING" else None)
         return ""
 
@@ -282,10 +283,6 @@ class SlurmBackend(Backend):
         return lines
 
     # ------------------------------------------------------------------ what Slurm says
-    def slurm_ids(self) -> dict[str, str]:
-        """pita job id -> Slurm job id of every attempt in flight (saved in the run state)."""
-        return {j: s.slurm_id for j, s in self.subs.items()}
-
     def _query(self) -> dict[str, tuple[str, str]]:
         """Slurm job id -> (state, reason) of the jobs squeue still lists."""
         ids = ",".join(s.slurm_id for s in self.subs.values())
@@ -503,9 +500,8 @@ def slurm_inventory(settings: SlurmSettings, gpu_card: str | None, cpu_devices: 
 def partition_fields(partition: str | None) -> dict[str, str]:
     """``scontrol show partition``'s fields of ``partition`` (the default one when None)."""
     out = _run(["scontrol", "-o", "show", "partition", *([partition] if partition else [])])
-    lines = out.stdout.splitlines()
-    line = next((ln for ln in lines if "Default=YES" in ln), lines[0] if lines else "") if not partition else (
-        lines[0] if lines else "")
+    lines = out.stdout.splitlines() or [""]
+    line = lines[0] if partition else next((ln for ln in lines if "Default=YES" in ln), lines[0])
     return dict(kv.split("=", 1) for kv in line.split() if "=" in kv)
 
 
