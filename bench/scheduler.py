@@ -16,7 +16,7 @@ For 1, 2, 4 and 8 devices of 80 GB it prints:
     efficiency        lower_bound / makespan
     speedup           makespan on 1 device / makespan here
     barrier_makespan  baseline policy: one job per device at a time, rounds separated by barriers
-Co-located jobs are assumed not to slow each other (optimistic for sharing; see docs/architecture.md).
+Co-located jobs are assumed not to slow each other (optimistic for sharing; see docs/decisions/scheduler-benchmark-model.md).
 """
 
 from __future__ import annotations

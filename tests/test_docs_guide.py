@@ -163,3 +163,26 @@ def test_the_testing_notes_name_benchmarks_and_targets_that_exist():
             else:
                 assert c.startswith(".venv/bin/python -m pytest"), c
     assert seen >= 10
+
+
+def test_the_architecture_map_and_its_decisions_link_to_what_exists():
+    """docs/architecture.md is a map a newcomer reads in one sitting (at most about 400 lines); every
+    decision in docs/decisions/ is listed in its index, names the modules it explains on a `Where:`
+    line, and every relative link of the map and the decisions resolves."""
+    docs = ROOT / "docs"
+    arch = (docs / "architecture.md").read_text()
+    assert len(arch.splitlines()) <= 400
+    decisions = sorted(p for p in (docs / "decisions").glob("*.md") if p.name != "README.md")
+    assert len(decisions) >= 50
+    index = (docs / "decisions" / "README.md").read_text()
+    for p in decisions:
+        assert f"]({p.name})" in index, f"{p.name} is not listed in docs/decisions/README.md"
+        text = p.read_text()
+        where = re.search(r"^Where: (.*)$", text, re.M)
+        assert where, f"{p.name} has no Where: line"
+        for path in re.findall(r"`([^`]+)`", where.group(1)):
+            assert (ROOT / path).exists(), f"{p.name} names {path}, which does not exist"
+    for page in [docs / "architecture.md", docs / "decisions" / "README.md", *decisions]:
+        for target in re.findall(r"\]\(([^)#]+\.md)(?:#[^)]*)?\)", page.read_text()):
+            if "://" not in target:
+                assert (page.parent / target).exists(), f"{page.name} links to {target}, which does not exist"

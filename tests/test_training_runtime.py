@@ -1,7 +1,6 @@
 """The training runtime (pita/training) holds the memory its plan reserves and computes what an
 unsharded run computes: one test per defect found by reading the installed transformers, TRL,
-accelerate and torch as a GPU engineer would before booking a node (docs/architecture.md,
-"Training memory, measured through the job's own trainer"). A CUDA-only decision is driven on
+accelerate and torch as a GPU engineer would before booking a node (docs/decisions/training-runtime-fixes.md). A CUDA-only decision is driven on
 this CPU (bench.cuda_branch); peaks are measured by running the job's own function on fake tensors
 (bench.trainer_memory), which counts bytes exactly, whatever the CPU."""
 

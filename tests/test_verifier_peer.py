@@ -11,7 +11,7 @@ at another setting (LaTeX extraction only, other rounding) is judged by math-ver
 default, the setting our verifier follows. A row the peer expects wrong that we score right is a
 false positive, worse than a miss (a policy learns to produce it), and fails the test. A row it
 expects right that we score wrong is a miss: listed (``-s`` prints them, grouped by the table
-they come from) and justified in docs/architecture.md, "Verdicts against math-verify's cases".
+they come from) and justified in docs/decisions/verifier-vs-math-verify.md.
 Without the checkout the test is skipped: the network is not reachable from the test machines.
 """
 

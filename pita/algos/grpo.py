@@ -32,13 +32,12 @@ SCALE_REWARDS = ("group", "batch", "none")  # advantages divided by the group's 
 
 @dataclass
 class GRPOConfig(PostTrainingConfig):
-    # the defaults give GRPO enough samples to learn arith on the tiny family (docs/architecture.md,
-    # "Why the baselines lose to the reference on arith"): a verifier reward is so sparse that at
+    # the defaults give GRPO enough samples to learn arith on the tiny family (docs/decisions/baselines-on-arith-tiny.md): a verifier reward is so sparse that at
     # 60 steps of 16 completions the update is mostly noise and a larger step size only adds noise
     batch_size: int = 64  # completions per optimizer step (batch_size / num_generations prompts)
     beta: float = 0.04
     # the round's budget is passes over the training prompts, so it scales with the data: at 1000
-    # prompts, 2 passes of 8 prompts a step are the 250 steps measured in docs/architecture.md
+    # prompts, 2 passes of 8 prompts a step are the 250 steps measured in docs/decisions/baselines-on-arith-tiny.md
     epochs: float = 2.0  # passes over the training prompts per round (steps = ceil(epochs x prompts / prompts per step))
     max_steps: Optional[int] = None  # optimizer steps per round; null = derived from epochs
     num_generations: int = 8  # completions per prompt (>= 2; divides batch_size)

@@ -8,7 +8,7 @@ it, 0 for the other, bce loss, bernoulli guidance. A tied pair (equal rewards) i
 same draw, a coin flip, and kept (``algos.PITA.ties=draw``), as the PITA reference labels every
 pair: then PITA trains on every pair its label budget paid for, as Q# trains on every return.
 ``ties=drop`` leaves them out (labelled 0.5 they were most of the data on 0/1 rewards and held
-the head at 0.5 everywhere, docs/architecture.md), at the price of fewer examples than Q#.
+the head at 0.5 everywhere, docs/decisions/pita-pairs-ties-bonus.md), at the price of fewer examples than Q#.
 """
 
 from __future__ import annotations

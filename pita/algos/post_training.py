@@ -69,7 +69,7 @@ class PostTrainingConfig(AlgoConfig):
     # learning rate; null: by scale (sources in LEARNING_RATES): full fine-tuning of a real model
     # DPO 5e-7 (Zephyr-7B-beta's recipe) / GRPO 1e-6 (TRL's default), LoRA 5e-6 / 1e-5; a toy model (under 50M
     # parameters, the tiny family) DPO 1e-5 / GRPO 5e-5, as measured on the embedded default
-    # (docs/architecture.md, "Why the baselines lose to the reference on arith")
+    # (docs/decisions/baselines-on-arith-tiny.md)
     lr: Optional[float] = None
     # learning rates to try, each an arm of its own (job ids <algo>.<family>.<dataset>.lr<rate>.r<k>.*,
     # rows with variant lr=<rate>), the frontier and the reported arm chosen on the validation

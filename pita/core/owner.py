@@ -16,7 +16,7 @@ implements it with POSIX byte-range locks that the server arbitrates, so it excl
 on different nodes; so do GPFS and CephFS. Lustre honours it only when mounted with ``-o flock``
 (``-o localflock`` excludes on one node only); without lock support the call fails with ENOLCK,
 ENOSYS or EOPNOTSUPP, and the run goes on with a warning that a second orchestrator would not be
-refused (``docs/architecture.md``).
+refused (``docs/decisions/run-owner-lock.md``).
 """
 
 from __future__ import annotations
@@ -107,7 +107,7 @@ class OwnerLock:
                     raise
                 self.supported = False
                 log.warning("the file system of %s does not support locks (%s): a second orchestrator on this "
-                            "run folder would not be refused; see docs/architecture.md (owner lock)",
+                            "run folder would not be refused; see docs/decisions/run-owner-lock.md",
                             self.root, os.strerror(e.errno))
                 break
         previous = read_info(self.root)

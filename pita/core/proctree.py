@@ -15,7 +15,7 @@ started, except a descendant that moved to a session of its own (``setsid``,
 
 cgroups (v2 ``cgroup.kill``) would also catch a process that escapes and re-forks between two
 polls after its worker was SIGKILLed, but they need a delegated, writable cgroup subtree, which
-containers and batch schedulers rarely give a user's process; see docs/architecture.md.
+containers and batch schedulers rarely give a user's process; see docs/decisions/process-tree-cleanup.md.
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ as log p_LM(a|s) plus a learned state term; mle: ``lm_prior * linspace(-1, 1)`` 
 so a likelier token starts with more mass on high returns). Starting it at 0 instead leaves the
 head unable to tell a right next token from a wrong one: on the tiny family's arith task the
 weight then stays near 0.07 after training, the head's scores are flat over the candidates,
-and guidance changes nothing (docs/architecture.md, "Value-model head"). The Bradley-Terry
+and guidance changes nothing (docs/decisions/value-head-lm-prior.md). The Bradley-Terry
 proxy reward model does not use the prior (its score is read at the last token). n_out is 1 for
 bce / mse / bradley_terry (a logit) and ``num_atoms`` for mle (logits over atoms spanning
 [v_min, v_max]). The backbone shares the reference's tokenizer (checked at plan time).
