@@ -90,8 +90,17 @@ def test_every_cell_says_what_it_is_and_the_frontier_is_chosen_on_validation():
     assert c[("PITA", 0.5)]["test_selected"]["value"] == pytest.approx(0.42 + 0.08 * 0.3 / 0.4)
     text = "\n".join(matched_tables(list(c.values()), ["PITA", "DPO", "GRPO"]))
     assert "| algorithm | at KL = 0.02 |" in text and "Frontier points chosen on: validation." in text
-    assert "0.320 chord from base" in text and "0.300 base only" in text and "0.370 wide interp. (KL 0.04..0.2)" in text
-    assert "not reached (frontier ends at KL 0.2; its rows reach 0.6, none chosen there)" in text
+    # a cell is its value, interval and a short mark; why it is so is a numbered note under the table
+    cells = [c.strip() for line in text.splitlines() if line.startswith("| ") for c in line.split("|")[2:-1]]
+    assert max(map(len, cells)) <= 40, max(cells, key=len)
+    assert "| 0.320 chord (" in text and "| 0.300 base only |" in text and "| 0.370 wide (" in text
+    notes = {line.split(") ", 1)[1]: line.split(")")[0].split("(")[1] for line in text.splitlines()
+             if line.startswith("- (")}
+    n = notes["PITA: not reached: the frontier ends at KL 0.2; its rows reach 0.6, none chosen there"]
+    assert f"| not reached ({n}) |" in text
+    n = notes["PITA: wide interpolation between rows at KL 0.04 and 0.2, further apart than "
+              "eval.wide_ratio: a line no row measured, no interval"]
+    assert f"| 0.370 wide ({n}) |" in text and f"| +0.070 wide ({n}) |" in text  # the gain cites the same note
     assert "-0.040" in text and "the frontier picked on the test split" in text
 
 
@@ -102,7 +111,10 @@ def test_without_validation_rows_the_frontier_is_the_test_envelope_and_says_so()
     assert c[("PITA", 0.5)]["value"] == pytest.approx(0.42 + 0.08 * 0.3 / 0.4)
     assert c[("PITA", 0.5)]["bracket"] == [[0.2, 0.6]]  # 3x apart: an interpolation, with its bracket shown
     text = "\n".join(matched_tables(list(c.values())))
-    assert "Frontier points chosen on: test." in text and "0.480 interp. (KL 0.2..0.6)" in text
+    assert "Frontier points chosen on: test." in text
+    n = next(line[3] for line in text.splitlines()
+             if line.endswith(") PITA: interpolated between frontier rows at KL 0.2 and 0.6"))
+    assert f"| 0.480 interp. ({n}) |" in text and f"| +0.180 interp. ({n}) |" in text
 
 
 def test_two_seeds_pool_their_values_and_take_the_weakest_kind():
@@ -246,9 +258,14 @@ def test_a_kl_budget_that_is_not_positive_exits_2_naming_the_key(tmp_path, value
 
 def test_a_cell_some_draws_do_not_reach_says_in_what_share_it_did():
     """A share that rounds to 100% is not printed as 100%: one decimal near the top."""
-    from pita.report.matched import _cell_text
+    from pita.report.matched import Notes, _cell_text
 
     cell = {"kind": "interpolated", "value": 0.4, "ci_lo": 0.3, "ci_hi": 0.5, "draws_reaching": 0.998}
-    assert _cell_text(cell).endswith("(reached in 99.8% of draws)")
-    assert _cell_text({**cell, "draws_reaching": 0.91}).endswith("(reached in 91% of draws)")
+    cell = {**cell, "algorithm": "PITA", "kl_budget": 0.1}
+    assert _cell_text(cell).endswith("reached in 99.8% of the bootstrap draws)")
+    assert _cell_text({**cell, "draws_reaching": 0.91}).endswith("reached in 91% of the bootstrap draws)")
     assert "reached in" not in _cell_text({**cell, "draws_reaching": 1.0})
+    notes = Notes()
+    assert _cell_text({**cell, "draws_reaching": 0.91}, notes=notes) == "0.400 [0.300, 0.500] interp. (1)(2)"
+    assert notes.lines() == ["(1) PITA: interpolated between two frontier rows",
+                             "(2) PITA at KL 0.1: reached in 91% of the bootstrap draws"]

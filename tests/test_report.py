@@ -246,6 +246,13 @@ def test_the_report_opens_with_the_headline_then_every_row_sorted(recorded_run):
     matched = text[text.index("### Headline: every method at equal KL"):text.index("### Last round, η chosen")]
     assert [ln.split(" | ")[0][2:] for ln in matched.splitlines() if ln.startswith("| ")][:4] == [
         "algorithm", "base (KL 0)", "PITA", "DPO"]
+    # the first screen is the headline table: it starts within the report's first lines, and each of its
+    # cells is a value, an interval and a short mark (the reasons are numbered notes below it)
+    first = text.splitlines()
+    top = next(i for i, ln in enumerate(first) if ln.startswith("| algorithm"))
+    assert top < 15, first[:top]
+    table = first[top:first.index("", top)]
+    assert max(len(c.strip()) for ln in table for c in ln.split("|")[1:-1]) <= 40, table
     head = text[text.index("### Last round, η chosen"):text.index("### Every row")]
     lines = [ln for ln in head.splitlines() if ln.startswith("| arith")]
     assert [ln.split(" | ")[1] for ln in lines] == ["base", "PITA", "DPO"]  # base first, then registry order

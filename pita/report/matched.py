@@ -423,35 +423,79 @@ def differences(cells: list[dict], order: Sequence[str] = ()) -> list[dict]:
 
 
 # ---------------------------------------------------------------- markdown
-def _cell_text(e: dict, what: str = "value") -> str:
+class Notes:
+    """The numbered notes under a headline table: a cell keeps its value, interval and a short mark,
+    and why it is what it is (its bracket, where the frontier ends, what stopped the η search) is a
+    note, numbered in the order first cited; two cells with the same reason share its number."""
+
+    def __init__(self):
+        self.texts: list[str] = []
+
+    def cite(self, text: str) -> str:
+        if text not in self.texts:
+            self.texts.append(text)
+        return f"({self.texts.index(text) + 1})"
+
+    def lines(self) -> list[str]:
+        return [f"({i}) {text}" for i, text in enumerate(self.texts, 1)]
+
+
+MARKS = {"interpolated": "interp.", "wide interpolation": "wide", "chord from base": "chord",
+         "base only": "base only", "not reached": "not reached"}
+
+
+def cell_reason(e: dict) -> str:
+    """Why a headline cell is what it is, in words (the cell itself shows its value and a mark)."""
     kind = e.get("kind") or ("measured" if e["reached"] else "not reached")
+    who = f"{e['algorithm']}: "  # no budget: the cells a reason holds for share its note
+    stopped = f"; η search stopped by {' / '.join(e['stopped_by'])}" if e.get("stopped_by") else ""
+    spans = [x for x in e.get("bracket") or [] if x]
+    span = f"KL {min(x[0] for x in spans):.3g} and {max(x[1] for x in spans):.3g}" if spans else ""
     if kind == "not reached":
         top = max(e["max_kl"])
         most = max(e.get("method_max_kl") or e["max_kl"])
-        seeds = f"; {e['seeds_reaching']}/{e['seeds']} seeds" if e["seeds"] > 1 and e["seeds_reaching"] else ""
+        seeds = f"; {e['seeds_reaching']} of {e['seeds']} seeds reach it" if e["seeds"] > 1 and e["seeds_reaching"] else ""
         beyond = f"; its rows reach {most:.3g}, none chosen there" if most > top + 1e-12 else ""
-        why = f"; η search stopped by {' / '.join(e['stopped_by'])}" if e.get("stopped_by") else ""
-        return f"not reached (frontier ends at KL {top:.3g}{beyond}{seeds}{why})"
+        return f"{who}not reached: the frontier ends at KL {top:.3g}{beyond}{seeds}{stopped}"
+    if kind == "chord from base":
+        first = f" (KL {min(x[1] for x in spans):.3g})" if spans else ""
+        return (f"{who}chord from base: a line from the base model to the first frontier row{first}, never "
+                f"measured, no interval{stopped}")
+    if kind == "wide interpolation":
+        return (f"{who}wide interpolation" + (f" between rows at {span}" if span else "")
+                + ", further apart than eval.wide_ratio: a line no row measured, no interval")
+    if kind == "interpolated":
+        return f"{who}interpolated" + (f" between frontier rows at {span}" if span else " between two frontier rows")
+    return ""
+
+
+def _cell_text(e: dict, what: str = "value", notes: Notes | None = None) -> str:
+    """A headline cell: its value, its interval where it has one, and a short mark with the number
+    of its note (``notes``); without a collector the reason follows the mark in parentheses."""
+    kind = e.get("kind") or ("measured" if e["reached"] else "not reached")
     signed = what == "gain"
     f = (lambda x: f"{x:+.3f}") if signed else (lambda x: f"{x:.3f}")
-    v = e[what]
-    if kind == "base only":
-        return f"{f(v)} base only"
-    if kind == "chord from base":
-        why = f" (η search stopped by {' / '.join(e['stopped_by'])})" if e.get("stopped_by") else ""
-        return f"{f(v)} chord from base{why}"
-    spans = [x for x in e.get("bracket") or [] if x]
-    span = f"KL {min(x[0] for x in spans):.3g}..{max(x[1] for x in spans):.3g}" if spans else ""
-    if kind == "wide interpolation":
-        return f"{f(v)} wide interp. ({span})" if span else f"{f(v)} wide interp."
-    lo, hi = e[f"{'gain_' if signed else ''}ci_lo"], e[f"{'gain_' if signed else ''}ci_hi"]
-    text = f(v) + (f" [{f(lo)}, {f(hi)}]" if _finite(lo) and _finite(hi) else "")
-    if kind == "interpolated":
-        text += f" interp. ({span})" if span else " interp."
+    reasons = [cell_reason(e)] if kind != "base only" else []
     share = e.get("draws_reaching")
-    if share is not None and share < 1:
-        text += f" (reached in {share:.1%} of draws)" if share >= 0.995 else f" (reached in {share:.0%} of draws)"
-    return text
+    if kind in ("measured", "interpolated") and share is not None and share < 1:
+        pct = f"{share:.1%}" if share >= 0.995 else f"{share:.0%}"
+        reasons.append(f"{e['algorithm']} at KL {e['kl_budget']:g}: reached in {pct} of the bootstrap draws")
+    reasons = [r for r in reasons if r]
+    mark = MARKS.get(kind, "")
+    if kind == "not reached":
+        text = mark
+    else:
+        text = f(e[what])
+        if kind in ("measured", "interpolated"):
+            lo, hi = e[f"{'gain_' if signed else ''}ci_lo"], e[f"{'gain_' if signed else ''}ci_hi"]
+            text += f" [{f(lo)}, {f(hi)}]" if _finite(lo) and _finite(hi) else ""
+        text += f" {mark}" if mark else ""
+    if reasons:
+        if notes is not None:
+            text += " " + "".join(notes.cite(r) for r in reasons)
+        else:
+            text += " (" + "; ".join(r.split(": ", 1)[1] for r in reasons) + ")"
+    return text.strip()
 
 
 def _finite(x) -> bool:
@@ -481,12 +525,17 @@ def matched_tables(cells: list[dict], order: Sequence[str] = (), diffs: list[dic
         # a method some seeds lack (a run not finished, or its jobs failed) averages fewer seeds: said on its row
         of = {a: min(e["seeds"] for e in es if e["algorithm"] == a) for a in algos}
         name = {a: a + (f" ({of[a]} of {seeds} seeds)" if of[a] < seeds else "") for a in algos}
-        tab += [[name[a]] + [_cell_text(at[(a, b)]) if (a, b) in at else "" for b in budgets] for a in algos]
-        gains = [[name[a]] + [_cell_text(at[(a, b)], "gain") if (a, b) in at else "" for b in budgets] for a in algos]
+        notes = Notes()
+        tab += [[name[a]] + [_cell_text(at[(a, b)], notes=notes) if (a, b) in at else "" for b in budgets]
+                for a in algos]
+        gains = [[name[a]] + [_cell_text(at[(a, b)], "gain", notes) if (a, b) in at else "" for b in budgets]
+                 for a in algos]
         on = sorted({e.get("selected_on", "test") for e in es})
         lines += [f"#### {title}: {es[0]['metric']} at equal KL" + (f", mean of {seeds} seeds" if seeds > 1 else ""),
                   "", f"Frontier points chosen on: {', '.join(on)}.", "", _md(head, tab), "",
                   f"Gain over base at equal KL ({title}):", "", _md(head, gains), ""]
+        if notes.texts:
+            lines += [f"Notes ({title}):", ""] + [f"- {n}" for n in notes.lines()] + [""]
         ds = [d for d in diffs or [] if (d["eval_dataset"], d["family"], d["train_dataset"]) == (eds, fam, train)]
         pairs = sorted({(d["a"], d["b"]) for d in ds if d["diff"] is not None},
                        key=lambda p: (rank.get(p[0], len(rank)), rank.get(p[1], len(rank)), p))

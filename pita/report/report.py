@@ -284,19 +284,32 @@ def matched_section(extras: dict, roster: Roster) -> list[str]:
     cells = km.get("cells") or []
     if not cells:
         return []
-    est = ", ".join(km.get("estimator") or []) or "exact per-step"
     return ["### Headline: every method at equal KL", "",
             f"Each method's {cells[0]['metric']} at KL = {', '.join(f'{b:g}' for b in km['budgets'])} "
             f"{km.get('unit', 'nats per sequence')} (`{km.get('budgets_from', 'eval.kl_budgets')}`), read off its "
-            "frontier: the rows (every round, η and variant) on the upper envelope of their *validation* KL and "
-            "metric, the base model at KL 0 included, then read on the test prompts along the line through them; "
-            "no test metric chooses a point, so a method that hurts shows a negative gain. Each cell says what it "
-            "is: a value with an interval is measured (a frontier row within 10% of the KL) or, marked interp., "
-            "between two frontier rows (their KLs in brackets); 'wide interp.': between rows further apart in KL "
-            "than `eval.wide_ratio` (4x by default), a line across a stretch no row measured, with no interval; 'chord from base' is a line from "
-            "the base model to the first frontier "
-            "row, never measured, with no interval; 'base only': no row beat the base model on validation; "
-            f"'not reached': the frontier ends below the KL, nothing is extrapolated. KL estimator: {est}. "
+            "validation-chosen frontier on the test prompts, with 95% intervals. A mark says what a cell is "
+            "(interp., wide, chord, base only, not reached) and its number the note under the table that says "
+            "why; how to read it: \"Reading the headline\" below.", ""] + \
+        matched_tables(cells, roster.order({c["algorithm"] for c in cells}), km.get("differences"))
+
+
+def reading_section(extras: dict) -> list[str]:
+    """How the headline table is made and what each mark means (after the tables, so the report's
+    first screen is the table itself)."""
+    km = extras.get("kl_matched") or {}
+    if not km.get("cells"):
+        return []
+    est = ", ".join(km.get("estimator") or []) or "exact per-step"
+    return ["### Reading the headline", "",
+            "Each method's frontier is the rows (every round, η, variant and snapshot) on the upper envelope of "
+            "their *validation* KL and metric, the base model at KL 0 included, read on the test prompts along "
+            "the line through them; no test metric chooses a point, so a method that hurts shows a negative "
+            "gain. A value with an interval and no mark is measured (a frontier row within 10% of the KL); "
+            "'interp.': between two frontier rows (their KLs in the note); 'wide': between rows further apart "
+            "in KL than `eval.wide_ratio` (4x by default), a line across a stretch no row measured, with no "
+            "interval; 'chord': a line from the base model to the first frontier row, never measured, with no "
+            "interval; 'base only': no row beat the base model on validation; 'not reached': the frontier ends "
+            f"below the KL, nothing is extrapolated. KL estimator: {est}. "
             "Intervals: 95%, the test prompts resampled and every frontier row's metric and KL recomputed per "
             "draw, so they cover the KL's noise too; a share of draws that fall short of the KL is stated; the "
             "gain, and the difference of two methods, are paired on the same draws. Two rows need no training "
@@ -306,8 +319,7 @@ def matched_section(extras: dict, roster: Roster) -> list[str]:
             "ranked by Q#'s round-0 value model instead, Q#'s own supervision), its KL measured from the pool's "
             "distinct completions and their probabilities (`kl_bound`: log n − (n−1)/n, which it never "
             "exceeds): a method that does not beat them at equal KL is not shown to do more than "
-            "sharpen or rerank the base model.", ""] + \
-        matched_tables(cells, roster.order({c["algorithm"] for c in cells}), km.get("differences"))
+            "sharpen or rerank the base model.", ""]
 
 
 def budget_section(budgets: list[dict], roster: Roster | None = None) -> list[str]:
@@ -407,30 +419,34 @@ def render(run: RunPaths, rows: list[dict] | None = None, roster: Roster | None 
     counts: dict[str, int] = {}
     for j in state["jobs"].values():
         counts[j.get("state", "PENDING")] = counts.get(j.get("state", "PENDING"), 0) + 1
-    lines.append(f"- jobs: {len(state['jobs'])} ({', '.join(f'{k.lower()} {v}' for k, v in sorted(counts.items()))})")
-    if started and finished:
-        lines.append(f"- first job started {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(min(started)))}, "
-                     f"last finished {time.strftime('%H:%M:%S', time.localtime(max(finished)))}: "
-                     f"{max(finished) - min(started):.0f} s of wall time")
+    wall = f"; {max(finished) - min(started):.0f} s of wall time" if started and finished else ""
+    lines += [f"{len(state['jobs'])} jobs ({', '.join(f'{k.lower()} {v}' for k, v in sorted(counts.items()))}){wall}; "
+              "the run's details under \"Run\" at the end.", ""]
     import os
 
     link = Path(os.path.relpath(run.config.resolve(), run.results.resolve())).as_posix()  # a report written elsewhere (--out) too
-    lines.append(f"- configuration: [`config.yaml`]({link}) (the resolved config that ran; "
-                 "`resume_from` reloads it)")
-    lines += source_lines(state)
-    lines += platform_lines(state)
-    lines += oom_lines(state)
-    lines.append("- files: `results/final_results.json`, `results/results.csv`, `results/cells/`, "
-                 "`run.log`, `state.json`")
-    lines.append("")
+    run_lines = ["## Run", ""]
+    if started and finished:
+        run_lines.append(f"- first job started {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(min(started)))}, "
+                         f"last finished {time.strftime('%H:%M:%S', time.localtime(max(finished)))}: "
+                         f"{max(finished) - min(started):.0f} s of wall time")
+    run_lines.append(f"- configuration: [`config.yaml`]({link}) (the resolved config that ran; "
+                     "`resume_from` reloads it)")
+    run_lines += source_lines(state)
+    run_lines += platform_lines(state)
+    run_lines += oom_lines(state)
+    run_lines.append("- files: `results/final_results.json`, `results/results.csv`, `results/cells/`, "
+                     "`run.log`, `state.json`")
+    run_lines.append("")
     lines.append("## Results")
     lines.append("")
     if rows:
         swept = swept_algorithms(rows)
+        lines += matched_section(extras, roster)
+        lines += reading_section(extras)
         lines.append(f"Every row evaluates {sample_counts(rows)}. {_interval_note(rows)}")
         lines.append("")
         lines += _fairness_notes(run, rows, swept, roster) + [""]
-        lines += matched_section(extras, roster)
         lines += budget_section(extras.get("budgets") or [], roster)
         from pita.report.labels import label_table
 
@@ -484,6 +500,7 @@ def render(run: RunPaths, rows: list[dict] | None = None, roster: Roster | None 
         lines += ["## Failures", ""]
         lines += [f"- `{jid}`: {j.get('error')} (log: `{j.get('log')}`)" for jid, j in failed]
         lines.append("")
+    lines += run_lines
     path = run.results / "report.md"
     path.write_text("\n".join(lines))
     return path
