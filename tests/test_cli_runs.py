@@ -16,6 +16,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from conftest import SMOKE_ARGS
 from helpers import ROOT, cli, final_state, only_run, wait_for, workers_of
 
 pytestmark = pytest.mark.integration
@@ -323,12 +324,11 @@ def test_without_parallel_execution_jobs_run_one_at_a_time_on_one_device(tmp_pat
     assert {d["label"] for e in jobs.values() for d in e["devices"]} <= {"cpu0"}
 
 
-def test_the_smoke_preset_runs_all_six_algorithms_and_writes_the_report(tmp_path, tiny_cache, capsys):
+def test_the_smoke_preset_runs_all_six_algorithms_and_writes_the_report(tmp_path, tiny_cache, smoke_run, capsys):
     """experiment=smoke: the whole pipeline at its smallest (tiny family, arith, six algorithms,
-    one round, base evaluation), ending with the results table and the report with its plots."""
-    r = cli(["experiment=smoke", f"system.cache_dir={tiny_cache}"], tmp_path, timeout=600)
-    assert r.returncode == 0, r.stderr[-3000:]
-    run = only_run(tmp_path, "smoke")
+    one round, base evaluation), ending with the results table and the report with its plots.
+    (That the same config gives the same numbers twice: the long tier's fresh-workers test.)"""
+    run, stdout = smoke_run
     from pita.report.results import read_results
 
     rows, extras = read_results(run / "results" / "final_results.json")
@@ -378,7 +378,7 @@ def test_the_smoke_preset_runs_all_six_algorithms_and_writes_the_report(tmp_path
     assert 0 <= quality["preference_pairs"]["ties"] <= 1 and quality["proxy"]["heldout_pairs"] >= 1
     for png in ("frontier_arith", "rounds_arith", "timeline"):
         assert (run / "results" / "plots" / f"{png}.png").exists() and f"plots/{png}.png" in report
-    assert "| generation |" in report and "report: " in r.stdout and "pass@1" in r.stdout
+    assert "| generation |" in report and "report: " in stdout and "pass@1" in stdout
     # where the numbers were computed: every attempt records its platform, the report names it
     from pita.core.provenance import cpu_model
 
@@ -408,7 +408,7 @@ def test_the_smoke_preset_runs_all_six_algorithms_and_writes_the_report(tmp_path
     assert {"algo.dpo_train", "algo.value_train", "eval.shard (guided)"} <= set(learned)
     assert "### Durations: planned against measured" in report
     took = float(re.search(r"finished after ([\d.]+)s", text).group(1))
-    p = subprocess.run([sys.executable, str(ROOT / "run_parallel.py"), "--plan", "--json", "experiment=smoke",
+    p = subprocess.run([sys.executable, str(ROOT / "run_parallel.py"), "--plan", "--json", *SMOKE_ARGS,
                         f"system.cache_dir={tiny_cache}", "--calibrate", str(run)], capture_output=True, text=True,
                        env=dict(os.environ, PYTHONPATH=str(ROOT)), timeout=120)
     assert p.returncode == 0, p.stderr[-2000:]
@@ -428,7 +428,7 @@ def test_the_smoke_preset_runs_all_six_algorithms_and_writes_the_report(tmp_path
                 a.pop(k, None)
     (old / "state.json").write_text(json.dumps(state))
     capsys.readouterr()
-    assert plan_main(["--json", "experiment=smoke", f"system.cache_dir={tiny_cache}", "--calibrate", str(old)]) == 0
+    assert plan_main(["--json", *SMOKE_ARGS, f"system.cache_dir={tiny_cache}", "--calibrate", str(old)]) == 0
     again = json.loads(capsys.readouterr().out)
     n = len(state["jobs"])
     assert f"config.yaml was planned again: {n} of its {n} jobs matched" in again["durations"]
@@ -438,9 +438,6 @@ def test_the_smoke_preset_runs_all_six_algorithms_and_writes_the_report(tmp_path
     # a CPU run says nothing about a GPU's speed
     assert plan_main(["experiment=smoke", "system.inventory=8xH100", "--calibrate", str(run)]) == 2
     assert "ran on cpu devices and this plan is for cuda devices" in capsys.readouterr().err
-    # the same config gives the same numbers (seeded head initialisation, the same thread count
-    # per job): the same ops on the same inputs repeat bit for bit on one machine
-    assert _smoke_metrics(tmp_path / "again", tiny_cache) == _metrics(rows)
 
 
 def _metrics(rows):
@@ -459,7 +456,9 @@ def _smoke_metrics(out, cache, *args):
 @pytest.mark.slow
 def test_the_smoke_preset_gives_the_same_numbers_with_fresh_workers(tmp_path, tiny_cache):
     """Workers forked from the warm process or started fresh (a minute more: every attempt imports
-    torch and TRL): the same numbers."""
+    torch and TRL): the same numbers. The same config run twice gives the same numbers too (seeded
+    head initialisation, the same thread count per job): the same ops on the same inputs repeat bit
+    for bit on one machine."""
     assert _smoke_metrics(tmp_path / "fresh", tiny_cache, "executor.worker_start=exec") == \
         _smoke_metrics(tmp_path / "forked", tiny_cache)
 

@@ -35,18 +35,13 @@ def test_each_limit_that_stops_the_search_is_named():
     assert new == [] and "jumps from 0.01 at η=1 to 2 at η=1.01" in stopped["0.5"]
 
 
-def test_the_search_runs_in_the_plan_and_its_rows_join_the_frontier(tiny_cache, tmp_path):
-    """PITA with a one-eta grid on the tiny family: the search adds etas on validation, the test
-    evaluation samples them, and the report's cells see both; a search stopped by a limit says so."""
+def test_the_search_runs_in_the_plan_and_its_rows_join_the_frontier(smoke_run):
+    """PITA with a one-eta grid on the tiny family (the session's smoke run: etas 0 and 1, eta_max
+    4): the search adds etas on validation, the test evaluation samples them, and the report's cells
+    see both; a search stopped by a limit says so."""
     import json
 
-    from test_cli_runs import cli, only_run
-
-    r = cli(["experiment=smoke", f"system.cache_dir={tiny_cache}", "experiment.algos=[PITA]",
-             "algos.PITA.etas=[0,1]", "eval.controls=[]", "eval.eta_max=4", "experiment.name=search"],
-            tmp_path, timeout=600)
-    assert r.returncode == 0, r.stderr[-3000:]
-    run = only_run(tmp_path, "search")
+    run, _ = smoke_run
     res = json.loads((run / "jobs" / "PITA.tiny.arith.r0.eta_search" / "result.json").read_text())
     added = res["etas"]
     assert added and all(e not in (0.0, 1.0) and 0.0625 <= e <= 4 for e in added)

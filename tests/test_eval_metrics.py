@@ -315,9 +315,9 @@ def _seed_coverage(k: int, seed_sd: float, prompt_sd: float, noise_sd: float, si
     return hits / sims
 
 
-@pytest.mark.parametrize("k", [3, 5])
-@pytest.mark.parametrize("seed_sd,prompt_sd,noise_sd", [(1.0, 0.2, 0.5), (0.5, 0.5, 1.0)],
-                         ids=["seeds-dominate", "seeds-and-prompts"])
+@pytest.mark.parametrize("k", [3, pytest.param(5, marks=pytest.mark.slow)])  # the long tier: the other settings
+@pytest.mark.parametrize("seed_sd,prompt_sd,noise_sd", [pytest.param(1.0, 0.2, 0.5, marks=pytest.mark.slow),
+                                                        (0.5, 0.5, 1.0)], ids=["seeds-dominate", "seeds-and-prompts"])
 def test_a_seed_level_interval_covers_95_percent_with_three_and_five_seeds(k, seed_sd, prompt_sd, noise_sd):
     """Seeds with a known variance: the 95% interval covers the truth 93-97% of the time (1,500
     simulated experiments each: the count's own standard error is 0.6%). A percentile bootstrap

@@ -26,6 +26,7 @@ def test_the_memory_checks_estimate_is_a_1b_models_training_step():
     assert 16 * n < est < 16 * n + 20e9, (n, est)
 
 
+@pytest.mark.slow  # the long tier: the GPU check's benchmark script, run whole
 @pytest.mark.integration
 def test_gpu_check_runs_its_cpu_checks_and_reports_each(tiny_cache, tmp_path):
     env = dict(os.environ, PITA_TEST_CACHE=str(tiny_cache), OMP_NUM_THREADS="1",

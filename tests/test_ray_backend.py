@@ -239,6 +239,7 @@ def _started_on(run: Path, node) -> list[str]:
             if " start " in line and tag in line]
 
 
+@pytest.mark.slow  # the long tier: a Ray cluster of several nodes, end to end
 def test_a_node_lost_mid_run_costs_its_attempts_only_and_a_node_that_joins_is_used(tmp_path):
     """Two 2-GPU nodes; once jobs run on the first, it is killed (no graceful stop) and a third
     node joins. The run ends 0: every job completes, the attempts on the lost node are recorded
@@ -444,6 +445,7 @@ def _held_cluster(holding: int):
     return cluster, holders
 
 
+@pytest.mark.slow  # the long tier: a Ray cluster end to end, waiting for GPUs
 def test_start_up_names_the_gpus_it_waits_for_and_gives_up_with_exit_2(tmp_path):
     """Every GPU of the cluster held by other Ray work: the run waits executor.ray.startup_timeout_s,
     then exits 2 naming the node and what holds its GPUs."""

@@ -34,7 +34,13 @@ def _cluster_up() -> str:
     return ""
 
 
-needs_slurm = pytest.mark.skipif(bool(_cluster_up()), reason=_cluster_up() or "up")
+_skip_without_cluster = pytest.mark.skipif(bool(_cluster_up()), reason=_cluster_up() or "up")
+
+
+def needs_slurm(test):
+    """A test against the real cluster: the long tier (``make test-long``), skipped, saying why,
+    where the cluster is not up."""
+    return pytest.mark.slow(_skip_without_cluster(test))
 
 
 def _launch(tmp_path, devices, resources, hint=100.0):

@@ -115,6 +115,7 @@ def test_auto_checkpoints_cost_at_most_five_percent_of_the_training_time():
     assert checkpoint_pacer({"save_steps": 10}, 1) is None and checkpoint_pacer({"save_steps": 0}, 1) is None
 
 
+@pytest.mark.slow  # the long tier: two ranks trained, killed and resumed (the one-process kill and resume stays in the default tier)
 @pytest.mark.timeout(600)
 def test_a_sharded_job_killed_mid_training_resumes_on_both_ranks(tiny_cache, tmp_path, monkeypatch):
     """FSDP over two gloo ranks, the ranks SIGKILLed once checkpoint-4 is written: the re-run
