@@ -131,14 +131,14 @@ def test_controls_are_planned_on_test_and_validation_from_the_base_model(tiny_ca
                            "control.best_of_n.tiny.arith.pool.merge", "control.best_of_n.tiny.arith.valpool.merge"}
     pool = merges["control.best_of_n.tiny.arith.pool.merge"]
     assert pool.kind == "control.best_of_n" and pool.params["proxy"] == "QSharp-HF.tiny.arith.r0.proxy"
-    assert "QSharp-HF.tiny.arith.r0.proxy" in pool.deps and pool.params["ns"] == [2, 4, 8, 16]
+    assert "QSharp-HF.tiny.arith.r0.proxy" in pool.deps and pool.params["ns"] == [2, 4, 8]  # the demo preset's
     assert merges["control.best_of_n.tiny.arith.valpool.merge"].params["labels"]["split"] == "validation"
     shards = [j for k, j in jobs.items() if not k.endswith(".merge")]
     for j in shards:
         req = j.params["request"]
         assert req["policy"]["guidance"] is None and not req["policy"].get("model_from_job")
         if ".best_of_n." in j.id:
-            assert req["n"] == 16 and req["with_prompt"]
+            assert req["n"] == 8 and req["with_prompt"]  # the pool: max(eval.best_of_n)
         else:
             assert req["sweep"] == "temperature" and req["etas"] == [0.85, 0.7, 0.55, 0.4]
             assert req["sampling"]["temperature"] == 1.0
