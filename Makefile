@@ -44,8 +44,8 @@ test: install
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist worksteal
 
 # The long tier: Slurm and Ray clusters end to end, runs that take minutes, the benchmark-sized
-# checks; one test at a time (they start clusters and hold both cores). SmolLM2's tests in it skip
-# without `make install-real`.
+# checks; one test at a time: they start clusters (`ray stop --force` ends every Ray process of the
+# machine, another test's cluster too). SmolLM2's tests in it skip without `make install-real`.
 test-long: install
 	$(PY) -m pytest -q -m slow -rs
 

@@ -448,19 +448,21 @@ def _metrics(rows):
 def _smoke_metrics(out, cache, *args):
     from pita.report.results import read_results
 
-    r = cli(["experiment=smoke", f"system.cache_dir={cache}", *args], out, timeout=600)
+    r = cli([*SMOKE_ARGS, f"system.cache_dir={cache}", *args], out, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     return _metrics(read_results(only_run(out, "smoke") / "results" / "final_results.json")[0])
 
 
 @pytest.mark.slow
-def test_the_smoke_preset_gives_the_same_numbers_with_fresh_workers(tmp_path, tiny_cache):
-    """Workers forked from the warm process or started fresh (a minute more: every attempt imports
-    torch and TRL): the same numbers. The same config run twice gives the same numbers too (seeded
-    head initialisation, the same thread count per job): the same ops on the same inputs repeat bit
-    for bit on one machine."""
-    assert _smoke_metrics(tmp_path / "fresh", tiny_cache, "executor.worker_start=exec") == \
-        _smoke_metrics(tmp_path / "forked", tiny_cache)
+def test_the_smoke_preset_gives_the_same_numbers_with_fresh_workers(tmp_path, tiny_cache, smoke_run):
+    """Workers started fresh (a minute more: every attempt imports torch and TRL) give the numbers
+    of the session's smoke run, whose workers were forked from the warm process: the same config
+    run twice gives the same numbers (seeded head initialisation, the same thread count per job),
+    since the same ops on the same inputs repeat bit for bit on one machine."""
+    from pita.report.results import read_results
+
+    forked = _metrics(read_results(smoke_run[0] / "results" / "final_results.json")[0])
+    assert _smoke_metrics(tmp_path / "fresh", tiny_cache, "executor.worker_start=exec") == forked
 
 
 @pytest.mark.parametrize("args,needle", [
