@@ -494,7 +494,9 @@ def _cell_text(e: dict, what: str = "value", notes: Notes | None = None) -> str:
         if notes is not None:
             text += " " + "".join(notes.cite(r) for r in reasons)
         else:
-            text += " (" + "; ".join(r.split(": ", 1)[1] for r in reasons) + ")"
+            why = [r.split(": ", 1)[1] for r in reasons]
+            why = [w[len("not reached: "):] if w.startswith("not reached: ") else w for w in why]
+            text += " (" + "; ".join(why) + ")"
     return text.strip()
 
 
