@@ -328,7 +328,9 @@ def test_the_smoke_preset_through_slurm_gives_the_local_backends_results(tmp_pat
 
 @needs_slurm
 def test_a_training_job_past_its_time_limit_continues_from_its_checkpoint_with_twice_the_limit(tmp_path, tiny_cache):
-    """DPO trains for minutes (300 epochs of the smoke data, a checkpoint every 5 steps); once its
+    """DPO trains for many minutes (5,000 epochs of the smoke data, a checkpoint every 5 steps: 300
+    epochs took 70 s here, so the first attempt could finish, and remove its checkpoints, just as
+    Slurm timed it out, and the retry had nothing to resume); once its
     first checkpoint is written its Slurm time limit is lowered to one minute (scontrol update, as
     an administrator or a mis-sized plan would have it), so Slurm ends it TIMEOUT. pita submits it
     again asking twice its first limit, and the new attempt resumes from the checkpoint the first
@@ -339,7 +341,7 @@ def test_a_training_job_past_its_time_limit_continues_from_its_checkpoint_with_t
     env = _slurm_env()
     job = "DPO.tiny.arith.r0.train"
     proc = subprocess.Popen([os.sys.executable, str(ROOT / "run_parallel.py"), "experiment=smoke",
-                             "experiment.algos=[DPO]", "algos.DPO.epochs=300", "training.save_steps=5",
+                             "experiment.algos=[DPO]", "algos.DPO.epochs=5000", "training.save_steps=5",
                              f"system.cache_dir={tiny_cache}", "system.devices=cpu", "executor.backend=slurm",
                              "executor.slurm.poll_interval_s=0.5", "executor.slurm.min_minutes=1",
                              "experiment.name=limit", f"system.output_dir={tmp_path}", "executor.progress=plain"],
