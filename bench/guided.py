@@ -1,12 +1,14 @@
 """Guided decoding benchmark on the tiny family (on a GPU when there is one, else the CPU).
 
-    python -m bench.guided [--json] [--cache .cache/pita] [--device cuda|cpu]
+    python -m bench.guided [--json] [--cache .cache/pita] [--device cuda|cpu] [--head reference|embedding|both]
 
 Prints:
     unguided_tokens_per_s / guided_tokens_per_s / guided_time_ratio
         64 prompts x 32 new tokens (EOS disabled, so both sides generate the same tokens count),
         guided with a value model whose backbone is the same size as the reference (the
-        reference checkpoint itself), top_k 20, eta 1
+        reference checkpoint itself), top_k 20, eta 1; per head (``--head both``, the default):
+        the reference head runs the 20 candidates through the backbone each step, the
+        embedding head scores them from the prefix's state
     ms_per_token_prefix_long / _short / prefix_ratio
         time per generated token with a prompt of ``--long`` tokens vs 32 tokens, guided: the
         incremental caches (reference and value model) must keep it nearly flat
@@ -39,7 +41,8 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def run(cache: str, long: int = 480, batch: int = 64, n_new: int = 32, device: str = "cpu") -> dict:
+def run(cache: str, long: int = 480, batch: int = 64, n_new: int = 32, device: str = "cpu",
+        head: str = "reference") -> dict:
     from pita.guidance.decode import GuidedDecoder
     from pita.guidance.value_model import ValueModel
     from pita.models.lm import LM
@@ -48,7 +51,7 @@ def run(cache: str, long: int = 480, batch: int = 64, n_new: int = 32, device: s
     torch.manual_seed(0)
     paths = build_tiny_family(cache, 0)
     lm = LM.load(paths["reference"], device=device)
-    vm = ValueModel.create(paths["reference"], loss="bce").to(device).eval()  # same size as the reference
+    vm = ValueModel.create(paths["reference"], loss="bce", head=head).to(device).eval()  # same size as the reference
     guide = lambda: GuidedDecoder(vm, "bernoulli", 1.0, top_k=20)  # noqa: E731
     lm.eos_ids = [-1]  # never stop early: equal work on both sides
     prompt = lm.encode([lm.chat_prompt("Tom has 5 cups. Tom gets 7 more. How many cups does Tom have?")])[0]
@@ -73,7 +76,7 @@ def run(cache: str, long: int = 480, batch: int = 64, n_new: int = 32, device: s
             vm.hidden(x)
         _sync(device)
         reencode_long = (time.perf_counter() - t) / (4 * 8)
-    return {"benchmark": "guided", "device": _device_name(device), "batch": batch, "new_tokens": n_new,
+    return {"benchmark": "guided", "head": head, "device": _device_name(device), "batch": batch, "new_tokens": n_new,
             "unguided_tokens_per_s": round(batch * n_new / plain, 1),
             "guided_tokens_per_s": round(batch * n_new / guided, 1),
             "guided_time_ratio": round(guided / plain, 3),
@@ -94,9 +97,14 @@ def main(argv=None) -> None:
     ap.add_argument("--cache", default=".cache/pita")
     ap.add_argument("--long", type=int, default=480)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--head", default="both", choices=["both", "reference", "embedding"])
     args = ap.parse_args(argv)
-    out = run(args.cache, args.long, device=args.device)
-    print(json.dumps(out, indent=2) if args.json else "\n".join(f"{k:>28}: {v}" for k, v in out.items()))
+    heads = ["reference", "embedding"] if args.head == "both" else [args.head]
+    outs = [run(args.cache, args.long, device=args.device, head=h) for h in heads]
+    if args.json:
+        print(json.dumps(outs if len(outs) > 1 else outs[0], indent=2))
+    else:
+        print("\n\n".join("\n".join(f"{k:>28}: {v}" for k, v in out.items()) for out in outs))
 
 
 if __name__ == "__main__":

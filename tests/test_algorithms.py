@@ -147,7 +147,7 @@ def _changed(name, key, value):
                "max_completion_length": 8, "gradient_accumulation_steps": 2, "devices": 2, "lora_r": 4, "num_workers": 2,
                "gradient_checkpointing": True, "lora_target_modules": ["q_proj"], "micro_batch_size": 2,
                "sharding": "fsdp", "offset_shift": "none", "offset_temperature": "after",
-               "normalize_targets": "none", "pair_mode": "sampled", "ties": "drop", "lr_grid": [1e-3, 1e-2],
+               "normalize_targets": "none", "pair_mode": "sampled", "head": "embedding", "lr_grid": [1e-3, 1e-2],
                "beta_grid": [0.05, 0.2]}
     if key in special:
         return special[key]

@@ -227,7 +227,8 @@ def test_a_second_best_of_n_is_ranked_by_qsharps_own_value_model(tiny_cache):
 
 def test_a_value_model_ranks_whole_sequences_by_its_predicted_value(tiny):
     """An mle value model's sequence value is the mean of its atoms under the head's distribution
-    at the last token; a bce one's is the logit sequence_reward reads."""
+    at the last token; a bce one's is the logit sequence_reward reads (either head: the reference
+    head's from the last real token's own state, the embedding head's from the state before it)."""
     import torch
 
     from pita.guidance.value_model import ValueModel
@@ -236,13 +237,14 @@ def test_a_value_model_ranks_whole_sequences_by_its_predicted_value(tiny):
     torch.manual_seed(0)
     ids = torch.tensor([[5, 6, 7, 8], [5, 9, 3, 0]])
     mask = torch.tensor([[1, 1, 1, 1], [1, 1, 1, 0]])
-    for loss in ("mle", "bce"):
-        vm = ValueModel.create(tiny["guidance"], loss=loss).eval()
+    for loss, head in (("mle", "embedding"), ("bce", "embedding"), ("mle", "reference"), ("bce", "reference")):
+        vm = ValueModel.create(tiny["guidance"], loss=loss, head=head).eval()
         with torch.no_grad():
             got = vm.sequence_value(ids, mask)
             h, _ = vm.hidden(ids, mask)
             for b, last in enumerate((2, 1)):
-                out = vm.scores(h[b, last], ids[b, last + 1].view(1))[0].float()
+                out = (vm.scores(h[b, last], ids[b, last + 1].view(1))[0] if head == "embedding"
+                       else vm.score(h[b, last + 1])).float()
                 want = (torch.softmax(out, -1) * atoms(vm.spec.v_min, vm.spec.v_max, vm.spec.num_atoms)).sum() \
                     if loss == "mle" else out[0]
                 assert float(got[b]) == pytest.approx(float(want), abs=1e-5)

@@ -265,9 +265,10 @@ def test_the_reported_arm_and_each_rows_compute_follow_the_validation_choice():
 
 
 def test_each_methods_budget_counts_its_training_examples_and_the_report_says_who_had_more():
-    """PITA's value model trained on the sequences of the pairs it kept, Q#'s on its returns, DPO
-    on its pairs and GRPO on its online completions: the budget row counts each, and the report
-    says which of PITA and Q# trained on more examples, and by how much."""
+    """One unit for every method, labelled completions: PITA's value model trained on both
+    sequences of each pair it kept, Q#'s on its returns, DPO on both completions of its 64 pairs
+    (128) and GRPO on its online completions; the report says which of PITA and Q# trained on
+    more examples, and by how much."""
     from pita.report.report import budget_section
     from pita.report.results import method_budgets
 
@@ -281,7 +282,7 @@ def test_each_methods_budget_counts_its_training_examples_and_the_report_says_wh
                "DPO.tiny.arith.r0.train": {"pairs": 64, "steps": 4},
                "GRPO.tiny.arith.r0.train": {"sequences": 96, "scored": 96, "steps": 12}}
     budgets = {b["algorithm"]: b for b in method_budgets({"jobs": jobs}, results.get)}
-    assert {a: b["examples"] for a, b in budgets.items()} == {"PITA": 208, "QSharp": 512, "DPO": 64, "GRPO": 96}
+    assert {a: b["examples"] for a, b in budgets.items()} == {"PITA": 208, "QSharp": 512, "DPO": 128, "GRPO": 96}
     text = "\n".join(budget_section(list(budgets.values())))
     header = next(line for line in text.splitlines() if line.startswith("| algorithm"))
     assert "| labels | examples | optimizer steps |" in header

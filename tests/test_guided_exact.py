@@ -241,18 +241,20 @@ def test_kl_under_a_sampling_nucleus_is_finite_and_equals_the_brute_force_log_ra
     assert outside > 0  # samples the reference's own nucleus would have excluded were drawn
 
 
-def test_value_model_step_matches_the_formula_with_its_incremental_cache(tiny):
+@pytest.mark.parametrize("head", ["reference", "embedding"])
+def test_value_model_step_matches_the_formula_with_its_incremental_cache(tiny, head):
     """The real GuidedDecoder: after a few cached steps, the guided next-token distribution equals
     normalise(π_ref^{1/T} · w) with w = 1 − p + p e^η on the top-k scored tokens and 1 on every
-    other token, p from the value model run on the whole prefix from scratch (no cache)."""
+    other token, p from the value model run on the whole prefix from scratch (no cache): with the
+    reference head, each candidate appended to the prefix and read at its own position."""
     from pita.guidance.decode import GuidedDecoder
     from pita.guidance.value_model import ValueModel
 
     ref = LM.load(tiny["reference"])
-    vm = ValueModel.create(tiny["guidance"], loss="bce").eval()
+    vm = ValueModel.create(tiny["guidance"], loss="bce", head=head).eval()
     torch.manual_seed(1)
     with torch.no_grad():
-        for p in (vm.w_o.weight, vm.w_o.bias):
+        for p in (vm.out_layer.weight, vm.out_layer.bias):
             p.normal_(0, 1.0)
     eta, k, T = 2.0, 12, 0.8
     guide = GuidedDecoder(vm, "bernoulli", eta, top_k=k)
@@ -272,7 +274,11 @@ def test_value_model_step_matches_the_formula_with_its_incremental_cache(tiny):
         got = torch.softmax(guide.adjust(ref_lp.unsqueeze(0))[0], -1)
         h, _ = vm.hidden(full, torch.ones_like(full))
         cands = torch.topk(ref_lp, k).indices
-        p = torch.sigmoid(vm.scores(h[0, -1], cands)[..., 0])
+        if head == "embedding":
+            p = torch.sigmoid(vm.scores(h[0, -1], cands)[..., 0])
+        else:
+            each = torch.cat([full.expand(k, -1), cands.unsqueeze(-1)], dim=1)
+            p = torch.sigmoid(vm.token_scores(each, torch.ones_like(each))[:, -1, 0])
     w = torch.ones_like(ref_lp)
     w[cands] = 1 - p + p * math.exp(eta)
     want = torch.exp(ref_lp) * w

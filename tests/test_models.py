@@ -177,16 +177,16 @@ def _rows_alone_and_together(ref, guide_factory):
     return together, alone
 
 
-@pytest.mark.parametrize("guided", [False, True])
+@pytest.mark.parametrize("guided", [None, "reference", "embedding"])
 def test_a_batch_that_drops_its_finished_rows_gives_each_row_what_it_gets_alone(ref, tiny, guided, monkeypatch):
     from pita.guidance.decode import GuidedDecoder
     from pita.guidance.value_model import ValueModel
 
-    vm = ValueModel.create(tiny["guidance"], loss="bce").eval() if guided else None
+    vm = ValueModel.create(tiny["guidance"], loss="bce", head=guided).eval() if guided else None
     if vm is not None:
         torch.manual_seed(3)
         with torch.no_grad():
-            vm.w_o.weight.normal_(0, 1.0)  # a guide that visibly reshapes the distribution
+            vm.out_layer.weight.normal_(0, 1.0)  # a guide that visibly reshapes the distribution
     factory = (lambda: GuidedDecoder(vm, "bernoulli", 2.0, top_k=8)) if guided else (lambda: None)
     from transformers.cache_utils import DynamicCache
 

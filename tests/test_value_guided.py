@@ -139,20 +139,28 @@ def test_incompatible_warm_start_and_mode_are_refused(tiny, tmp_path):
         ValueModel.load(tmp_path)
 
 
-def test_value_training_learns_which_candidate_succeeds(tiny):
+@pytest.mark.parametrize("head", ["reference", "embedding"])
+def test_value_training_learns_which_candidate_succeeds(tiny, head):
     """Continuations starting with token A succeed, with token B fail: after training,
-    p(success | s, A) > 0.8 and p(success | s, B) < 0.2 for the shared state s."""
+    p(success | s, A) > 0.8 and p(success | s, B) < 0.2 for the shared state s, read at decoding
+    the way the guided decoder reads it (the reference head: both candidates in one pass over
+    the prompt's cache)."""
     from pita.guidance.train import SeqExample, TrainSettings, train
     from pita.guidance.value_model import ValueModel
 
-    vm = ValueModel.create(tiny["guidance"], loss="bce")
+    vm = ValueModel.create(tiny["guidance"], loss="bce", head=head)
     prompt, A, B = [5, 6, 7, 8], 20, 30
     ex = [SeqExample(prompt + [A, 9, 9], 4, 1.0), SeqExample(prompt + [B, 9, 9], 4, 0.0)] * 32
     curve = train(vm, ex, TrainSettings(epochs=12, lr=3e-3, token_budget=256), pad_id=0)
     assert curve[-1]["loss"] < curve[0]["loss"] * 0.5
     with torch.no_grad():
-        h, _ = vm.hidden(torch.tensor([prompt]))
-        p = torch.sigmoid(vm.scores(h[0, -1], torch.tensor([A, B]))[..., 0])
+        ids = torch.tensor([prompt])
+        h, past = vm.hidden(ids, torch.ones_like(ids), use_cache=True)
+        if head == "embedding":
+            out = vm.scores(h[0, -1], torch.tensor([A, B]))
+        else:
+            out = vm.candidate_scores(past, torch.ones_like(ids), torch.tensor([len(prompt)]), torch.tensor([[A, B]]))[0]
+        p = torch.sigmoid(out[..., 0])
     assert p[0] > 0.8 and p[1] < 0.2
 
 
@@ -166,7 +174,7 @@ def test_the_head_starts_from_the_backbone_lm_prior(tiny):
     ids = torch.tensor([[1, 40, 41, 42, 43]])
     vocab = torch.arange(120).unsqueeze(0)
     with torch.no_grad():
-        vm = ValueModel.create(tiny["guidance"], loss="bce").eval()
+        vm = ValueModel.create(tiny["guidance"], loss="bce", head="embedding").eval()
         h, _ = vm.hidden(ids)
         lp = torch.log_softmax(vm.backbone.lm_head(h[:, -1]), -1)[0, :120]
         out = vm.scores(h[:, -1], vocab)[0, :, 0]
@@ -174,7 +182,7 @@ def test_the_head_starts_from_the_backbone_lm_prior(tiny):
         assert (out - lp).abs().max() < 0.5
         best, worst = int(lp.argmax()), int(lp.argmin())
         assert lp[best] - lp[worst] > 1.0  # a trained LM, not a flat one: the two candidates differ
-        mle = ValueModel.create(tiny["guidance"], loss="mle", num_atoms=5, v_min=0.0, v_max=1.0).eval()
+        mle = ValueModel.create(tiny["guidance"], loss="mle", num_atoms=5, v_min=0.0, v_max=1.0, head="embedding").eval()
         logits = mle.scores(h[:, -1], torch.tensor([[best, worst]]))[0]  # [2 candidates, 5 atoms]
         prior = lp[[best, worst]].unsqueeze(-1) * torch.linspace(-1.0, 1.0, 5)  # w_lm's start times log p
         delta = float((logits - prior).abs().max())  # the small learned term, w_o(gelu(z)) with w_o ~ N(0, 0.01²)
@@ -188,8 +196,8 @@ def test_the_head_starts_from_the_backbone_lm_prior(tiny):
         margin = math.log(ev_prior[0] / ev_prior[1])
         assert margin > 4 * delta  # the prior's ranking outweighs anything the learned term can do
         assert math.log(ev[0] / ev[1]) >= margin - 4 * delta > 0
-        for vm0 in (ValueModel.create(tiny["guidance"], loss="bce", lm_prior=0.0),
-                    ValueModel.create(tiny["guidance"], loss="bradley_terry")):
+        for vm0 in (ValueModel.create(tiny["guidance"], loss="bce", lm_prior=0.0, head="embedding"),
+                    ValueModel.create(tiny["guidance"], loss="bradley_terry", head="embedding")):
             assert float(vm0.w_lm.abs().sum()) == 0.0
             assert float(vm0.scores(h[:, -1], vocab).std()) < 0.05
 
@@ -281,12 +289,11 @@ def test_pita_pairs_every_two_continuations_of_a_cut_and_the_training_leaves_tie
         ([2], [3], False), ([4], [5], True), ([6], [7], True)]
 
 
-def test_pita_labels_a_tie_by_a_coin_flip_and_keeps_it_as_its_reference_does():
+def test_pita_follows_the_one_tie_rule_and_records_its_supervision():
     """On a verifier task without a reward model most of PITA's pairs tie (both right or both
-    wrong). The PITA reference labels every pair by a Bradley-Terry draw, a coin flip at equal
-    rewards, and drops none: PITA then trains on every pair its label budget paid for (here 3
-    pairs, 6 examples), where leaving ties out kept 1 pair. ``algos.PITA.ties=drop`` still can;
-    the job's result counts pairs and ties either way."""
+    wrong). ``data_collection.ties`` decides for every preference learner: drop (the default: a tie
+    states no preference) keeps the 1 decisive pair here; draw labels each tie by a coin flip and
+    keeps all 3. The job's result counts pairs, ties and the decisive rest either way."""
     from types import SimpleNamespace
 
     from pita.algos.pita import PITA
@@ -308,18 +315,29 @@ def test_pita_labels_a_tie_by_a_coin_flip_and_keeps_it_as_its_reference_does():
         ctx = SimpleNamespace(params={**params, "ties": ties}, log=SimpleNamespace(info=lambda *a, **k: None))
         examples = PITA.value_examples(ctx, recs, "cpu")
         assert len(examples) == 2 * pairs and sorted(e.target for e in examples) == [0.0] * pairs + [1.0] * pairs
-        assert ctx.label_counts == {"pairs": 3, "ties": 2, "ties_kept": ties == "draw"}
+        assert ctx.label_counts["supervision"] == {"pairs": 3, "ties": 2, "decisive": 1, "tie_rule": ties,
+                                                   "trained_pairs": pairs}
 
 
-def test_a_bad_ties_setting_is_refused_naming_the_key():
-    from omegaconf import OmegaConf
+@pytest.mark.parametrize("rule", ["drop", "draw"])
+def test_every_preference_learner_gets_the_one_tie_rule(tiny_cache, rule):
+    """PITA's value training, DPO's training and both proxies (Q#-HF, GRPO-HF) read the same
+    ``data_collection.ties``: one key, one default (drop)."""
+    from pita.plans import build_plan
 
-    from pita.algos import algorithm
-    from pita.config.schema import PitaConfig
+    over = ["experiment.algos=[PITA,QSharp-HF,DPO,GRPO-HF]"] + ([] if rule == "drop" else [f"data_collection.ties={rule}"])
+    jobs = build_plan(compose(tiny_cache, *over), [int(8e9)])
+    learners = [j for j in jobs if j.kind == "algo.proxy_train" or j.kind == "algo.dpo_train"
+                or (j.kind == "algo.value_train" and j.params["algo"] == "PITA")]
+    assert {j.id.split(".")[0] for j in learners} == {"PITA", "QSharp-HF", "DPO", "GRPO-HF"}
+    assert {j.params["ties"] for j in learners} == {rule}
 
-    cfg = OmegaConf.structured(PitaConfig)
-    cfg.algos.PITA.ties = "keep"
-    assert any("algos.PITA.ties" in p and "draw" in p for p in algorithm("PITA", cfg.algos.PITA).check(cfg, 1))
+
+def test_a_bad_ties_setting_is_refused_naming_the_key(tiny_cache):
+    from pita.plans import build_plan
+
+    with pytest.raises(ConfigError, match=r"data_collection.ties.*keep.*drop"):
+        build_plan(compose(tiny_cache, "data_collection.ties=keep"), [int(8e9)])
 
 
 def test_pita_needs_an_even_number_of_continuations(tmp_path):

@@ -119,16 +119,20 @@ def test_proxy_rewards_read_the_last_state_only(lm):
     assert got[0] == pytest.approx(want, rel=1e-5, abs=1e-5)
 
 
-@pytest.mark.parametrize("top_k", [20, -1])
-def test_guided_sampling_scores_candidates_within_the_bound(lm, top_k):
+@pytest.mark.parametrize("head,top_k", [("embedding", 20), ("embedding", -1), ("reference", 20), ("reference", -1)])
+def test_guided_sampling_scores_candidates_within_the_bound(lm, head, top_k):
+    """The whole vocabulary as candidates (top_k=-1) is scored in chunks: the embedding head's
+    [rows x candidates x head_dim] tensors, the reference head's candidate pass (its 4-D mask
+    rows x chunk x (prefix + chunk), its activations) stay below the bound."""
     from pita.guidance.decode import GuidedDecoder
     from pita.guidance.value_model import HeadSpec, ValueModel
 
-    vm = ValueModel(_llama(), HeadSpec(loss="bce", head_dim=16, vocab_size=VOCAB, hidden_size=32)).eval()
+    vm = ValueModel(_llama(), HeadSpec(loss="bce", head_dim=16, vocab_size=VOCAB, hidden_size=32, head=head)).eval()
     guide = GuidedDecoder(vm, mode="bernoulli", eta=2.0, top_k=top_k)
     # the head's [rows x candidates x head_dim] tensors: bounded by the candidate chunk
     bound = max(BOUND, ROWS * 4096 * 16 * 4 * 2)
     with LargestTensors(bound) as mode:
-        out = lm.generate_ids(_prompts(), 4, seeds=list(range(ROWS)), temperature=1.0, guide=guide)
+        out = lm.generate_ids(_prompts(), 2 if head == "reference" else 4, seeds=list(range(ROWS)), temperature=1.0,
+                              guide=guide)
     assert len(out) == ROWS
     assert mode.seen == [], mode.seen[:5]

@@ -29,6 +29,7 @@ from typing import Any, Callable, ClassVar, Optional
 
 from pita.core.job import Job, Resources, add_kind_module
 from pita.core.names import Registry
+from pita.rewards.preferences import TIE_RULES, supervision  # noqa: F401 - the algorithms' import point
 
 add_kind_module("pita.eval.jobs")  # eval.merge, the last job of every evaluation
 add_kind_module("pita.eval.eta_search")  # eval.eta_search, after a guided round's validation
@@ -142,10 +143,12 @@ def check_common(k: str, c) -> list[str]:
 def preference_labels(cfg) -> dict:
     """How every preference-learning method labels its pairs (job params): the Bradley-Terry draw
     of ``data_collection.bt_beta`` / ``bradley_terry_sampling``, drawn once per pair with the run's
-    seed, and the labelled-pair budget ``data_collection.pairs_per_prompt`` per prompt and round."""
+    seed, the labelled-pair budget ``data_collection.pairs_per_prompt`` per prompt and round, and
+    the one tie rule ``data_collection.ties``."""
     dc = cfg.data_collection
     return {"beta": float(dc.bt_beta), "bt_sampling": bool(dc.bradley_terry_sampling),
-            "label_seed": int(cfg.system.seed), "pairs_per_prompt": int(dc.pairs_per_prompt)}
+            "label_seed": int(cfg.system.seed), "pairs_per_prompt": int(dc.pairs_per_prompt),
+            "ties": str(dc.ties)}
 
 
 def effective_training(cfg, c) -> tuple:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-from pita.algos.base import register_algorithm
+from pita.algos.base import register_algorithm, supervision
 from pita.algos.distributed import run_distributed, world_size
 from pita.algos.post_training import PostTrainingAlgorithm, PostTrainingConfig, assistant, user
 from pita.training.arguments import on_cuda, training_args
@@ -53,7 +53,8 @@ class DPO(PostTrainingAlgorithm):
 
     def train_params(self, p) -> dict:
         c = self.c
-        return {**super().train_params(p), "epochs": c.epochs, "max_length": c.max_length}
+        return {**super().train_params(p), "epochs": c.epochs, "max_length": c.max_length,
+                "ties": str(p.cfg.data_collection.ties)}
 
     def plan_round(self, p, r: int, prev: str | None, merges: list[str], base: dict) -> list[Job]:
         gen, merge = self.collect_pairs(p, r, prev)
@@ -110,7 +111,12 @@ def dpo_train(ctx):
     if p.get("devices", 1) > 1 and world_size() == 1:
         return run_distributed(ctx, "algo.dpo_train", p["devices"])
     records = load_from_disk(ctx.dep_result(p["data"])["path"]).to_list()
-    pairs = [r for r in records if r["chosen_reward"] != r["rejected_reward"] and r["chosen"] != r["rejected"]]
+    # a tie (equal rewards) follows data_collection.ties: dropped, or kept in the order its
+    # Bradley-Terry draw (a coin flip) gave it; two identical completions teach nothing either way
+    ties = p.get("ties", "drop")
+    n_ties = sum(r["chosen_reward"] == r["rejected_reward"] for r in records)
+    pairs = [r for r in records if (ties == "draw" or r["chosen_reward"] != r["rejected_reward"])
+             and r["chosen"] != r["rejected"]]
     if not pairs:
         raise JobError(f"DPO: none of the {len(records)} preference pairs has different rewards, so there is "
                        f"nothing to learn; raise data_collection.pairs_per_prompt or the data size")
@@ -128,12 +134,14 @@ def dpo_train(ctx):
                          max_length=p["max_length"],
                          # named, not left to TRL's defaults (which move between releases)
                          loss_type=["sigmoid"], label_smoothing=0.0, truncation_mode="keep_start")
-    ctx.log.info("DPO from %s on %d pairs (of %d; ties dropped; %d completion(s) cut off by the length limit, "
-                 "trained without an end of turn), reference policy %s, beta %s", path, len(pairs), len(records), cut,
+    ctx.log.info("DPO from %s on %d pairs (of %d; %d ties %s; %d completion(s) cut off by the length limit, "
+                 "trained without an end of turn), reference policy %s, beta %s", path, len(pairs), len(records), n_ties,
+                 "kept as drawn" if ties == "draw" else "dropped", cut,
                  "original" if ref_model is not None or not p["policy_from"] else "previous", p["beta"])
     trainer = job_trainer(cut_aware_dpo_trainer())(model=model, ref_model=ref_model, args=args, train_dataset=ds, processing_class=tok,
                          peft_config=peft_config(p, ctx.log))
     res, steps = train_and_save(ctx, trainer, tok, p, "loss")
-    return {**res, "pairs": len(pairs), "loss_first": steps[0]["loss"] if steps else None,
+    return {**res, "pairs": len(pairs), "supervision": supervision(len(records), n_ties, ties),
+            "loss_first": steps[0]["loss"] if steps else None,
             "loss_last": steps[-1]["loss"] if steps else None,
             "reward_accuracy_last": steps[-1].get("rewards/accuracies") if steps else None}

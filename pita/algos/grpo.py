@@ -112,7 +112,10 @@ class GRPO(PostTrainingAlgorithm):
         c, dc = self.c, p.cfg.data_collection
         from pita.models.families import reward_scoring
 
-        return {**super().train_params(p), "reward_model": p.paths["reward_models"].get(p.ds.name),
+        # the online reward: a reward task's reward model; a verifier task's is the verifier (the
+        # reward model some presets give math datasets labels preference pairs, not GRPO's rollouts)
+        rm = p.paths["reward_models"].get(p.ds.name) if p.task == "reward" else None
+        return {**super().train_params(p), "reward_model": rm,
                 **reward_scoring(p.cfg.model, p.ds.name),
                 "correctness_bonus": dc.correctness_bonus, "max_steps": c.max_steps, "epochs": c.epochs,
                 "num_generations": c.num_generations, "temperature": c.temperature,

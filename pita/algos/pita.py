@@ -3,26 +3,25 @@
 The value model learns which of two continuations of the same cut is preferred. The sampled
 continuations of each cut are paired (1-2, 3-4, ...), at most ``data_collection.pairs_per_prompt``
 pairs per prompt and round; a Bradley-Terry draw on their rewards (``data_collection.bt_beta``,
-correctness bonus included on math), made once per pair, picks the preferred one: target 1 for
-it, 0 for the other, bce loss, bernoulli guidance. A tied pair (equal rewards) is labelled by the
-same draw, a coin flip, and kept (``algos.PITA.ties=draw``), as the PITA reference labels every
-pair: then PITA trains on every pair its label budget paid for, as Q# trains on every return.
-``ties=drop`` leaves them out (labelled 0.5 they were most of the data on 0/1 rewards and held
-the head at 0.5 everywhere, docs/decisions/pita-pairs-ties-bonus.md), at the price of fewer examples than Q#.
+correctness bonus included on math, added to the reward model's score where the dataset has one,
+as the PITA reference scores math), made once per pair, picks the preferred one: target 1 for it,
+0 for the other, bce loss, bernoulli guidance. A tied pair (equal rewards) follows the one tie
+rule of every preference learner, ``data_collection.ties``: dropped by default (a tie states no
+preference; on 0/1 rewards without a reward model ties are most pairs, and kept as coin flips
+they are noise labels), or ``draw``: labelled by the same draw, a coin flip, and kept.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pita.algos.base import preference_labels, register_algorithm
+from pita.algos.base import preference_labels, register_algorithm, supervision
 from pita.algos.value_guided import ValueGuidedAlgorithm, ValueGuidedConfig
 from pita.core.errors import JobError
 from pita.core.job import Job
 
 
 PAIR_MODES = ("greedy_vs_sampled", "sampled")
-TIES = ("draw", "drop")
 
 
 @dataclass
@@ -31,10 +30,6 @@ class PITAConfig(ValueGuidedConfig):
     # PITA reference code pairs them (one pair per cut); sampled: continuations paired 1-2, 3-4, ...
     pair_mode: str = "greedy_vs_sampled"
     cut_points: int = 4  # one pair per cut (greedy_vs_sampled): 4 cuts give the 4 pairs of the label budget
-    # a pair of continuations with equal rewards: draw (labelled by the Bradley-Terry draw, a coin
-    # flip, and kept, as the PITA reference labels every pair) or drop (left out: fewer examples
-    # than Q#, which the report's budget section states)
-    ties: str = "draw"
 
 
 @register_algorithm
@@ -51,11 +46,7 @@ class PITA(ValueGuidedAlgorithm):
             from pita.core.names import unknown_name
 
             p.append(unknown_name(f"{k}.pair_mode", c.pair_mode, PAIR_MODES))
-        if c.ties not in TIES:
-            from pita.core.names import unknown_name
-
-            p.append(unknown_name(f"{k}.ties", c.ties, TIES))
-        elif c.pair_mode == "sampled" and c.continuations % 2:
+        if c.pair_mode == "sampled" and c.continuations % 2:
             p.append(f"{k}.continuations={c.continuations} must be even: PITA pairs the continuations of each cut "
                      f"(1-2, 3-4, ...); set e.g. {k}.continuations={max(2, c.continuations + 1)}")
         return p
@@ -73,7 +64,7 @@ class PITA(ValueGuidedAlgorithm):
         return 1 if self.c.pair_mode == "greedy_vs_sampled" else self.c.continuations // 2
 
     def round_inputs(self, p, r: int, merges: list[str]) -> tuple[list[Job], dict]:
-        return [], {**preference_labels(p.cfg), "ties": self.c.ties}
+        return [], preference_labels(p.cfg)
 
     @classmethod
     def value_examples(cls, ctx, records: list[dict], device: str) -> list:
@@ -92,7 +83,8 @@ class PITA(ValueGuidedAlgorithm):
         kept = [(c, r) for c, r, tie in pairs if ties == "draw" or not tie]
         ctx.log.info("PITA: %d preference pairs, %d of them ties (%s)", len(pairs), n_ties,
                      "labelled by a coin flip and kept" if ties == "draw" else "left out")
-        ctx.label_counts = {"pairs": len(pairs), "ties": n_ties, "ties_kept": ties == "draw"}  # for the job's result
+        ctx.label_counts = {"pairs": len(pairs), "ties": n_ties, "ties_kept": ties == "draw",  # for the job's result
+                            "supervision": supervision(len(pairs), n_ties, ties)}
         examples = []
         for c, r in kept:
             examples.append(SeqExample(sequence_ids(c), len(sequence_ids(c)) - len(c["continuation_ids"]), 1.0,

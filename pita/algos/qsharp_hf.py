@@ -40,7 +40,7 @@ class QSharpHF(ValueGuidedAlgorithm):
                         lr=c.proxy_lr, labels=preference_labels(p.cfg), seed=p.cfg.system.seed + r, batch_size=c.batch_size,
                         token_budget=c.token_budget, head_dim=c.head_dim, memory_gb=p.mem[f"proxy.{self.name}"],
                         group=f"round {r}", training=training_settings(p.cfg, c, whole=c.batch_size),
-                        heldout=c.proxy_heldout)
+                        heldout=c.proxy_heldout, head=c.head)
         return [job], {"proxy": job.id}
 
     @classmethod

@@ -68,8 +68,13 @@ class ValueGuidedConfig(AlgoConfig):
     # implementations train them); PITA's value was chosen on validation prompts
     # (bench/results/pita_defaults_2026-11-26.txt)
     epochs: int = 10
-    head_dim: int = 128  # hidden width of the value head
-    lm_prior: float = 1.0  # initial weight of the backbone's LM log-prob in the head; 0 = none
+    # the value model's head (pita/guidance/value_model.py): reference (what the PITA and Q#
+    # reference code builds: each candidate runs through the backbone, its last hidden state into
+    # a linear layer) | embedding (pita's variant: the state before the candidate and the
+    # candidate's embedding, plus the backbone's LM log-prob of it, weighted by lm_prior)
+    head: str = "reference"
+    head_dim: int = 128  # embedding head: its hidden width
+    lm_prior: float = 1.0  # embedding head: initial weight of the backbone's LM log-prob; 0 = none
     # batch each prompt's rows together and run the prefix they share (prompt and roll-in) once
     # per batch: the same loss and gradients per batch, fewer tokens (pita/guidance/train.py);
     # off by default so the batches, and so the trained values, stay those of earlier runs
@@ -166,6 +171,10 @@ class ValueGuidedAlgorithm(Algorithm):
                          f"gets; raise {k}.cut_points or {k}.continuations, or lower the budget")
         if not c.lm_prior >= 0:
             p.append(f"{k}.lm_prior={c.lm_prior} must be >= 0 (0 starts the head without the LM prior)")
+        from pita.guidance.value_model import HEADS
+
+        if c.head not in HEADS:
+            p.append(unknown_name(f"{k}.head", c.head, HEADS))
         return p
 
     def guidance_problems(self, loss: str, mode: str, where: str) -> list[str]:
@@ -198,7 +207,8 @@ class ValueGuidedAlgorithm(Algorithm):
 
     def offset_settings(self) -> dict:
         """How the guided decoder applies the value head's offsets (planned into every guided job)."""
-        return {"offset_shift": self.c.offset_shift, "offset_temperature": self.c.offset_temperature}
+        return {"offset_shift": self.c.offset_shift, "offset_temperature": self.c.offset_temperature,
+                "head": self.c.head}
 
     # ---------------------------------------------------------------- planning
     def round_inputs(self, p: PlanContext, r: int, merges: list[str]) -> tuple[list[Job], dict]:
@@ -238,7 +248,7 @@ class ValueGuidedAlgorithm(Algorithm):
                                     "num_atoms": c.num_atoms, "v_min": c.v_min, "v_max": c.v_max,
                                     "head_dim": c.head_dim, "epochs": c.epochs, "lr": c.lr,
                                     "batch_size": c.batch_size, "token_budget": c.token_budget,
-                                    "lm_prior": c.lm_prior, "seed": p.cfg.system.seed + r,
+                                    "lm_prior": c.lm_prior, "head": c.head, "seed": p.cfg.system.seed + r,
                                     "share_prefixes": c.share_prefixes,
                                     "normalize_targets": self.normalization(),
                                     **training_settings(p.cfg, c, whole=c.batch_size), **extra_params},
@@ -301,7 +311,9 @@ def value_train(ctx):
     examples = cls.value_examples(ctx, read_rounds(ctx, p["data"]), dev)
     if not examples:
         raise JobError(f"{algo}: the data collection produced no usable training examples")
-    spec = HeadSpec(p["loss"], p["num_atoms"], 0.0, 1.0, p["head_dim"], lm_prior=p.get("lm_prior", 1.0))
+    # a plan written before the key existed trained the embedding head
+    spec = HeadSpec(p["loss"], p["num_atoms"], 0.0, 1.0, p["head_dim"], lm_prior=p.get("lm_prior", 1.0),
+                    head=p.get("head", "embedding"))
     if p.get("normalize_targets", "none") == "minmax":
         examples, (spec.target_min, spec.target_max) = minmax_targets(examples)
         ctx.log.info("targets min-max normalised to [0, 1] (min %.4g, max %.4g; stored with the model)",
@@ -321,7 +333,7 @@ def value_train(ctx):
     else:
         torch.manual_seed(p["seed"])  # the new head's initial weights: same seed, same model
         vm = ValueModel.create(p["backbone"], loss=p["loss"], num_atoms=p["num_atoms"], v_min=spec.v_min,
-                               v_max=spec.v_max, head_dim=p["head_dim"], lm_prior=spec.lm_prior)
+                               v_max=spec.v_max, head_dim=p["head_dim"], lm_prior=spec.lm_prior, head=spec.head)
         ctx.log.info("head calibrated to the targets: %s", calibrate(vm, examples, device=dev, seed=p["seed"]))
     settings = TrainSettings(epochs=p["epochs"], lr=p["lr"], token_budget=p["token_budget"],
                              batch_size=p["batch_size"], **shared_settings(p), seed=p["seed"],

@@ -6,6 +6,7 @@
     pita run resume_from=outputs/NAME/<time>                        (re-run unfinished jobs)
     pita status outputs/NAME/<time>                                 (jobs by state, live or not)
     pita report outputs/NAME/<time>                                 (re-render results/report.md)
+    pita seeds K [key=value ...]                                    (K seeds run, then pooled: seeds_main)
 
 ``pita`` is also ``python -m pita``. One module per command: ``run`` (with ``resume``),
 ``status``, ``report``, ``help``; ``overrides`` checks the command line before Hydra composes it.
@@ -38,6 +39,10 @@ def console_main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["run"]:  # the experiment itself: Hydra's command line, not argparse's
         return run_main(argv[1:], prog="pita run")
+    if argv[:1] == ["seeds"]:  # K runs of one experiment, pooled
+        from pita.cli.seeds import seeds_main
+
+        return seeds_main(argv[1:])
     if argv[:1] == ["plan"]:  # the same command line, planned and not run
         from pita.cli.plan import plan_main
 
@@ -62,6 +67,7 @@ def console_main(argv: list[str] | None = None) -> int:
     st = sub.add_parser("status", help="jobs by state, devices, failures and their logs")
     st.add_argument("run_dir")
     st.add_argument("--all", action="store_true", help="every job, not only running / failed / skipped ones")
+    sub.add_parser("seeds", help="run one experiment with K seeds, then pool them: pita seeds K key=value ...")
     rp = sub.add_parser("report", help="re-render results/report.md and its plots from the saved results")
     rp.add_argument("run_dir", nargs="+", help="a run folder; several (one per seed of the same experiment): "
                     "also the KL-matched comparison pooled over them")

@@ -182,6 +182,11 @@ class DataCollectionConfig:
     # P(a > b) = sigmoid(beta * (r_a - r_b)), drawn once per pair
     bt_beta: float = 1.0
     bradley_terry_sampling: bool = True  # false: the higher reward is always chosen
+    # a pair with equal rewards, for every preference learner (PITA, DPO, the Q#-HF and GRPO-HF
+    # proxies): drop (left out: it states no preference) | draw (labelled by the Bradley-Terry draw,
+    # a coin flip at equal rewards, and kept). With a reward model in the reward (as the PITA
+    # reference scores math: RM + correctness_bonus x correct) exact ties are rare either way
+    ties: str = "drop"
     # the labelled-pair budget of every preference-learning method, per prompt and round: PITA and
     # Q#-HF pair continuations of their roll-outs, DPO and GRPO-HF sample 2x this many completions
     pairs_per_prompt: int = 4

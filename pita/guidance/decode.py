@@ -27,9 +27,11 @@ applied after the offset, to the guided distribution.
 
 The value model keeps its own KV cache, fed the same tokens as the reference: the prompt once
 (``begin``), then each new token (``advance``); the prefix is never re-encoded, and the cache
-object is updated in place (sliding-window and hybrid caches included), never copied. When the
-sampler drops finished rows from its batch (``select``), the value model's cache drops the same
-rows.
+object is updated in place (sliding-window and hybrid caches included), never copied. With the
+reference head (pita/guidance/value_model.py) each step's candidates run through the value
+model's backbone in one batched pass over that cache (``ValueModel.candidate_scores``), which
+leaves the cache as it was. When the sampler drops finished rows from its batch (``select``),
+the value model's cache drops the same rows.
 A failure here fails the job: there is no fallback to unguided sampling.
 """
 
@@ -43,6 +45,9 @@ from pita.guidance.offsets import check_eta, check_mode, offset
 
 # candidates scored at once by the value head (top_k=-1 scores the whole vocabulary in chunks)
 CANDIDATE_CHUNK = 1024
+# the reference head's candidate pass: its 4-D mask is rows x chunk x (prefix + chunk), so the
+# whole vocabulary goes through the backbone this many candidates at a time
+REFERENCE_CHUNK = 256
 
 
 OFFSET_SHIFTS = ("min", "none")
@@ -80,18 +85,23 @@ class GuidedDecoder:
 
             s = value_model.spec
             self.atoms = atoms(s.v_min, s.v_max, s.num_atoms)
+        self.reference_head = getattr(value_model.spec, "head", "embedding") == "reference"
         self.past = None
         self.h = None
+        self.mask = None  # the 2-D attention mask of the tokens in the cache
+        self.next_pos = None  # the position a candidate takes: one past the last token fed
 
     @torch.no_grad()
     def begin(self, ids, mask, pos) -> None:
         h, self.past = self.vm.hidden(ids, mask, pos, use_cache=True)
         self.h = h[:, -1]
+        self.mask, self.next_pos = mask, pos[:, -1] + 1
 
     @torch.no_grad()
     def advance(self, feed, mask, pos) -> None:
         h, self.past = self.vm.hidden(feed, mask, pos, past_key_values=self.past, use_cache=True)
         self.h = h[:, -1]
+        self.mask, self.next_pos = mask, pos[:, -1] + 1
 
     def selectable(self) -> bool:
         from pita.models.lm import selectable
@@ -103,6 +113,7 @@ class GuidedDecoder:
         shrinks with the reference's, in place."""
         self.past.batch_select_indices(keep)
         self.h = self.h[keep]
+        self.mask, self.next_pos = self.mask[keep], self.next_pos[keep]
 
     @torch.no_grad()
     def adjust(self, ref_lp: torch.Tensor) -> torch.Tensor:
@@ -116,9 +127,14 @@ class GuidedDecoder:
         else:
             h = self.h.to(next(self.vm.parameters()).dtype)
             atoms = self.atoms.to(h.device) if self.atoms is not None else None
+            if self.reference_head:
+                # each candidate through the backbone; the whole vocabulary REFERENCE_CHUNK at a time
+                off = torch.cat([offset(self.mode, self.eta, self.vm.candidate_scores(
+                    self.past, self.mask, self.next_pos, cands[:, a:a + REFERENCE_CHUNK]).float(), atoms)
+                    for a in range(0, cands.shape[-1], REFERENCE_CHUNK)], dim=-1)
             # the head's tensors are [rows x candidates x head_dim]: the whole vocabulary (top_k=-1)
             # is scored CANDIDATE_CHUNK candidates at a time, the backbone's log-probs computed once
-            if cands.shape[-1] <= CANDIDATE_CHUNK:
+            elif cands.shape[-1] <= CANDIDATE_CHUNK:
                 off = offset(self.mode, self.eta, self.vm.scores(h, cands).float(), atoms)
             else:
                 lm_logp = self.vm.lm_logprobs(h)

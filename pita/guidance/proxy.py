@@ -46,12 +46,14 @@ def check_proxy_keys(k: str, c) -> list[str]:
 
 def proxy_job(job_id: str, data: list[str], backbone: str, epochs: int, lr: float, labels: dict, seed: int,
               batch_size: int, token_budget: int, head_dim: int, memory_gb: float, group: str,
-              tokenizer: str | None = None, training: dict | None = None, heldout: float = 0.0) -> Job:
+              tokenizer: str | None = None, training: dict | None = None, heldout: float = 0.0,
+              head: str = "reference") -> Job:
     """The job training a proxy on the pairs of the merge jobs ``data`` (rounds 0..r); ``labels``:
     how roll-out pairs are labelled (``preference_labels`` of pita/algos/base.py); ``heldout``:
     the share of prompts whose pairs only measure it."""
     params = {"data": list(data), "backbone": backbone, "epochs": epochs, "lr": lr, **labels, "seed": seed,
-              "batch_size": batch_size, "token_budget": token_budget, "head_dim": head_dim, "heldout": float(heldout)}
+              "batch_size": batch_size, "token_budget": token_budget, "head_dim": head_dim, "heldout": float(heldout),
+              "head": head}
     if tokenizer:
         params["tokenizer"] = tokenizer
     params.update(training or {})
@@ -122,6 +124,7 @@ def proxy_train(ctx):
     from pita.models.lm import default_device
 
     p = ctx.params
+    ties = p.get("ties", "drop")  # data_collection.ties, every preference learner's rule
     records = read_rounds(ctx, p["data"])
     split = lambda pid: held_out(pid, float(p.get("heldout", 0.0)), int(p["label_seed"]))  # noqa: E731
     # (prompt id, labelled pair, the pair ordered by the true reward) for every pair with a preference
@@ -131,24 +134,29 @@ def proxy_train(ctx):
         tok = AutoTokenizer.from_pretrained(p.get("tokenizer") or p["backbone"])
         ids = lambda r, side: text_ids(tok, r["prompt"], r[side], r.get(f"{side}_finish", "eos") == "eos")  # noqa: E731
         labelled = []
+        n_pairs, n_ties = len(records), sum(r["chosen_reward"] == r["rejected_reward"] for r in records)
         for r in records:
-            if r["chosen_reward"] != r["rejected_reward"]:
+            if r["chosen_reward"] != r["rejected_reward"] or ties == "draw":
                 c, rj = ids(r, "chosen"), ids(r, "rejected")
                 labelled.append((r["id"], PairExample(c, rj), PairExample(c, rj) if r["chosen_reward"] >
                                  r["rejected_reward"] else PairExample(rj, c)))
     else:
+        formed = continuation_pairs(records, p["label_seed"], p["beta"], p["bt_sampling"], p["pairs_per_prompt"],
+                                    ties=ties)
+        n_pairs, n_ties = len(formed), sum(tie for _c, _r, tie in formed)
         labelled = [(c["id"], PairExample(sequence_ids(c), sequence_ids(r)),
                      PairExample(sequence_ids(c), sequence_ids(r)) if c["reward"] > r["reward"] else
                      PairExample(sequence_ids(r), sequence_ids(c)))
-                    for c, r, tie in continuation_pairs(records, p["label_seed"], p["beta"], p["bt_sampling"],
-                                                        p["pairs_per_prompt"]) if not tie]
+                    for c, r, tie in formed if not tie or ties == "draw"]
     examples = [e for pid, e, _ in labelled if not split(pid)]
     heldout = [(e, truth) for pid, e, truth in labelled if split(pid)]
     if not examples:
         raise JobError(f"no preference pairs with different rewards among {len(records)} records to train the "
                        f"proxy reward model on; collect more data (a larger train split, more samples per prompt)")
     torch.manual_seed(p["seed"])  # the new head's initial weights: same seed, same model
-    vm = ValueModel.create(p["backbone"], loss="bradley_terry", head_dim=p["head_dim"])
+    # the reference head scores a sequence from its last token's hidden state, as the reference
+    # code's Bradley-Terry reward model does; a plan written before the key existed: the embedding head
+    vm = ValueModel.create(p["backbone"], loss="bradley_terry", head_dim=p["head_dim"], head=p.get("head", "embedding"))
     dev = default_device()
     curve = train(vm, examples, TrainSettings(epochs=p["epochs"], lr=p["lr"], token_budget=p["token_budget"],
                                               batch_size=p["batch_size"], seed=p["seed"], **shared_settings(p),
@@ -161,7 +169,10 @@ def proxy_train(ctx):
     acc = pair_accuracy(vm, examples, dev, batch=batch)
     tokens = sum(len(e.chosen) + len(e.rejected) for e in examples) * int(p["epochs"])
     trainable = sum(w.numel() for w in vm.parameters() if w.requires_grad)
+    from pita.rewards.preferences import supervision
+
     res = {"checkpoint": str(out), "pairs": len(examples), "pair_accuracy": acc, "heldout_pairs": len(heldout),
+           "supervision": supervision(n_pairs, n_ties, ties),
            "steps": len(curve), "train_tokens": tokens, "train_flops": 6.0 * trainable * tokens,
            "loss_first": curve[0]["loss"], "loss_last": curve[-1]["loss"]}
     if heldout:

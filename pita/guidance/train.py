@@ -178,7 +178,8 @@ def calibrate(vm, examples: list[SeqExample], pad_id: int = 0, device: str = "cp
               max_len: int = 512, seed: int = 0) -> dict:
     """Set the head's output bias so that, before training, its mean prediction over the training
     positions matches the targets: bce / mse ``logit(mean target) - mean(w_lm * log p_LM)``;
-    mle ``log(mean two-hot histogram) - w_lm * mean log p_LM`` per atom.
+    mle ``log(mean two-hot histogram) - w_lm * mean log p_LM`` per atom (w_lm = 0 for the
+    reference head, which has no LM prior).
 
     The LM prior makes the initial logit log p_LM(a|s), which is calibrated for nothing in
     particular (PITA's targets centre on 0.5, Q#'s on the success rate); the head's small
@@ -190,27 +191,31 @@ def calibrate(vm, examples: list[SeqExample], pad_id: int = 0, device: str = "cp
     spec = vm.spec
     rng = random.Random(seed)
     picked = examples if len(examples) <= sample else rng.sample(examples, sample)
+    w = vm.lm_weight
     lps, tg = [], []
     vm.to(device).eval()
     for k in range(0, len(picked), 32):
         batch = [_clip(e.ids, e.start, max_len) + (e.target,) for e in picked[k:k + 32]]
-        ids, mask = pad_right([b[0] for b in batch], pad_id, device)
-        h, _ = vm.hidden(ids, mask)
-        lp = torch.log_softmax(vm.backbone.lm_head(h[:, :-1]).float(), -1).gather(-1, ids[:, 1:].unsqueeze(-1))[..., 0]
+        if bool(w.any()):
+            ids, mask = pad_right([b[0] for b in batch], pad_id, device)
+            h, _ = vm.hidden(ids, mask)
+            lp = torch.log_softmax(vm.backbone.lm_head(h[:, :-1]).float(), -1).gather(-1, ids[:, 1:].unsqueeze(-1))[..., 0]
         for row, (seq, start, target) in enumerate(batch):
-            lps.append(lp[row, start - 1:len(seq) - 1])
+            if bool(w.any()):
+                lps.append(lp[row, start - 1:len(seq) - 1])
             tg.append(torch.full((len(seq) - start,), float(target)))
-    lp_mean = float(torch.cat(lps).mean())
+    lp_mean = float(torch.cat(lps).mean()) if lps else 0.0
     targets = torch.cat(tg)
-    w = vm.w_lm.detach().float().cpu()
     if spec.loss == "mle":
         hist = two_hot(targets, spec.v_min, spec.v_max, spec.num_atoms).mean(0)
         bias = torch.log(hist.clamp_min(1e-3)) - w * lp_mean
     else:
         m = float(targets.mean().clamp(1e-3, 1 - 1e-3))
         bias = torch.full((1,), math.log(m / (1 - m))) - w * lp_mean
-    vm.w_o.bias.copy_(bias.to(vm.w_o.bias))
-    return {"mean_lm_logprob": lp_mean, "bias": [round(float(b), 4) for b in bias]}
+    out = vm.out_layer
+    with torch.no_grad():
+        out.bias.copy_(bias.to(out.bias))
+    return {"mean_lm_logprob": lp_mean if lps else None, "bias": [round(float(b), 4) for b in bias]}
 
 
 def train(vm, examples: list, s: TrainSettings, logger: logging.Logger = log, pad_id: int = 0,
@@ -384,7 +389,7 @@ def _shared_scores(vm, examples, clipped, batch: list[int], pad_id: int, device)
         mask = torch.cat([torch.ones(len(g), L, dtype=suf_mask.dtype, device=device), suf_mask], 1)
         pos = (torch.arange(suf.shape[1], device=device) + L).unsqueeze(0).expand(len(g), -1)
         h, _ = vm.hidden(suf, mask, position_ids=pos, past_key_values=cache, use_cache=True)
-        sc = vm.scores(h[:, :-1], suf[:, 1:].unsqueeze(-1)).squeeze(-2).float()  # [G, S-1, n_out]
+        sc = vm.next_token_scores(h, suf).float()  # [G, S-1, n_out]
         for row, r in enumerate(g):
             a, b = starts[r] - 1 - L, len(seqs[r]) - 1 - L
             outs.append(sc[row, a:b])

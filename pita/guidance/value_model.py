@@ -1,29 +1,37 @@
-"""The guidance (value) model: a small causal-LM backbone plus a head that scores candidate
-next tokens of the reference model.
+"""The guidance (value) model: a causal-LM backbone plus a head that scores candidate next
+tokens of the reference model. Two heads (``HeadSpec.head``):
 
-    vm = ValueModel.create(backbone_path, loss="bce")            # or "mse", "mle", "bradley_terry"
-    out = vm.scores(h, candidates)    # h: [B, H] backbone states, candidates: [B, k] token ids -> [B, k, n_out]
+``reference`` (the default; what the PITA and Q# reference implementations build): the backbone's
+last hidden state *after* the candidate, into one linear layer,
 
-The head reads the backbone's state at s and the embedding of the candidate token a, plus the
-backbone's own language-model log-probability of a (the *LM prior*):
+    out(s, a) = W h(s + a) + b
+
+so scoring a candidate runs it through the backbone. At each guided step the k candidates run in
+one batched pass over the prefix's KV cache (:meth:`ValueModel.candidate_scores`): every
+candidate sits at position = prefix length and a 4-D mask lets it see the prefix and itself
+only; the pass writes into a shallow view of the cache, so the prefix cache is left as it was
+(no crop, and no copy of a sliding-window cache). Training reads the same state: position t's
+hidden state scores token t (:meth:`next_token_scores`).
+
+``embedding`` (pita's own variant): the head reads the state *before* the candidate and the
+candidate's input embedding, plus the backbone's own language-model log-probability of a (the
+*LM prior*):
 
     out = W_o gelu(W_h h_s + W_e E[a] + (U_h h_s) * (U_e E[a])) + w_lm * log p_LM(a | s)
 
-so scoring k candidates, or the whole vocabulary, costs one small matmul per step and no
-vocabulary-by-atoms weight matrix. ``w_lm`` starts at ``lm_prior`` (bce / mse: the logit starts
-as log p_LM(a|s) plus a learned state term; mle: ``lm_prior * linspace(-1, 1)`` over the atoms,
-so a likelier token starts with more mass on high returns). Starting it at 0 instead leaves the
-head unable to tell a right next token from a wrong one: on the tiny family's arith task the
-weight then stays near 0.07 after training, the head's scores are flat over the candidates,
-and guidance changes nothing (docs/decisions/value-head-lm-prior.md). The Bradley-Terry
-proxy reward model does not use the prior (its score is read at the last token). n_out is 1 for
-bce / mse / bradley_terry (a logit) and ``num_atoms`` for mle (logits over atoms spanning
-[v_min, v_max]). The backbone shares the reference's tokenizer (checked at plan time).
+so scoring k candidates, or the whole vocabulary, costs one small matmul per step. ``w_lm``
+starts at ``lm_prior`` (bce / mse: the logit starts as log p_LM(a|s) plus a learned state term;
+mle: ``lm_prior * linspace(-1, 1)`` over the atoms). Without the prior this head cannot tell a
+right next token from a wrong one (the candidate never passes through the backbone;
+docs/decisions/value-head-lm-prior.md), so part of what it adds is sampling sharper.
 
-Training positions: for a sequence prompt + prefix + continuation, the state before each
-continuation token y_t is scored with candidate y_t (loss masked to continuation tokens). A
-Bradley-Terry proxy reward model is the same class with loss="bradley_terry": the reward of a
-full sequence is the head's output at its last token (the same function at training and scoring).
+n_out is 1 for bce / mse / bradley_terry (a logit) and ``num_atoms`` for mle (logits over atoms
+spanning [v_min, v_max]). The backbone shares the reference's tokenizer (checked at plan time).
+
+Training positions: for a sequence prompt + prefix + continuation, each continuation token y_t is
+scored as a candidate after its prefix (loss masked to continuation tokens). A Bradley-Terry
+proxy reward model is the same class with loss="bradley_terry": the reward of a full sequence is
+the head's score of its last token (the same function at training and scoring).
 """
 
 from __future__ import annotations
@@ -39,6 +47,7 @@ from pita.core.errors import ConfigError
 from pita.models.lm import cache_of, with_cache
 
 HEAD_FILE, META_FILE = "value_head.pt", "value_head.json"
+HEADS = ("reference", "embedding")
 
 
 @dataclass
@@ -55,6 +64,8 @@ class HeadSpec:
     # values, and the guidance eta, are in units of this range
     target_min: float | None = None
     target_max: float | None = None
+    # reference | embedding (see the module's docstring)
+    head: str = "reference"
 
     @property
     def n_out(self) -> int:
@@ -72,6 +83,8 @@ class HeadSpec:
                 raise ConfigError(f"v_min={self.v_min} must be < v_max={self.v_max}")
         if not self.lm_prior >= 0:
             raise ConfigError(f"lm_prior={self.lm_prior} must be >= 0 (0 starts the head without the LM prior)")
+        if self.head not in HEADS:
+            raise ConfigError(f"head={self.head!r} is not known; choose one of {', '.join(HEADS)}")
 
 
 class ValueModel(nn.Module):
@@ -80,7 +93,13 @@ class ValueModel(nn.Module):
         spec.check()
         self.backbone = backbone
         self.spec = spec
-        H = backbone.config.hidden_size
+        H = backbone.config.get_text_config().hidden_size
+        if spec.head == "reference":
+            self.score = nn.Linear(H, spec.n_out)
+            nn.init.normal_(self.score.weight, std=0.01)
+            nn.init.zeros_(self.score.bias)  # start near neutral: p ~ 0.5, near-uniform atoms
+            self._cache_note = None
+            return
         E = backbone.get_input_embeddings().embedding_dim
         self.w_h = nn.Linear(H, spec.head_dim)
         self.w_e = nn.Linear(E, spec.head_dim, bias=False)
@@ -97,15 +116,29 @@ class ValueModel(nn.Module):
             w_lm = torch.full((1,), float(spec.lm_prior))
         self.w_lm = nn.Parameter(w_lm)
 
+    @property
+    def out_layer(self) -> nn.Linear:
+        """The head's last linear layer (its bias is what :func:`pita.guidance.train.calibrate` sets)."""
+        return self.score if self.spec.head == "reference" else self.w_o
+
+    @property
+    def lm_weight(self) -> torch.Tensor:
+        """The LM prior's weight per output (0 for the reference head, which has none)."""
+        if self.spec.head == "reference":
+            return torch.zeros(self.spec.n_out)
+        return self.w_lm.detach().float().cpu()
+
     # ------------------------------------------------------------------ construction
     @classmethod
     def create(cls, backbone_path: str, loss: str = "bce", num_atoms: int = 11, v_min: float = 0.0,
-               v_max: float = 1.0, head_dim: int = 128, dtype=torch.float32, lm_prior: float = 1.0) -> "ValueModel":
+               v_max: float = 1.0, head_dim: int = 128, dtype=torch.float32, lm_prior: float = 1.0,
+               head: str = "reference") -> "ValueModel":
         from transformers import AutoModelForCausalLM
 
         bb = AutoModelForCausalLM.from_pretrained(backbone_path, dtype=dtype)
-        spec = HeadSpec(loss, num_atoms, float(v_min), float(v_max), head_dim, bb.config.vocab_size,
-                        bb.config.hidden_size, float(lm_prior))
+        tc = bb.config.get_text_config()
+        spec = HeadSpec(loss, num_atoms, float(v_min), float(v_max), head_dim, tc.vocab_size,
+                        tc.hidden_size, float(lm_prior), head=head)
         return cls(bb, spec)
 
     def save(self, path: str | Path) -> None:
@@ -120,7 +153,8 @@ class ValueModel(nn.Module):
         meta = Path(path) / META_FILE
         if not meta.exists():
             raise ConfigError(f"{path} is not a guidance checkpoint ({META_FILE} missing)")
-        return HeadSpec(**json.loads(meta.read_text()))
+        # a checkpoint written before the field existed holds the embedding head
+        return HeadSpec(**{"head": "embedding", **json.loads(meta.read_text())})
 
     @classmethod
     def load(cls, path: str | Path, expect: HeadSpec | None = None, device: str = "cpu",
@@ -131,16 +165,22 @@ class ValueModel(nn.Module):
         spec = cls.read_spec(path)
         if expect is not None:
             diff = [f"{k}: checkpoint {getattr(spec, k)!r} vs config {getattr(expect, k)!r}"
-                    for k in ("loss", "num_atoms", "v_min", "v_max", "head_dim")
+                    for k in ("loss", "num_atoms", "v_min", "v_max", "head_dim", "head")
                     if (k != "num_atoms" or spec.loss == "mle" or expect.loss == "mle")
+                    and (k != "head_dim" or spec.head == expect.head == "embedding")
                     and getattr(spec, k) != getattr(expect, k)]
             if diff:
                 raise ConfigError(f"the guidance checkpoint {path} has an incompatible head ({'; '.join(diff)}); "
-                                  f"warm-start only from a round trained with the same loss and atoms")
+                                  f"warm-start only from a round trained with the same loss, atoms and head")
         bb = AutoModelForCausalLM.from_pretrained(Path(path) / "backbone", dtype=dtype)
         vm = cls(bb, spec)
         # weights_only: a checkpoint holds tensors; never unpickle code from a file (older torch did by default)
-        vm.load_state_dict(torch.load(Path(path) / HEAD_FILE, map_location="cpu", weights_only=True), strict=False)
+        missing, unexpected = vm.load_state_dict(torch.load(Path(path) / HEAD_FILE, map_location="cpu",
+                                                            weights_only=True), strict=False)
+        missing = [k for k in missing if not k.startswith("backbone.")]
+        if missing or unexpected:
+            raise ConfigError(f"the guidance checkpoint {path} does not hold a {spec.head} head "
+                              f"(missing {missing[:3]}, unexpected {unexpected[:3]}); it was written by another version")
         return vm.to(device)
 
     # ------------------------------------------------------------------ scoring
@@ -155,40 +195,120 @@ class ValueModel(nn.Module):
         return torch.log_softmax(self.backbone.lm_head(h).float(), -1)
 
     def scores(self, h: torch.Tensor, candidates: torch.Tensor, lm_logp: torch.Tensor | None = None) -> torch.Tensor:
-        """``h`` [..., H], ``candidates`` [..., k] -> head outputs [..., k, n_out]; ``lm_logp``: the
-        states' :meth:`lm_logprobs` when the caller already has them (scoring in chunks)."""
+        """Embedding head: ``h`` [..., H] (the states before the candidates), ``candidates`` [..., k]
+        -> head outputs [..., k, n_out]; ``lm_logp``: the states' :meth:`lm_logprobs` when the caller
+        already has them (scoring in chunks)."""
+        if self.spec.head == "reference":
+            raise TypeError("the reference head scores a candidate from the state after it: use next_token_scores "
+                            "or candidate_scores")
         emb = self.backbone.get_input_embeddings()(candidates)
         z = self.w_h(h).unsqueeze(-2) + self.w_e(emb) + self.u_h(h).unsqueeze(-2) * self.u_e(emb)
         lm_lp = (self.lm_logprobs(h) if lm_logp is None else lm_logp).gather(-1, candidates)
         return self.w_o(torch.nn.functional.gelu(z)) + lm_lp.unsqueeze(-1).to(z.dtype) * self.w_lm
 
+    def next_token_scores(self, h: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        """The head's score of each token of ``ids`` [B, T] as the candidate after the tokens before
+        it, from the backbone's states ``h`` [B, T, H] of ``ids``: index t scores token t + 1 ->
+        [B, T-1, n_out]. The reference head reads the state at token t + 1 itself, the embedding
+        head the state at t and token t + 1's embedding."""
+        if self.spec.head == "reference":
+            return self.score(h[:, 1:])
+        return self.scores(h[:, :-1], ids[:, 1:].unsqueeze(-1)).squeeze(-2)
+
     def token_scores(self, input_ids, attention_mask) -> torch.Tensor:
         """Head output for each actual next token: position t scores token t+1 -> [B, T-1, n_out]."""
         h, _ = self.hidden(input_ids, attention_mask)
-        return self.scores(h[:, :-1], input_ids[:, 1:].unsqueeze(-1)).squeeze(-2)
+        return self.next_token_scores(h, input_ids)
+
+    def _last_token_scores(self, input_ids, attention_mask) -> torch.Tensor:
+        """Right-padded sequences: the head's score of each one's last real token -> [B, n_out]."""
+        h, _ = self.hidden(input_ids, attention_mask)
+        last = (attention_mask.sum(-1) - 1).clamp(min=1)  # the last real token (scored after the ones before it)
+        rows = torch.arange(h.shape[0], device=h.device)
+        if self.spec.head == "reference":
+            return self.score(h[rows, last])
+        return self.scores(h[rows, last - 1], input_ids[rows, last].unsqueeze(-1))[..., 0, :]
 
     def sequence_reward(self, input_ids, attention_mask) -> torch.Tensor:
-        """Bradley-Terry proxy reward of right-padded sequences: the head at each one's last token
-        (the state before it scoring it), read from that one position: no [B x T x vocabulary]
-        tensor."""
-        h, _ = self.hidden(input_ids, attention_mask)
-        last = (attention_mask.sum(-1) - 2).clamp(min=0)  # the state before the last real token
-        rows = torch.arange(h.shape[0], device=h.device)
-        tok = input_ids[rows, last + 1].unsqueeze(-1)
-        return self.scores(h[rows, last], tok)[..., 0, 0]
+        """Bradley-Terry proxy reward of right-padded sequences: the head's score of each one's
+        last token, read from that one position: no [B x T x vocabulary] tensor."""
+        return self._last_token_scores(input_ids, attention_mask)[..., 0]
 
     def sequence_value(self, input_ids, attention_mask) -> torch.Tensor:
-        """The value a value model predicts for right-padded whole sequences: the head at each
-        one's last token, as :meth:`sequence_reward` reads it, in the head's own units (bce: the
-        logit of success; mse: the value; mle: the mean over the atoms). Larger is better in
+        """The value a value model predicts for right-padded whole sequences: the head's score of
+        each one's last token, as :meth:`sequence_reward` reads it, in the head's own units (bce:
+        the logit of success; mse: the value; mle: the mean over the atoms). Larger is better in
         every case: what a best-of-n control scored by the value model ranks by."""
+        out = self._last_token_scores(input_ids, attention_mask).float()
         if self.spec.n_out == 1:
-            return self.sequence_reward(input_ids, attention_mask).float()
+            return out[..., 0]
         from pita.losses.value import atoms
 
-        h, _ = self.hidden(input_ids, attention_mask)
-        last = (attention_mask.sum(-1) - 2).clamp(min=0)
-        rows = torch.arange(h.shape[0], device=h.device)
-        out = self.scores(h[rows, last], input_ids[rows, last + 1].unsqueeze(-1))[..., 0, :].float()
         z = atoms(self.spec.v_min, self.spec.v_max, self.spec.num_atoms).to(out.device, out.dtype)
         return (torch.softmax(out, -1) * z).sum(-1)
+
+    # ------------------------------------------------------------------ the candidate pass
+    @torch.no_grad()
+    def candidate_scores(self, past, mask: torch.Tensor, position: torch.Tensor, candidates: torch.Tensor) -> torch.Tensor:
+        """Reference head at a guided step: the scores [B, k, n_out] of ``candidates`` [B, k] after
+        the prefix held in ``past`` (the value model's KV cache of the tokens fed so far, ``mask``
+        [B, L] their 2-D attention mask), each candidate at ``position`` [B] (the next position).
+        One forward of B x k tokens: candidate j sees the prefix and itself, never another
+        candidate. The cache is read, not changed (the pass writes into a shallow view of it)."""
+        B, k = candidates.shape
+        view = cache_view(past)
+        if view is None:  # a cache with state updated in place (static, linear attention): a copy
+            import copy
+
+            if self._cache_note is None:
+                self._cache_note = type(past).__name__
+            view = copy.deepcopy(past)
+        dtype = next(self.backbone.parameters()).dtype
+        attn = _candidate_masks(self.backbone.config.get_text_config(), past, mask, k, dtype)
+        pos = position.view(B, 1).expand(B, k)
+        body = self.backbone.model
+        out = body(input_ids=candidates, attention_mask=attn, position_ids=pos, use_cache=True,
+                   **with_cache(body, view))
+        return self.score(out.last_hidden_state)
+
+
+def cache_view(past):
+    """A cache object sharing ``past``'s key and value tensors whose updates (concatenations)
+    land on the view alone, or None when ``past`` has layers that update in place. The dynamic
+    layers (full and sliding-window) rebind their tensors on every update, never write into them."""
+    import copy
+
+    from transformers.cache_utils import DynamicCache, DynamicLayer, DynamicSlidingWindowLayer
+
+    layers = getattr(past, "layers", None)
+    if type(past) is not DynamicCache or not layers or not all(
+            type(layer) in (DynamicLayer, DynamicSlidingWindowLayer) for layer in layers):
+        return None
+    view = copy.copy(past)
+    view.layers = [copy.copy(layer) for layer in layers]
+    return view
+
+
+def _candidate_masks(config, past, mask: torch.Tensor, k: int, dtype):
+    """The additive 4-D masks [B, 1, k, S + k] of the candidate pass: row j sees the S cached
+    positions the 2-D ``mask`` allows and candidate j. Models with several attention kinds
+    (``config.layer_types``: full and sliding-window) get one mask per kind, each as wide as
+    that kind's cache holds (a sliding-window layer keeps only its last window - 1 positions)."""
+    B = mask.shape[0]
+    eye = torch.eye(k, dtype=torch.bool, device=mask.device).expand(B, k, k)
+
+    def additive(cached: int) -> torch.Tensor:
+        seen = mask[:, mask.shape[1] - cached:].bool().unsqueeze(1).expand(B, k, cached)
+        allowed = torch.cat([seen, eye], dim=-1).unsqueeze(1)
+        return torch.zeros(allowed.shape, dtype=dtype, device=mask.device).masked_fill(~allowed, torch.finfo(dtype).min)
+
+    kinds = getattr(config, "layer_types", None)
+    if not kinds:
+        return additive(mask.shape[1])
+    out = {}
+    for i, kind in enumerate(kinds):
+        if kind not in out:
+            layer = past.layers[i]
+            cached = layer.keys.shape[-2] if getattr(layer, "is_initialized", True) and layer.keys is not None else 0
+            out[kind] = additive(min(int(cached), mask.shape[1]))
+    return out

@@ -10,7 +10,9 @@ whose constants a reader can scale (``assumed()`` states them):
                HF_CACHE_PASSES reads of it a step), vLLM's paged cache is read once. Each forward
                launches its kernels (STEP_BASE_S + STEP_PER_LAYER_S x layers); a guided step runs
                the value model's own forward beside the policy's (its weights, cache and layers)
-               and the guidance's top-k arithmetic (GUIDE_STEP_S). The prefill adds
+               and the guidance's top-k arithmetic (GUIDE_STEP_S); with the reference head, a
+               second value-model forward of top_k tokens per row over its cache (the candidate
+               pass: FLOPs, the cache's reads and copy, its launches). The prefill adds
                2 x params x prompt tokens FLOPs. Rows per example are the recipe's own
                (rollout_rows: PITA's greedy-vs-sampled cuts are 2 continuations, Q#'s are
                ``continuations``), the prompt the dataset's typical length (PROMPT_TOKENS_BY_DATASET).
@@ -114,15 +116,17 @@ def training_mfu(micro_tokens: float) -> float:
 def decode_seconds(n_params: int, weight_bytes: float, rows: int, batch: int, prompt: int, new: int,
                    n_layers: int = 32, overhead: bool = True, peak: float | None = None,
                    hbm: float | None = None, kv_bytes_per_token: float = 0.0,
-                   cache_passes: int = HF_CACHE_PASSES, step_extra: float | None = None) -> float:
+                   cache_passes: int = HF_CACHE_PASSES, step_extra: float | None = None,
+                   step_params: int | None = None) -> float:
     """Seconds to sample ``new`` tokens for ``rows`` rows, ``batch`` at a time. ``kv_bytes_per_token``:
     the KV cache one row holds per position (every model that decodes); ``step_extra``: the launch
-    overhead of a step (default: one forward of ``n_layers``)."""
+    overhead of a step (default: one forward of ``n_layers``); ``step_params``: the parameters a
+    decode step runs per row (default ``n_params``; more when a step also scores candidates)."""
     batches = math.ceil(rows / max(1, batch))
     b = min(rows, batch)
     mean_len = prompt + new / 2  # the cache a step reads, averaged over the completion
     read = weight_bytes + cache_passes * kv_bytes_per_token * b * mean_len
-    step = max(read / (hbm or HBM_BYTES_S), _flops_s(2 * n_params * b, peak))
+    step = max(read / (hbm or HBM_BYTES_S), _flops_s(2 * (n_params if step_params is None else step_params) * b, peak))
     if overhead:
         step += step_overhead(n_layers) if step_extra is None else step_extra
     return batches * (new * step + _flops_s(2 * n_params * b * prompt, peak))
@@ -220,16 +224,26 @@ class Durations:
         s = req["sampling"]
         wbytes, n, kv = ref.n_params * self.b, ref.n_params, self.kv_per_token(ref)
         extra = step_overhead(ref.n_layers)
-        shapes = [ref]
-        if (req.get("policy") or {}).get("guidance"):
+        shapes, cand = [ref], 0
+        gd = (req.get("policy") or {}).get("guidance")
+        if gd:
             g = self.shape("guidance")
             wbytes += g.n_params * 4  # the value model runs in float32
             n += g.n_params
             kv += self.kv_per_token(g)
             extra += step_overhead(g.n_layers) + GUIDE_STEP_S
+            if gd.get("head") == "reference":
+                # the candidate pass: top_k more tokens per row through the value model (FLOPs),
+                # its cache read by their attention and copied by the view's concatenation
+                # (read + write: as many passes as a step's own), and its own launches
+                top = int(gd.get("top_k", 20))
+                cand = g.n_params * (g.vocab if top == -1 else top)
+                kv += self.kv_per_token(g)
+                extra += step_overhead(g.n_layers)
             shapes.append(g)
         secs = decode_seconds(n, wbytes, rows, s["batch_size"], prompt, s["max_new_tokens"], ref.n_layers,
-                              peak=self.peak, hbm=self.hbm, kv_bytes_per_token=kv, step_extra=extra)
+                              peak=self.peak, hbm=self.hbm, kv_bytes_per_token=kv, step_extra=extra,
+                              step_params=n + cand)
         secs += self.scoring(req, rows, prompt) + self.load_seconds(*shapes)
         return max(1.0, secs)
 

@@ -21,11 +21,17 @@ from pita.plans.common import dataset_cfg, request_for, with_reward_functions
 log = logging.getLogger(__name__)
 
 
-def eval_request_factory(cfg, paths):
+def eval_request_factory(cfg, paths, task_of=None):
+    """Evaluation requests per dataset. ``task_of(ds)``: its task; a verifier (math) task's
+    evaluation is scored by the verifier alone, so its shards never load the reward model the
+    dataset's training labels may use (pass@1 reads correctness only)."""
     ev = cfg.eval
 
     def make(ds):
-        req = request_for(cfg, ds, paths["reference"], paths["reward_models"].get(ds.name))
+        rm = paths["reward_models"].get(ds.name)
+        if rm and task_of is not None and task_of(ds) == "math":
+            rm = None
+        req = request_for(cfg, ds, paths["reference"], rm)
         req.update(recipe="eval", split=ev.split, n=ev.n, seed=cfg.system.seed + 777, etas=[0.0])
         req["sampling"] = {"max_new_tokens": ev.max_new_tokens, "temperature": ev.temperature, "top_p": ev.top_p,
                            "top_k": 0, "batch_size": ev.batch_size}
@@ -63,6 +69,10 @@ def experiment_plan(cfg, device_totals: list[int], cuda: bool, plan_only: bool =
     if cfg.data_collection.pairs_per_prompt < 1:
         problems.append(f"data_collection.pairs_per_prompt={cfg.data_collection.pairs_per_prompt} must be >= 1 "
                         f"(labelled preference pairs per prompt and round)")
+    from pita.algos.base import TIE_RULES
+
+    if cfg.data_collection.ties not in TIE_RULES:
+        problems.append(unknown_name("data_collection.ties", cfg.data_collection.ties, TIE_RULES))
     if cfg.experiment.rounds < 1:
         problems.append(f"experiment.rounds={cfg.experiment.rounds} must be >= 1")
     problems += check_training(cfg.training)
@@ -134,7 +144,14 @@ def experiment_plan(cfg, device_totals: list[int], cuda: bool, plan_only: bool =
         for k, b in (m.get("batches") or {}).items():
             batches[k] = min(b, batches.get(k, b))
     policy_params = model_shape(paths["reference"], "model.reference").n_params
-    eval_request = eval_request_factory(cfg, paths)
+    eval_tasks: dict[str, str] = {}
+
+    def eval_task(ds) -> str:
+        if ds.name not in eval_tasks:
+            eval_tasks[ds.name] = count_examples(ds, ev.split, plan_only)[1]
+        return eval_tasks[ds.name]
+
+    eval_request = eval_request_factory(cfg, paths, eval_task)
     eval_names = {ds.name: by_train.get(ds.name, [ds.name]) for ds in datasets}
     # every method's frontier (its rounds, η and variants) is chosen on validation prompts, never on test
     n_val = {ds.name: carve_validation(ds, ev.validation_prompts, plan_only) if algos else 0 for ds in datasets}

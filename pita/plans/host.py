@@ -116,7 +116,10 @@ def job_host_bytes(job, cfg, paths: dict) -> float:
     ds = ds.get("name") if isinstance(ds, dict) else ds
     from pita.rewards.function import is_function
 
-    if ds and (paths.get("reward_models") or {}).get(ds) and not is_function(paths["reward_models"][ds]):
+    # the reward model the shard loads: its request's (a verifier task's evaluation loads none)
+    rm = req["scoring"].get("reward_model") if isinstance(req.get("scoring"), dict) else \
+        (paths.get("reward_models") or {}).get(ds)
+    if ds and rm and not is_function(rm):
         b += 4 * _params(paths, "reward", ds)
     return HOST_PROCESS_BYTES + b
 

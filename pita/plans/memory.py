@@ -49,6 +49,8 @@ EAGER_ATTENTION_COPIES = 11  # [batch x heads x length x length] fp32 tensors of
 # tokens a prompt is assumed to take: the chat template plus a GSM8K / MATH problem or an IMDB /
 # TL;DR prefix fits; longer prompts are what memory learning and the OOM retry are for
 PROMPT_TOKENS = 256
+# candidates a guided step runs through the value model with the reference head (its default top_k)
+REFERENCE_CANDIDATES = 20
 
 
 def planned_attn_impl(requested: str) -> str:
@@ -100,14 +102,34 @@ class JobMemory:
                 out = max(out, w + max(0.0, work - beside))
         return out
 
+    def _reward_task(self, dataset: str) -> bool:
+        """Whether ``dataset`` is a reward task (scored by its reward model); a dataset whose
+        adapter cannot be told here counts as one (its reward model is then reserved)."""
+        try:
+            from pita.datasets.adapters import DATASETS
+            from pita.datasets.config import base_of
+
+            return DATASETS.get(base_of(self.cfg.datasets[dataset])).task == "reward"
+        except Exception:  # noqa: BLE001 - unknown: reserve the reward model
+            return True
+
     def _new(self, evaluation: bool) -> int:
         return int(self.cfg.eval.max_new_tokens if evaluation else self.cfg.data_collection.max_new_tokens)
 
     def _value_model_bytes(self, batch: int, seq: int) -> tuple[float, float]:
         """(weights, working memory) of the value model beside a guided sampler: its fp32 backbone;
-        its own KV cache and one step's scores over the candidates."""
+        its own KV cache and one step's scores over the candidates. The reference head's candidate
+        pass adds its activations and attention weights over batch x top_k tokens, priced for every
+        guided shard at REFERENCE_CANDIDATES (the default top_k; the embedding head needs less, a
+        larger top_k more: memory learning corrects either from the jobs' peaks). Its view's
+        concatenated keys and values (a copy of the cache plus the candidates) are not counted:
+        bench.memory_truth's guided rows, measured through the job's own sampler, stay within
+        1.0-1.5x without them, and 1.51x with them (paper_math, smollm2: the peak is elsewhere)."""
         sh = self.shape("guidance")
-        return weights_bytes(sh, "float32"), kv_cache_bytes(sh, "float32", batch, seq) + batch * sh.vocab * 4 * 3
+        work = kv_cache_bytes(sh, "float32", batch, seq) + batch * sh.vocab * 4 * 3
+        k = REFERENCE_CANDIDATES
+        work += batch * k * 4 * (8 * sh.hidden + sh.heads * (seq + k))
+        return weights_bytes(sh, "float32"), work
 
     # ------------------------------------------------------------------ inference jobs
     def generation(self, guided: bool = False, datasets=(), batch: int | None = None) -> float:
@@ -254,9 +276,10 @@ class JobMemory:
                 extra += weights_bytes(proxy, "float32") * 1.10 * PROXY_MARGIN
                 scoring = scoring_bytes(proxy, "float32", rows, seq, cuda=False, weights=False,
                                         logits=False) * PROXY_MARGIN
-            else:
-                rb = self.reward_bytes(datasets)
-                work = rb - self.reward_bytes(datasets, beside=float("inf"))
+            else:  # GRPO's online reward: the reward model of a reward task (a verifier task's is the verifier)
+                rewarded = [d for d in (datasets or []) if self._reward_task(d)]
+                rb = self.reward_bytes(rewarded)
+                work = rb - self.reward_bytes(rewarded, beside=float("inf"))
                 extra += rb - work
                 scoring = work
 

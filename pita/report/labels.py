@@ -8,7 +8,7 @@ is a coin flip whatever the method does with it. Per collection (each merge of
 ``preference_pairs`` or ``value_rollouts`` records, the pairs exactly as the training jobs form
 them):
 
-- ``ties``: share of pairs with equal rewards (dropped by every trainer);
+- ``ties``: share of pairs with equal rewards (dropped, or kept as coin flips, by every trainer alike: ``data_collection.ties``);
 - ``near_ties``: share of the other pairs whose gap is below the label noise, P(the higher reward
   is chosen) < ``NEAR_TIE_P`` (0.55): β |Δr| < 0.2;
 - ``informative``: the rest;
@@ -161,3 +161,60 @@ def label_table(entries: list[dict]) -> list[str]:
 def _near_gap(beta: float) -> float:
     """The |Δr| below which a pair is a near tie."""
     return math.log(NEAR_TIE_P / (1 - NEAR_TIE_P)) / beta if beta > 0 else math.inf
+
+
+def reward_description(run: RunPaths, dataset: str) -> str:
+    """What made a preference label on ``dataset``, from the run's config: the verifier alone
+    (``bonus x correct``), a reward model plus the verifier (the PITA reference's math reward), or a
+    reward model alone (a reward task)."""
+    try:
+        from omegaconf import OmegaConf
+
+        cfg = OmegaConf.load(run.config)
+        rm = (OmegaConf.select(cfg, "model.reward_models") or {}).get(dataset)
+        task = OmegaConf.select(cfg, f"datasets.{dataset}.task") or "math"
+        bonus = float(OmegaConf.select(cfg, "data_collection.correctness_bonus") or 1.0)
+    except Exception:  # noqa: BLE001 - a run without a readable config: unknown
+        return "unknown"
+    if task == "reward":
+        return f"reward model {rm}" if rm else "reward function"
+    if rm:
+        return f"reward model {rm} + {bonus:g} x verifier"
+    return f"{bonus:g} x verifier (no reward model configured)"
+
+
+def supervision_records(run: RunPaths, state: dict) -> list[dict]:
+    """``final_results.json``'s ``supervision``: one record per preference learner's training job
+    (PITA's value model, DPO, the Q#-HF and GRPO-HF proxies): its algorithm, training dataset and
+    round, the pairs it was given, the ties among them and the decisive rest, the tie rule, and
+    what made the label (``reward``). Never raises."""
+    out = []
+    try:
+        for jid, j in sorted((state.get("jobs") or {}).items()):
+            if j.get("state") != "COMPLETED" or j.get("kind") not in ("algo.value_train", "algo.dpo_train",
+                                                                      "algo.proxy_train"):
+                continue
+            sup = run.job(jid).read_result().get("supervision")
+            if not sup:
+                continue
+            parts = jid.split(".")
+            rnd = next((int(x[1:]) for x in parts[3:] if x[:1] == "r" and x[1:].isdigit()), None)
+            out.append({"algorithm": parts[0], "family": parts[1], "train_dataset": parts[2], "round": rnd,
+                        "job": jid, "learner": "proxy" if j.get("kind") == "algo.proxy_train" else "trainer",
+                        **sup, "reward": reward_description(run, parts[2])})
+    except Exception as e:  # noqa: BLE001 - the results are written without it
+        log.warning("supervision records could not be read (%s: %s)", type(e).__name__, e)
+    return out
+
+
+def supervision_table(records: list[dict]) -> list[str]:
+    """Markdown lines: the share of pairs that tied, per preference learner."""
+    if not records:
+        return []
+    lines = ["What labelled each preference learner's pairs (one tie rule for all: `data_collection.ties`):", "",
+             "| job | pairs | ties | decisive | tie rule | pairs trained | label from |", "|---|---|---|---|---|---|---|"]
+    for r in records:
+        share = f" ({100 * r['ties'] / r['pairs']:.0f}%)" if r.get("pairs") else ""
+        lines.append(f"| `{r['job']}` | {r['pairs']} | {r['ties']}{share} | {r['decisive']} | {r['tie_rule']} | "
+                     f"{r.get('trained_pairs', '')} | {r['reward']} |")
+    return lines + [""]

@@ -334,8 +334,8 @@ def budget_section(budgets: list[dict], roster: Roster | None = None) -> list[st
     return ["### What each method received", "",
             "Over all its rounds: completions sampled for training (roll-ins and GRPO's online samples included) "
             "and their tokens, completions scored by the task's reward (the labels it paid for), the examples "
-            "its training jobs trained on (sequences with a target, preference pairs, GRPO's online "
-            "completions), optimizer steps of its training jobs (value, proxy and policy models), training "
+            "its training jobs trained on, in one unit for every method: labelled completions (a value model's "
+            "returns, both completions of each kept preference pair, GRPO's online completions), optimizer steps of its training jobs (value, proxy and policy models), training "
             "FLOPs (6 x trainable parameters x tokens) and device-seconds. Unequal budgets are part of a "
             "comparison's reading.", "",
             _md_table(["algorithm", "family", "dataset", "rounds", "samples", "tokens", "labels", "examples",
@@ -450,7 +450,9 @@ def render(run: RunPaths, rows: list[dict] | None = None, roster: Roster | None 
         lines += budget_section(extras.get("budgets") or [], roster)
         from pita.report.labels import label_table
 
-        quality = label_table(extras.get("label_quality") or [])
+        from pita.report.labels import supervision_table
+
+        quality = label_table(extras.get("label_quality") or []) + supervision_table(extras.get("supervision") or [])
         if quality:
             lines += ["### Label quality", ""] + quality
         lines += choice_section(extras.get("validation_choices") or [], roster)

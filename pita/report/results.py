@@ -129,9 +129,9 @@ def method_budgets(state: dict, result_of) -> list[dict]:
         tokens          tokens of those samples
         labels          completions scored by the task's reward (verifier or reward model):
                         what the method paid its labeller
-        examples        what its training jobs trained on: sequences with a target (a value
-                        model's returns; PITA's chosen and rejected of each pair it kept),
-                        preference pairs (DPO, a proxy) and GRPO's online completions
+        examples        labelled completions its training jobs trained on, one unit for every
+                        method: a value model's returns, both completions of each pair PITA,
+                        DPO or a proxy kept, GRPO's online completions
         optimizer_steps optimizer steps of every training job (value, proxy and policy models)
         train_tokens    tokens through the trained models, summed over epochs
         train_flops     training FLOPs: 6 x trainable parameters x tokens (transformers' own
@@ -168,7 +168,7 @@ def method_budgets(state: dict, result_of) -> list[dict]:
                 b["labels"] += int(res.get("scored") or 0)
             if kind in TRAIN_KINDS:
                 b["optimizer_steps"] += int(res.get("steps") or 0)
-                b["examples"] += int(res.get("examples") or res.get("pairs") or
+                b["examples"] += int(res.get("examples") or 2 * int(res.get("pairs") or 0) or
                                      (res.get("sequences") if kind == "algo.grpo_train" else 0) or 0)
                 b["train_tokens"] = None if b["train_tokens"] is None or res.get("train_tokens") is None else \
                     b["train_tokens"] + int(res["train_tokens"])
@@ -315,7 +315,11 @@ def write(run: RunPaths, roster: Roster | None = None, budgets: list[float] | No
     from pita.report.labels import label_quality
 
     extras["label_quality"] = label_quality(run, roster.preference_pairs if roster and roster.preference_pairs else None)
-    extras["budgets"] = method_budgets(json.loads(run.state.read_text()), lambda jid: run.job(jid).read_result())
+    state = json.loads(run.state.read_text())
+    extras["budgets"] = method_budgets(state, lambda jid: run.job(jid).read_result())
+    from pita.report.labels import supervision_records
+
+    extras["supervision"] = supervision_records(run, state)
     from pita.report.intervals import RecordStore
 
     extras["validation_choices"] = validation_choices(val, RecordStore(run))

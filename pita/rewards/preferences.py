@@ -146,3 +146,14 @@ def make_pairs(
                 }
             )
     return out
+
+
+TIE_RULES = ("drop", "draw")
+
+
+def supervision(pairs: int, ties: int, rule: str) -> dict:
+    """What a preference learner's labels were (its training job's ``supervision`` result):
+    ``pairs`` labelled, ``ties`` among them (equal rewards), ``decisive`` the rest, and the
+    ``tie_rule`` that kept or dropped the ties."""
+    return {"pairs": int(pairs), "ties": int(ties), "decisive": int(pairs) - int(ties), "tie_rule": rule,
+            "trained_pairs": int(pairs) if rule == "draw" else int(pairs) - int(ties)}

@@ -1,0 +1,80 @@
+"""The reference value head (pita/guidance/value_model.py): each candidate runs through the
+backbone in one batched pass over the prefix's KV cache, scored as training scores it."""
+
+import pytest
+import torch
+
+from pita.core.errors import ConfigError
+from pita.guidance.value_model import HeadSpec, ValueModel
+
+
+def _gemma3(window: int = 4):
+    """A two-kind model built here: three sliding-window layers (window 4) and one full layer."""
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+    cfg = Gemma3TextConfig(vocab_size=300, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
+                           num_attention_heads=4, num_key_value_heads=2, head_dim=16, sliding_window=window,
+                           layer_types=["sliding_attention"] * 3 + ["full_attention"], max_position_embeddings=256)
+    torch.manual_seed(0)
+    return Gemma3ForCausalLM(cfg).eval()
+
+
+def _reference_vm(backbone):
+    tc = backbone.config.get_text_config()
+    vm = ValueModel(backbone, HeadSpec("bce", vocab_size=tc.vocab_size, hidden_size=tc.hidden_size, head="reference")).eval()
+    torch.manual_seed(1)
+    torch.nn.init.normal_(vm.score.weight, std=1.0)  # scores that differ visibly between candidates
+    return vm
+
+
+@pytest.mark.parametrize("model", ["tiny", "gemma3-eager", "gemma3-sdpa"])
+def test_candidates_scored_in_one_pass_equal_each_candidate_appended_alone(tiny, model):
+    """Left-padded rows, a prompt and two cached steps; then k candidates in one pass: each score
+    equals the score of the prefix + that candidate run from scratch, and the cache (every layer,
+    sliding-window ones included, the prefix longer than their window) is unchanged."""
+    from transformers import AutoModelForCausalLM
+
+    if model == "tiny":
+        bb = AutoModelForCausalLM.from_pretrained(tiny["guidance"]).eval()
+    else:
+        bb = _gemma3()
+        bb.config._attn_implementation = model.split("-")[1]
+    vm = _reference_vm(bb)
+    V = vm.spec.vocab_size
+    g = torch.Generator().manual_seed(2)
+    B, L, k = 3, 9, 6
+    ids = torch.randint(3, min(V, 200), (B, L), generator=g)
+    mask = torch.ones(B, L, dtype=torch.long)
+    mask[0, :3], mask[1, :1] = 0, 0
+    pos = (mask.cumsum(-1) - 1).clamp(min=0)
+    with torch.no_grad():
+        _, past = vm.hidden(ids, mask, pos, use_cache=True)
+        for _ in range(2):
+            feed = torch.randint(3, min(V, 200), (B, 1), generator=g)
+            mask = torch.cat([mask, torch.ones(B, 1, dtype=torch.long)], 1)
+            step = pos[:, -1:] + 1
+            _, past = vm.hidden(feed, mask, step, past_key_values=past, use_cache=True)
+            ids, pos = torch.cat([ids, feed], 1), torch.cat([pos, step], 1)
+        before = [(layer.keys.clone(), layer.values.clone()) for layer in past.layers]
+        cands = torch.randint(3, min(V, 200), (B, k), generator=g)
+        got = vm.candidate_scores(past, mask, pos[:, -1] + 1, cands)[..., 0]
+        assert all(torch.equal(a, layer.keys) and torch.equal(b, layer.values)
+                   for (a, b), layer in zip(before, past.layers))
+        for b in range(B):
+            real = ids[b][mask[b].bool()]
+            each = torch.cat([real.expand(k, -1), cands[b].unsqueeze(-1)], 1)
+            want = vm.token_scores(each, torch.ones_like(each))[:, -1, 0]
+            assert torch.allclose(got[b], want, atol=1e-4), (got[b], want)
+    assert float(got.std()) > 0.1  # the candidates' scores differ: the check is not of constants
+
+
+def test_the_reference_head_saves_loads_and_refuses_another_head(tiny, tmp_path):
+    vm = ValueModel.create(tiny["guidance"], loss="mle", num_atoms=5, v_min=0, v_max=1)
+    assert vm.spec.head == "reference" and not hasattr(vm, "w_lm")
+    vm.save(tmp_path / "ck")
+    back = ValueModel.load(tmp_path / "ck", expect=HeadSpec("mle", 5, 0.0, 1.0, 128, head="reference"))
+    assert torch.equal(back.score.weight, vm.score.weight)
+    with pytest.raises(ConfigError, match="head: checkpoint 'reference' vs config 'embedding'"):
+        ValueModel.load(tmp_path / "ck", expect=HeadSpec("mle", 5, 0.0, 1.0, 128, head="embedding"))
+    with pytest.raises(ConfigError, match="head='q' is not known"):
+        HeadSpec(head="q").check()
