@@ -138,7 +138,7 @@ def test_controls_are_planned_on_test_and_validation_from_the_base_model(tiny_ca
         req = j.params["request"]
         assert req["policy"]["guidance"] is None and not req["policy"].get("model_from_job")
         if ".best_of_n." in j.id:
-            assert req["n"] == 8 and req["with_prompt"]  # the pool: max(eval.best_of_n)
+            assert req["n"] == 32 and req["with_prompt"]  # the pool: 4 x max(eval.best_of_n)
         else:
             assert req["sweep"] == "temperature" and req["etas"] == [0.85, 0.7, 0.55, 0.4]
             assert req["sampling"]["temperature"] == 1.0
@@ -248,3 +248,50 @@ def test_a_value_model_ranks_whole_sequences_by_its_predicted_value(tiny):
                 want = (torch.softmax(out, -1) * atoms(vm.spec.v_min, vm.spec.v_max, vm.spec.num_atoms)).sum() \
                     if loss == "mle" else out[0]
                 assert float(got[b]) == pytest.approx(float(want), abs=1e-5)
+
+
+def _bias(p, s, n, factor, reps=120, seed=0):
+    """Mean estimate / exact - 1 of best_of_n_kl over ``reps`` pools of factor x n samples."""
+    import random
+
+    from pita.eval.controls import best_of_n_kl
+
+    K = len(p)
+    exact, _ = best_of_n_kl(s, [math.log(x) for x in p], list(range(K)), n)
+    rng, est = random.Random(seed), []
+    for _ in range(reps):
+        pool = rng.choices(range(K), weights=p, k=factor * n)
+        est.append(best_of_n_kl([s[i] for i in pool], [math.log(p[i]) for i in pool], pool, n)[0])
+    return sum(est) / len(est) / exact - 1
+
+
+@pytest.mark.parametrize("case", ["likeliest highest", "likeliest lowest"])
+def test_best_of_n_kl_from_a_pool_of_four_times_n_is_within_two_percent_of_the_exact_kl(case):
+    """The plug-in KL of best-of-n, in simulation against the exact KL: one likely answer (mass
+    0.6) and 2,000 rare distinct ones. From a pool of n samples per prompt (the pool before) the
+    estimate is off by up to 10% (here: -10% at n = 2 when the likeliest answer also scores
+    highest, +10% when it scores lowest); from 4 x n, the pool the control now draws, within 2%."""
+    import random
+
+    K = 2001
+    p = [0.6] + [0.4 / (K - 1)] * (K - 1)
+    rs = random.Random(3)
+    s = [K + 1.0 if case == "likeliest highest" else -1.0] + [rs.random() * K for _ in range(K - 1)]
+    worst_old = max(abs(_bias(p, s, n, 1)) for n in (2, 4))
+    assert worst_old > 0.05  # the small pool's bias is real in this case
+    for n in (2, 4, 8):
+        assert abs(_bias(p, s, n, 4)) < 0.02, n
+
+
+def test_a_scorers_ranking_agreement_counts_the_pairs_whose_outcomes_differ():
+    from pita.eval.controls import ranking_agreement
+
+    # prompt 1: the right sample scored highest (2 of 2 pairs right); prompt 2: scored lowest (0 of 2)
+    got = ranking_agreement([[3.0, 1.0, 2.0], [0.0, 5.0, 6.0]], [[1, 0, 0], [1, 0, 0]])
+    assert got["pairs"] == 4 and got["agreement"] == 0.5 and got["chance"]
+    # equal scores count 1/2; a prompt whose outcomes are all equal has no pair
+    assert ranking_agreement([[1.0, 1.0], [2.0, 2.0]], [[1, 0], [1, 1]])["agreement"] == 0.5
+    good = ranking_agreement([[1.0, 0.0, 0.0, 0.0] for _ in range(30)], [[1, 0, 0, 0]] * 30)
+    assert good["agreement"] == 1.0 and not good["chance"]
+    assert ranking_agreement([[1.0, 2.0]], [[1, 1]]) == {"agreement": None, "agreement_se": None, "pairs": 0,
+                                                           "prompts": 0, "chance": True}

@@ -78,6 +78,9 @@ def translate(command: str, run_dir: Path, data: Path, cache: str) -> tuple[list
                          ([".venv/bin/python", "test_parallel_setup.py"], [sys.executable, str(ROOT / "test_parallel_setup.py")])):
         if argv[:len(prefix)] == prefix:
             argv = repl + argv[len(prefix):]
+    if argv[:2] == ["pita", "seeds"]:  # K runs of one experiment: its plan is checked once
+        rest = argv[3:]
+        argv = ["pita", "run", *(rest[2:] if rest[:1] == ["--first"] else rest)]
     if argv[:2] == ["pita", "run"] and "--plan" in argv:
         argv = ["pita", "plan"] + [a for a in argv[2:] if a != "--plan"]
     argv = [re.sub(r"outputs/my_experiment/[\w-]+", str(run_dir), a).replace("/data/gsm8k.jsonl", str(data))

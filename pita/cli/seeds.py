@@ -33,7 +33,7 @@ def seeds_main(argv: list[str]) -> int:
     ap.add_argument("k", type=int, help="how many seeds (runs)")
     ap.add_argument("--first", type=int, default=0, help="the first seed (default 0)")
     ap.add_argument("overrides", nargs="*", help="key=value overrides, as for pita run")
-    args = ap.parse_args(argv)
+    args = ap.parse_intermixed_args(argv)
     if args.k < 1:
         print(f"error: pita seeds K: K={args.k} must be >= 1 (e.g. pita seeds 3 experiment=demo)", file=sys.stderr)
         return 2

@@ -16,12 +16,18 @@ method, their frontier chosen on validation:
     among n base-model samples. The score is one a user would have at test time, never the gold
     answer: the reward model on reward tasks; on verifier tasks the proxy reward model the run
     trains anyway (Q#-HF's or GRPO-HF's, round 0), so the control exists on a verifier task only
-    when one of them runs. From a pool of N = max(n) samples per prompt the value is the
+    when one of them runs. From a pool of N = POOL_FACTOR x max(n) samples per prompt (``pool``
+    on each row; a pool of max(n) left the KL's plug-in estimate biased up to +25% in simulation,
+    tests/test_controls.py) the value is the
     unbiased estimate of the expected metric of the best of n drawn without replacement: with the
     pool sorted by score, the i-th lowest of N is the best of a random n-subset with probability
     C(i-1, n-1) / C(N, n). Its KL is measured from the pool (``best_of_n_kl``: exact where the
     pool's distinct completions hold the support, the bound where nothing repeats), the standard
-    bound log n - (n-1)/n kept as ``kl_bound``; one row per n (``variant`` ``n=4``).
+    bound log n - (n-1)/n kept as ``kl_bound``; one row per n (``variant`` ``n=4``). Each row
+    also says how well its scorer ranks the pool (``scorer_agreement``: of the pairs of one
+    prompt's samples whose outcomes differ, the share it orders as the outcomes are, score ties
+    counting 1/2; ``scorer_chance``: not above 0.5 by two standard errors): a scorer no better than
+    chance makes a best-of-n that loses by construction, which the report names in its cell.
 
 ``control: best-of-n by value``  on a verifier task with Q# in the run: the same pool ranked by
     Q#'s round-0 value model (its predicted value of each whole sequence), the supervision Q# had.
@@ -49,6 +55,34 @@ VALUE_OF = "QSharp"  # the algorithm whose round-0 value model scores the second
 KL_ESTIMATOR = "best-of-n over the pool"
 DEFAULT_FACTORS = (0.85, 0.7, 0.55, 0.4)  # of eval.temperature, when eval.control_temperatures is null
 PROXY_OF = ("QSharp-HF", "GRPO-HF")  # algorithms whose round-0 proxy reward model scores best-of-n on verifier tasks
+POOL_FACTOR = 4  # the best-of-n pool: this many times max(eval.best_of_n) samples per prompt
+
+
+def ranking_agreement(scores: list[list[float]], values: list[list[float]]) -> dict:
+    """How well a scorer ranks each prompt's pool: of the pairs of one prompt's samples whose
+    outcomes (``values``) differ, the share it orders as the outcomes are (equal scores count
+    1/2), over all prompts; its standard error over prompts (a ratio estimate: the prompts are
+    the independent units); the pairs and prompts counted; and ``chance``: the share is not above
+    0.5 by two standard errors (or no pair differs)."""
+    per = []
+    for sc, v in zip(scores, values):
+        agree = pairs = 0.0
+        for i in range(len(v)):
+            for j in range(i + 1, len(v)):
+                if v[i] == v[j]:
+                    continue
+                pairs += 1
+                d = (sc[i] - sc[j]) * (v[i] - v[j])
+                agree += 1.0 if d > 0 else 0.5 if d == 0 else 0.0
+        if pairs:
+            per.append((agree, pairs))
+    total = sum(n for _, n in per)
+    if not total:
+        return {"agreement": None, "agreement_se": None, "pairs": 0, "prompts": 0, "chance": True}
+    r = sum(a for a, _ in per) / total
+    k = len(per)
+    se = (math.sqrt(sum((a - r * n) ** 2 for a, n in per) * k / (k - 1)) / total) if k > 1 else float("inf")
+    return {"agreement": r, "agreement_se": se, "pairs": int(total), "prompts": k, "chance": not r - 2 * se > 0.5}
 
 
 def temperatures(ev) -> list[float]:
@@ -77,7 +111,7 @@ def check(ev) -> list[str]:
     if "best_of_n" in ev.controls:
         ns = list(ev.best_of_n)
         if not ns or any(int(n) != n or n < 2 for n in ns):
-            p.append(f"eval.best_of_n={ns} must list integers >= 2 (e.g. [2, 4, 8, 16]); the pool holds max(n) "
+            p.append(f"eval.best_of_n={ns} must list integers >= 2 (e.g. [2, 4, 8, 16]); the pool holds 4 x max(n) "
                      f"samples per prompt")
         if ev.temperature <= 0 and ns:
             p.append(f"eval.controls lists best_of_n but eval.temperature={ev.temperature} is greedy: n greedy samples "
@@ -126,7 +160,7 @@ def plan(cfg, ds, gen, eval_request, n_test: int, n_val: int, task: str, memory_
             req = eval_request(ds)
             if held:
                 req["split"] = held
-            req["n"] = max(int(x) for x in ev.best_of_n)
+            req["n"] = POOL_FACTOR * max(int(x) for x in ev.best_of_n)
             req["with_prompt"] = True
             name = f"control.best_of_n.{fam}.{ds.name}.{'pool' if split == 'test' else 'valpool'}"
             sub = gen.plan(req, name, n, memory_gb=memory_gb, group="base")
@@ -280,6 +314,8 @@ def best_of_n_merge(ctx):
         scored_by = "the task's reward model"
     math_task = labels["task"] == "math"
     metric = "correct" if math_task else "reward"
+    quality = ranking_agreement(scores, [[float(bool(s["correct"])) if math_task else float(s["reward"]) for s in g]
+                                         for g in groups])
     # the KL from the pool where every sample carries its text and log-probabilities (runs from
     # before they were saved: the bound)
     measured = all(isinstance(s.get("logp"), (int, float)) and "completion" in s for g in groups for s in g)
@@ -307,7 +343,9 @@ def best_of_n_merge(ctx):
         key = "pass@1" if math_task else "mean_reward"
         row = {**labels, "eta": float(n), "variant": f"n={n}", key: statistics.fmean(per),
                f"{key}_stderr": se, "kl_bound": kl_bound(n), "n": n, "pool": len(groups[0]),
-               "prompts": len(groups), "scored_by": scored_by}
+               "prompts": len(groups), "scored_by": scored_by, "scorer_agreement": quality["agreement"],
+               "scorer_agreement_se": quality["agreement_se"], "scorer_pairs": quality["pairs"],
+               "scorer_chance": quality["chance"]}
         if measured:
             row.update(kl=statistics.fmean(kls), kl_stderr=statistics.stdev(kls) / math.sqrt(len(kls)) if len(kls) > 1
                        else 0.0, kl_estimator=KL_ESTIMATOR, kl_pool_mass=statistics.fmean(mass))
@@ -315,8 +353,10 @@ def best_of_n_merge(ctx):
             row.update(kl=kl_bound(n), kl_stderr=0.0, kl_estimator="bound: log n - (n-1)/n")
         results.append(row)
     save_records(ctx, out)
-    ctx.log.info("best-of-n over a pool of %d samples x %d prompts, scored by %s: %s", len(groups[0]), len(groups),
-                 scored_by, ", ".join(f"n={r['n']} {r.get('pass@1', r.get('mean_reward')):.4f} at KL {r['kl']:.3f} "
+    ctx.log.info("best-of-n over a pool of %d samples x %d prompts, scored by %s (ranks %s of %d pairs whose "
+                 "outcomes differ as they are%s): %s", len(groups[0]), len(groups), scored_by,
+                 "-" if quality["agreement"] is None else f"{quality['agreement']:.3f}", quality["pairs"],
+                 ", no better than chance" if quality["chance"] else "", ", ".join(f"n={r['n']} {r.get('pass@1', r.get('mean_reward')):.4f} at KL {r['kl']:.3f} "
                                       f"(bound {r['kl_bound']:.3f})" for r in results))
     return {"labels": labels, "results": results}
 

@@ -137,7 +137,7 @@ def explain(graph, sim, device_totals: list[int], memory_margin: float) -> dict:
         levers.append(f"{len(exclusive)} job(s) hold all {n} devices for {span(excl_s / 3600)} in all ({', '.join(kinds)}) "
                       f"and nothing runs beside them: fewer devices per job (algos.<A>.devices) would let the "
                       f"{span(max(rest.values(), default=0) / 3600)} chain of other jobs overlap them")
-    if sim.critical_path >= 0.9 * sim.makespan and chain:
+    if sim.critical_path >= 0.85 * sim.makespan and chain:
         longest = max(chain, key=lambda j: j.duration_hint)
         levers.append(f"the critical path bounds the run: its longest job, {longest.id} ({_label(longest)}, "
                       f"{longest.resources.devices} device(s), {span(longest.duration_hint / 3600)}), shortens it only "

@@ -170,9 +170,12 @@ def reward_description(run: RunPaths, dataset: str) -> str:
     try:
         from omegaconf import OmegaConf
 
+        from pita.datasets.adapters import DATASETS
+        from pita.datasets.config import base_of
+
         cfg = OmegaConf.load(run.config)
         rm = (OmegaConf.select(cfg, "model.reward_models") or {}).get(dataset)
-        task = OmegaConf.select(cfg, f"datasets.{dataset}.task") or "math"
+        task = DATASETS.get(base_of(OmegaConf.select(cfg, f"datasets.{dataset}"))).task
         bonus = float(OmegaConf.select(cfg, "data_collection.correctness_bonus") or 1.0)
     except Exception:  # noqa: BLE001 - a run without a readable config: unknown
         return "unknown"

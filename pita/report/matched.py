@@ -214,6 +214,13 @@ def _cell(base: dict, ms: list[dict], m: str, budgets: list[float], val_of: dict
     cell = {"metric": m, "base": float(base[m]), "base_draws": base_draws, "selected_on": selected_on,
             "frontier": [label(r) for r in chosen_by_kl], "max_kl": max([0.0] + [float(r["kl"]) for r in chosen]),
             "method_max_kl": top, "kinds": [], "values": [], "from": [], "brackets": []}
+    # a best-of-n control: how well its scorer ranks the validation pool (the test pool's without one)
+    on_val = [v for _, v in paired if v is not None and v.get("scorer_agreement") is not None]
+    on, ranked = ("validation", on_val) if on_val else ("test", [r for r in ms if r.get("scorer_agreement") is not None])
+    if ranked:
+        cell["scorer"] = {"agreement": float(ranked[0]["scorer_agreement"]),
+                          "se": ranked[0].get("scorer_agreement_se"), "pairs": ranked[0].get("scorer_pairs"),
+                          "chance": bool(ranked[0].get("scorer_chance")), "on": on}
     # which limit stopped a guided method's eta search short of a budget (its latest round's search)
     stops = [r["eta_search_stopped"] for r in sorted(ms, key=lambda r: int(r.get("round") or 0))
              if r.get("eta_search_stopped")]
@@ -336,6 +343,9 @@ def matched_cells(runs: Sequence[tuple], budgets: Sequence[float] = BUDGETS, res
                  "bracket": [c.get("brackets", [None] * len(budgets))[bi] for c in cells],
                  "stopped_by": sorted({s for c in cells for s in [(c.get("stopped") or [None] * len(budgets))[bi]]
                                        if s})}
+            scorers = [c["scorer"] for c in cells if c.get("scorer")]
+            if scorers:  # the worst seed's scorer speaks for the cell
+                e["scorer"] = min(scorers, key=lambda x: x["agreement"])
             tv = [c["test_values"][bi] for c in cells]
             e["test_selected"] = {"value": None}
             if all(v is not None for v in tv):
@@ -480,8 +490,15 @@ def _cell_text(e: dict, what: str = "value", notes: Notes | None = None) -> str:
     if kind in ("measured", "interpolated") and share is not None and share < 1:
         pct = f"{share:.1%}" if share >= 0.995 else f"{share:.0%}"
         reasons.append(f"{e['algorithm']} at KL {e['kl_budget']:g}: reached in {pct} of the bootstrap draws")
+    sc = e.get("scorer")
+    if sc and sc.get("chance"):
+        se = f" ± {sc['se']:.3f}" if _finite(sc.get("se")) else ""
+        reasons.append(f"{e['algorithm']}: its scorer ranks the {sc.get('on', 'validation')} pool no better than chance "
+                       f"(agreement with the outcome {sc['agreement']:.3f}{se} over {sc.get('pairs')} pairs): a best-of-n "
+                       f"that loses by construction, not a bar to beat")
     reasons = [r for r in reasons if r]
-    mark = MARKS.get(kind, "")
+    mark = MARKS.get(kind, "") + (" chance scorer" if sc and sc.get("chance") and kind != "not reached" else "")
+    mark = mark.strip()
     if kind == "not reached":
         text = mark
     else:
@@ -580,5 +597,5 @@ def public(cells: list[dict]) -> list[dict]:
     keep = ("eval_dataset", "family", "train_dataset", "algorithm", "metric", "kl_budget", "kind", "kinds",
             "selected_on", "value", "ci_lo", "ci_hi", "gain", "gain_ci_lo", "gain_ci_hi", "base", "reached", "seeds",
             "seeds_reaching", "seed_ids", "interval", "max_kl", "method_max_kl", "frontier", "from", "draws_reaching",
-            "test_selected", "bracket", "stopped_by")
+            "test_selected", "bracket", "stopped_by", "scorer")
     return [{k: e[k] for k in keep if k in e} for e in cells]
