@@ -98,7 +98,6 @@ class ValueModel(nn.Module):
             self.score = nn.Linear(H, spec.n_out)
             nn.init.normal_(self.score.weight, std=0.01)
             nn.init.zeros_(self.score.bias)  # start near neutral: p ~ 0.5, near-uniform atoms
-            self._cache_note = None
             return
         E = backbone.get_input_embeddings().embedding_dim
         self.w_h = nn.Linear(H, spec.head_dim)
@@ -260,8 +259,6 @@ class ValueModel(nn.Module):
         if view is None:  # a cache with state updated in place (static, linear attention): a copy
             import copy
 
-            if self._cache_note is None:
-                self._cache_note = type(past).__name__
             view = copy.deepcopy(past)
         dtype = next(self.backbone.parameters()).dtype
         attn = _candidate_masks(self.backbone.config.get_text_config(), past, mask, k, dtype)
