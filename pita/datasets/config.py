@@ -100,6 +100,11 @@ def base_of(cfg: Any) -> str:
     return getattr(cfg, "base", None) or cfg.name
 
 
+def task_of(cfg: Any) -> str:
+    """The task of the dataset ``cfg`` configures (its adapter's: math or reward)."""
+    return DATASETS.get(base_of(cfg)).task
+
+
 def check_dataset_config(cfg: Any) -> list[str]:
     """Every problem with ``cfg`` (a DatasetConfig or an equivalent DictConfig), one line each."""
     if base_of(cfg) not in DATASETS:

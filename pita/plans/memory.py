@@ -106,10 +106,9 @@ class JobMemory:
         """Whether ``dataset`` is a reward task (scored by its reward model); a dataset whose
         adapter cannot be told here counts as one (its reward model is then reserved)."""
         try:
-            from pita.datasets.adapters import DATASETS
-            from pita.datasets.config import base_of
+            from pita.datasets.config import task_of
 
-            return DATASETS.get(base_of(self.cfg.datasets[dataset])).task == "reward"
+            return task_of(self.cfg.datasets[dataset]) == "reward"
         except Exception:  # noqa: BLE001 - unknown: reserve the reward model
             return True
 

@@ -170,12 +170,11 @@ def reward_description(run: RunPaths, dataset: str) -> str:
     try:
         from omegaconf import OmegaConf
 
-        from pita.datasets.adapters import DATASETS
-        from pita.datasets.config import base_of
+        from pita.datasets.config import task_of
 
         cfg = OmegaConf.load(run.config)
         rm = (OmegaConf.select(cfg, "model.reward_models") or {}).get(dataset)
-        task = DATASETS.get(base_of(OmegaConf.select(cfg, f"datasets.{dataset}"))).task
+        task = task_of(OmegaConf.select(cfg, f"datasets.{dataset}"))
         bonus = float(OmegaConf.select(cfg, "data_collection.correctness_bonus") or 1.0)
     except Exception:  # noqa: BLE001 - a run without a readable config: unknown
         return "unknown"
