@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 
 import pytest
@@ -197,6 +198,7 @@ def test_forked_and_fresh_workers_see_the_same_world(tmp_path, monkeypatch, star
         assert s["CUDA_VISIBLE_DEVICES"] == "" and s["device_count"] == 0
         assert s["threads"] == 1  # OMP_NUM_THREADS of the job, even though the warm process imported torch
         assert s["cwd"] == cwd and s["PITA_TEST_VAR"] == "set-after-the-backend"
+        assert s["blocked_signals"] == []  # the warm process's held SIGINT is lifted in each worker
     assert len({s["pid"] for s in seen}) == 2
 
 
@@ -230,6 +232,38 @@ def test_a_dead_warm_process_fails_its_workers_and_is_replaced(tmp_path):
     e = state["jobs"]["w"]
     assert [a["status"] for a in e["attempts"]] == ["died", "ok"] and e["state"] == "COMPLETED"
     assert "SIGKILL" in e["attempts"][0]["error"]
+
+
+def test_a_ctrl_c_while_the_warm_process_imports_is_held_for_the_orchestrator(tmp_path):
+    """Ctrl-C reaches the whole process group, the warm process included, which the library
+    protects from SIGINT only once its imports are done: before, it printed a traceback from
+    the middle of importing torch. Here the imports take 1.5 s and SIGINT arrives after 0.3 s."""
+    import signal
+    import subprocess
+    import sys
+
+    (tmp_path / "slow_import.py").write_text("import time\ntime.sleep(1.5)\n")
+    script = f"""
+import os, signal, sys, time
+got = []
+signal.signal(signal.SIGINT, lambda *a: got.append(1))
+from multiprocessing import forkserver
+from pita.core.backends.local import fork_server
+fork_server(["slow_import"])
+server = forkserver._forkserver._forkserver_pid
+time.sleep(0.3)
+os.killpg(0, signal.SIGINT)
+time.sleep(2.5)
+import psutil
+print("server", psutil.Process(server).status(), "orchestrator saw", len(got))
+"""
+    p = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60,
+                       start_new_session=True, env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(tmp_path)},
+                       preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # as a terminal starts it
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert "Traceback" not in p.stderr and "KeyboardInterrupt" not in p.stderr, p.stderr[-2000:]
+    status = p.stdout.split()[1]
+    assert status in ("sleeping", "running") and p.stdout.strip().endswith("orchestrator saw 1"), p.stdout
 
 
 def test_a_cpu_job_holding_two_devices_gets_both_devices_threads(tmp_path):

@@ -147,7 +147,8 @@ def report_env(ctx):
     out = {"pid": os.getpid(), "CUDA_VISIBLE_DEVICES": os.environ.get("CUDA_VISIBLE_DEVICES"),
            "device_count": torch.cuda.device_count(), "devices": ctx.devices,
            "start": worker.START,  # exec (a fresh interpreter) | forked (from the fork server)
-           "threads": torch.get_num_threads(), "cwd": os.getcwd(), "PITA_TEST_VAR": os.environ.get("PITA_TEST_VAR")}
+           "threads": torch.get_num_threads(), "cwd": os.getcwd(), "PITA_TEST_VAR": os.environ.get("PITA_TEST_VAR"),
+           "blocked_signals": sorted(int(s) for s in signal.pthread_sigmask(signal.SIG_BLOCK, []))}
     out["LOCAL_RANK"] = os.environ.get("LOCAL_RANK")
     if torch.cuda.is_available():
         from pita.core.devinfo import cuda_uuid, set_local_device

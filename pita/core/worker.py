@@ -314,6 +314,7 @@ def forked_main(launch_path: str, env: dict, cwd: str, log_path: str) -> int:
     global START
     START = "forked"
     _release_fork_server()
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # blocked in the server (local._interrupts_held)
     parent = os.getppid()
     os.setsid()
     fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)

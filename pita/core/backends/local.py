@@ -26,6 +26,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import types
 from dataclasses import dataclass
@@ -69,12 +70,13 @@ def fork_server(preload: list[str] | tuple[str, ...] = ()):
     (:func:`pita.core.worker.forked_main`), so a SIGKILLed orchestrator still takes the server,
     and through ``PR_SET_PDEATHSIG`` every worker, with it."""
     import multiprocessing
-    from multiprocessing import forkserver
+    from multiprocessing import forkserver, resource_tracker
 
     ctx = multiprocessing.get_context("forkserver")
     if getattr(forkserver._forkserver, "_forkserver_pid", None) is None:  # not started yet in this process
         ctx.set_forkserver_preload([*ALWAYS_PRELOAD, *preload])
-    with _without_main_script():
+    resource_tracker.ensure_running()  # first: starting it unblocks SIGINT, which _interrupts_held blocks
+    with _without_main_script(), _interrupts_held():
         forkserver.ensure_running()
     if not _STOP_AT_EXIT:
         import atexit
@@ -113,6 +115,23 @@ def _without_main_script():
         yield
     finally:
         sys.modules["__main__"] = main
+
+
+@contextlib.contextmanager
+def _interrupts_held():
+    """The server is started with SIGINT blocked, and keeps it blocked through its imports: the
+    library ignores SIGINT only once they are done, and a Ctrl-C to the process group in the
+    seconds before printed a KeyboardInterrupt traceback from the server's import of torch. A
+    SIGINT that reaches this process meanwhile is held, not lost: it is delivered when the block
+    is lifted. Each worker lifts the block it inherits (:func:`pita.core.worker.forked_main`)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
 def _server_gone_within(timeout: float) -> bool:
