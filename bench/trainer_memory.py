@@ -124,12 +124,26 @@ def proxy_folder(guidance: str, root: Path) -> str:
     src = Path(shape_folder(guidance, root))
     for f in src.iterdir():
         (d / "backbone" / f.name).write_bytes(f.read_bytes())
-    tc = model_config(guidance, "model").get_text_config()
-    (d / META_FILE).write_text(json.dumps(asdict(HeadSpec(loss="bradley_terry", head_dim=128, vocab_size=tc.vocab_size,
-                                                          hidden_size=tc.hidden_size))))
+    cfg = model_config(guidance, "model")
+    tc = cfg.get_text_config()
+    spec = HeadSpec(loss="bradley_terry", head_dim=128, vocab_size=tc.vocab_size, hidden_size=tc.hidden_size)
+    (d / META_FILE).write_text(json.dumps(asdict(spec)))
     import torch
+    from torch import nn
 
-    torch.save({}, d / HEAD_FILE)  # the head keeps its initial (fake) weights
+    from pita.guidance.value_model import ValueModel
+
+    class Shape(nn.Module):  # what the head reads of its backbone: the config and the embedding width
+        def __init__(self):
+            super().__init__()
+            self.config = cfg
+
+        def get_input_embeddings(self):
+            return nn.Embedding(1, tc.hidden_size, device="meta")
+
+    # the head keeps its initial (fake) weights, in the layout the job's loader checks
+    head = {k: v for k, v in ValueModel(Shape(), spec).state_dict().items() if not k.startswith("backbone.")}
+    torch.save(head, d / HEAD_FILE)
     return str(d)
 
 
