@@ -30,6 +30,7 @@ import math
 import statistics
 
 from pita.core.paths import RunPaths
+from pita.report.config import run_config
 
 log = logging.getLogger(__name__)
 
@@ -67,9 +68,7 @@ def _records(run: RunPaths, job_id: str) -> list[dict] | None:
 
 def _labels(run: RunPaths) -> dict:
     try:
-        from omegaconf import OmegaConf
-
-        dc = OmegaConf.load(run.config)
+        dc = run_config(run)
         return {"beta": float(dc.data_collection.bt_beta), "sampling": bool(dc.data_collection.bradley_terry_sampling),
                 "seed": int(dc.system.seed), "per_prompt": int(dc.data_collection.pairs_per_prompt)}
     except Exception:  # noqa: BLE001 - the defaults of a run without a readable config
@@ -172,7 +171,7 @@ def reward_description(run: RunPaths, dataset: str) -> str:
 
         from pita.datasets.config import task_of
 
-        cfg = OmegaConf.load(run.config)
+        cfg = run_config(run)
         rm = (OmegaConf.select(cfg, "model.reward_models") or {}).get(dataset)
         task = task_of(OmegaConf.select(cfg, f"datasets.{dataset}"))
         bonus = float(OmegaConf.select(cfg, "data_collection.correctness_bonus") or 1.0)

@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 from pita.core.paths import RunPaths
+from pita.report.config import run_config
 from pita.report.intervals import add_intervals, metric_of
 from pita.report.roster import Roster
 from pita.report.plots import (plot_frontier, plot_rounds, plot_timeline, plot_training,
@@ -148,10 +149,8 @@ def _f(v, nd=3) -> str:
 
 def _fairness_notes(run: RunPaths, rows: list[dict], swept: set, roster: Roster) -> list[str]:
     """What every row was given: the preference budget, and how eta was chosen."""
-    from omegaconf import OmegaConf
-
     try:
-        cfg = OmegaConf.load(run.config)
+        cfg = run_config(run)
         budget, val = cfg.data_collection.pairs_per_prompt, cfg.eval.validation_prompts
     except Exception:  # noqa: BLE001 - an unreadable config only loses these two lines
         return []

@@ -22,6 +22,7 @@ import logging
 from pathlib import Path
 
 from pita.core.paths import RunPaths, atomic_write_json
+from pita.report.config import run_config
 from pita.report.intervals import CI_COLUMNS, add_intervals, metric_of as _metric
 from pita.report.roster import Roster
 from pita.tracking import open_tracker, settings_for
@@ -215,7 +216,7 @@ def wide_ratio(run: RunPaths) -> float:
     try:
         from omegaconf import OmegaConf
 
-        got = OmegaConf.select(OmegaConf.load(run.config), "eval.wide_ratio")
+        got = OmegaConf.select(run_config(run), "eval.wide_ratio")
     except Exception:  # noqa: BLE001 - an unreadable config falls back to the default
         got = None
     return float(got) if got else WIDE_RATIO
@@ -228,7 +229,7 @@ def kl_budgets(run: RunPaths) -> list[float]:
     try:
         from omegaconf import OmegaConf
 
-        got = OmegaConf.select(OmegaConf.load(run.config), "eval.kl_budgets")
+        got = OmegaConf.select(run_config(run), "eval.kl_budgets")
     except Exception:  # noqa: BLE001 - an unreadable config falls back to the defaults
         got = None
     return [float(b) for b in got] if got else list(BUDGETS)
@@ -369,9 +370,7 @@ def send_results(run: RunPaths, rows: list[dict], roster: Roster | None = None) 
     """The final results to the run's tracker: the table as text, and each reported value
     (base, and every algorithm at its chosen eta) as a scalar per round. Never raises."""
     try:
-        from omegaconf import OmegaConf
-
-        cfg = OmegaConf.load(run.config) if run.config.exists() else None
+        cfg = run_config(run) if run.config.exists() else None
         s = settings_for(cfg, run, "results")
         if s.kind == "none" or not rows:
             return

@@ -16,6 +16,8 @@ from __future__ import annotations
 import zlib
 from dataclasses import dataclass, field
 
+from pita.report.config import run_config
+
 BASE_COLOUR = "dimgray"
 # tab10 without its grey (the base model's colour)
 PALETTE = ["tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple", "tab:brown", "tab:pink", "tab:olive",
@@ -31,9 +33,7 @@ class Roster:
     def of_run(cls, run) -> "Roster":
         """The order of the run's ``config.yaml`` ``algos`` section (empty if it cannot be read)."""
         try:
-            from omegaconf import OmegaConf
-
-            cfg = OmegaConf.load(run.config)
+            cfg = run_config(run)
             return cls(tuple(str(k) for k in (cfg.get("algos") or {}).keys()))
         except Exception:  # noqa: BLE001 - a missing or damaged config only loses the order
             return cls()
