@@ -103,6 +103,8 @@ def test_best_of_n_kl_estimates_a_long_tail_better_than_the_bound():
     (("eval.control_temperatures=[0.5,1.2]",), "eval.control_temperatures=[0.5, 1.2] must list temperatures in (0, "
                                                "eval.temperature=1.0)"),
     (("eval.best_of_n=[1,4]",), "eval.best_of_n=[1, 4] must list integers >= 2"),
+    (("eval.control_temperature_min=1.5",), "eval.control_temperature_min=1.5 must be a number in (0, "
+                                            "eval.temperature=1.0)"),
     (("eval.controls=[temprature]",), "eval.controls"),
     (("eval.temperature=0", "eval.controls=[temperature]"), "eval.temperature=0"),
 ])
@@ -128,7 +130,13 @@ def test_controls_are_planned_on_test_and_validation_from_the_base_model(tiny_ca
     jobs = _controls(tiny_cache, "experiment.algos=[QSharp-HF]", "experiment.rounds=1")
     merges = {k: j for k, j in jobs.items() if k.endswith(".merge")}
     assert set(merges) == {"control.temperature.tiny.arith.eval.merge", "control.temperature.tiny.arith.val.merge",
+                           "control.temperature.tiny.arith.eval-search.merge",
                            "control.best_of_n.tiny.arith.pool.merge", "control.best_of_n.tiny.arith.valpool.merge"}
+    # the temperature control searched on validation as eta is, the test split sampling what it adds
+    search = jobs["control.temperature.tiny.arith.search"]
+    assert search.kind == "eval.eta_search" and search.deps == ["control.temperature.tiny.arith.val.merge"]
+    assert search.params["coordinate"] == "temperature" and search.params["request"]["split"] == "held_out"
+    assert merges["control.temperature.tiny.arith.eval-search.merge"].params["may_be_empty"]
     pool = merges["control.best_of_n.tiny.arith.pool.merge"]
     assert pool.kind == "control.best_of_n" and pool.params["proxy"] == "QSharp-HF.tiny.arith.r0.proxy"
     assert "QSharp-HF.tiny.arith.r0.proxy" in pool.deps and pool.params["ns"] == [2, 4, 8]  # the demo preset's
@@ -139,6 +147,8 @@ def test_controls_are_planned_on_test_and_validation_from_the_base_model(tiny_ca
         assert req["policy"]["guidance"] is None and not req["policy"].get("model_from_job")
         if ".best_of_n." in j.id:
             assert req["n"] == 32 and req["with_prompt"]  # the pool: 4 x max(eval.best_of_n)
+        elif ".search" in j.id or "eval-search" in j.id:
+            assert req["sweep"] == "temperature" and (j.kind == "eval.eta_search" or req["etas_from"] == search.id)
         else:
             assert req["sweep"] == "temperature" and req["etas"] == [0.85, 0.7, 0.55, 0.4]
             assert req["sampling"]["temperature"] == 1.0

@@ -93,3 +93,48 @@ def test_the_search_is_planned_as_the_guided_sampling_it_does(tiny_cache):
 
     assert search.planned_s >= 1.0 and rows_per_example(dict(search.params["request"], etas=[0.0] * 3)) == \
         3 * rows_per_example(dict(search.params["request"], etas=[0.0]))
+
+
+def test_the_temperature_controls_search_doubles_and_halves_its_sharpening_and_names_its_limits():
+    """The control's coordinate is the sharpening s = T0 / T - 1 (T0 = 1 here): colder rows reach
+    more KL. A budget past the coldest row doubles its sharpening (T=0.4 -> s=1.5 -> 3: T=0.25);
+    one below the warmest halves it (T=0.85 -> T=0.919); its limits read as temperatures."""
+    from pita.eval.eta_search import Sharpening
+
+    c = Sharpening({"t_eval": 1.0, "t_min": 0.05, "t_max": 0.98})
+    pts = [(c.to_x(t), kl) for t, kl in [(0.85, 0.08), (0.7, 0.2), (0.55, 0.4), (0.4, 0.7)]]
+    new, stopped = next_etas(pts, BUDGETS, c.lo, c.hi, wide=4.0, show=c.show, limits=c.limits)
+    assert [c.from_x(x) for x in new] == [0.918919, 0.25] and stopped == {}
+    # at the coldest allowed temperature a budget it cannot reach names eval.control_temperature_min
+    cold = [(c.to_x(0.05), 0.8)]
+    new, stopped = next_etas(cold, [1.0], c.lo, c.hi, show=c.show, limits=c.limits)
+    assert new == [] and stopped["1"].startswith("eval.control_temperature_min=0.05 (T=0.05 reaches KL 0.8")
+    warm = [(c.to_x(0.98), 0.2)]
+    new, stopped = next_etas(warm, [0.05], c.lo, c.hi, show=c.show, limits=c.limits)
+    assert new == [] and "warmest temperature 0.98" in stopped["0.05"] and "T=0.98 is already at KL 0.2" in stopped["0.05"]
+
+
+def test_the_temperature_control_is_searched_on_validation_and_its_new_temperatures_tested(smoke_run):
+    """The smoke run's temperature control: the search adds temperatures on the validation prompts
+    (below eval.temperature, at or above eval.control_temperature_min), the test prompts sample
+    them, and both splits' rows of the control carry them as variants T=..."""
+    import json
+
+    run, _ = smoke_run
+    res = json.loads((run / "jobs" / "control.temperature.tiny.arith.search" / "result.json").read_text())
+    cfg = json.loads((run / "jobs" / "control.temperature.tiny.arith.search" / "launch.json").read_text())
+    p = cfg["job"]["params"]
+    added = res["etas"]
+    assert p["coordinate"] == "temperature" and p["t_max"] < p["t_eval"]
+    assert all(p["t_min"] <= t < p["t_eval"] for t in added)
+    from pita.report.results import read_results
+
+    rows, _ = read_results(run / "results" / "final_results.json")
+    val = json.loads((run / "results" / "validation.json").read_text())
+    ctrl_test = {x["eta"]: x["variant"] for x in rows if x["algorithm"] == "control: temperature"}
+    ctrl_val = {x["eta"] for x in val if x["algorithm"] == "control: temperature"}
+    assert set(added) <= set(ctrl_test) and set(added) <= ctrl_val
+    assert all(ctrl_test[t] == f"T={t:g}" for t in added)
+    for why in res["stopped"].values():
+        assert why.startswith(("eval.control_temperature_min", "the control's warmest", "the KL jumps",
+                               "eval.eta_search_steps"))

@@ -240,10 +240,12 @@ class EvalConfig:
     # ranked by Q#'s value model when Q# runs; its KL measured from the pool, the bound
     # log n - (n-1)/n beside it); [] for none
     controls: List[str] = field(default_factory=lambda: ["temperature", "best_of_n"])
-    # the temperature control's temperatures, each below eval.temperature; null: 0.85, 0.7, 0.55
-    # and 0.4 x eval.temperature
+    # the temperature control's first temperatures, each below eval.temperature; null: 0.85, 0.7,
+    # 0.55 and 0.4 x eval.temperature. The control is then searched on the validation prompts as
+    # eta is (eval.eta_search_steps rounds), down to control_temperature_min (pita/eval/eta_search.py)
     control_temperatures: Optional[List[float]] = None
-    best_of_n: List[int] = field(default_factory=lambda: [2, 4, 8, 16])  # the best-of-n control's n (pool: max n per prompt)
+    control_temperature_min: float = 0.05
+    best_of_n: List[int] = field(default_factory=lambda: [2, 4, 8, 16])  # the best-of-n control's n (pool: 4 x max n per prompt)
     # cross-dataset evaluation: training dataset -> the datasets its models are evaluated on
     # (default: itself), e.g. {gsm8k: [gsm8k, math500]}; each needs a datasets.<name> entry
     datasets_by_train: Dict[str, List[str]] = field(default_factory=dict)

@@ -10,7 +10,12 @@ method, their frontier chosen on validation:
 ``control: temperature``  the base model sampled at ``eval.control_temperatures`` (lower than
     ``eval.temperature``), its KL measured exactly per step against the base model at the
     evaluation's temperature, as every other row's (``reference_temperature`` of
-    ``LM.generate_ids``). One row per temperature (``variant`` ``T=0.7``).
+    ``LM.generate_ids``). One row per temperature (``variant`` ``T=0.7``). Like a guided
+    method's eta, the temperatures are then searched on the validation prompts until the KL
+    budgets are bracketed (``eval.eta_search_steps`` rounds, down to
+    ``eval.control_temperature_min``; :func:`temperature_search`), and the test prompts sample
+    the ones the search added: a fixed grid left method - control differences missing at the
+    larger budgets.
 
 ``control: best-of-n``    for n in ``eval.best_of_n``: the completion with the highest score
     among n base-model samples. The score is one a user would have at test time, never the gold
@@ -32,7 +37,8 @@ method, their frontier chosen on validation:
 ``control: best-of-n by value``  on a verifier task with Q# in the run: the same pool ranked by
     Q#'s round-0 value model (its predicted value of each whole sequence), the supervision Q# had.
 
-Job ids: ``control.temperature.<family>.<dataset>.{eval,val}.*`` and
+Job ids: ``control.temperature.<family>.<dataset>.{eval,val,eval-search}.*``,
+``control.temperature.<family>.<dataset>.search`` and
 ``control.best_of_n.<family>.<dataset>.{pool,valpool}.*`` (``.merge``: ranked by the reward model
 or the proxy; ``.value``: by Q#'s value model).
 """
@@ -45,6 +51,7 @@ from pita.core.errors import JobError
 from pita.core.job import Job, Resources, add_kind_module, job_kind
 
 add_kind_module("pita.eval.controls")
+add_kind_module("pita.eval.eta_search")  # eval.eta_search: the temperature control's search
 
 CONTROLS = ("temperature", "best_of_n")
 SCORE_BATCH = 64  # sequences the best-of-n merge scores with the proxy at once (its micro_batch_size)
@@ -55,6 +62,8 @@ VALUE_OF = "QSharp"  # the algorithm whose round-0 value model scores the second
 KL_ESTIMATOR = "best-of-n over the pool"
 DEFAULT_FACTORS = (0.85, 0.7, 0.55, 0.4)  # of eval.temperature, when eval.control_temperatures is null
 PROXY_OF = ("QSharp-HF", "GRPO-HF")  # algorithms whose round-0 proxy reward model scores best-of-n on verifier tasks
+T_MIN = 0.05  # eval.control_temperature_min's default: the coldest temperature the control's search tries
+T_MAX = 0.98  # the warmest, as a fraction of eval.temperature (the base model itself is at 1)
 POOL_FACTOR = 4  # the best-of-n pool: this many times max(eval.best_of_n) samples per prompt
 
 
@@ -102,6 +111,10 @@ def check(ev) -> list[str]:
             p.append(f"eval.controls lists temperature but eval.temperature={ev.temperature} is greedy; lower "
                      f"temperatures need a sampling one (or drop temperature from eval.controls)")
         else:
+            t_min = ev.get("control_temperature_min", T_MIN)
+            if not (isinstance(t_min, (int, float)) and not isinstance(t_min, bool) and 0 < t_min < ev.temperature):
+                p.append(f"eval.control_temperature_min={t_min!r} must be a number in (0, eval.temperature="
+                         f"{ev.temperature}): the coldest temperature the control's search may try, e.g. 0.05")
             bad = [t for t in temperatures(ev) if not 0 < t < float(ev.temperature)]
             if bad or not temperatures(ev):
                 p.append(f"eval.control_temperatures={list(ev.control_temperatures or [])} must list temperatures in "
@@ -135,6 +148,7 @@ def plan(cfg, ds, gen, eval_request, n_test: int, n_val: int, task: str, memory_
               "control": True}
     splits = [("test", n_test, None)] + ([("validation", n_val, "held_out")] if n_val else [])
     if "temperature" in ev.controls:
+        val_merge = None
         for split, n, held in splits:
             req = eval_request(ds)
             if held:
@@ -148,6 +162,9 @@ def plan(cfg, ds, gen, eval_request, n_test: int, n_val: int, task: str, memory_
                                           **({"split": "validation"} if held else {})},
                                   variant="T={:g}", kl_fraction=ev.kl_fraction)
             jobs += sub
+            val_merge = sub[-1] if held else val_merge
+        if val_merge is not None and int(ev.eta_search_steps) > 0:
+            jobs += temperature_search(cfg, ds, gen, eval_request, n_test, n_val, labels, memory_gb, val_merge)
     if "best_of_n" in ev.controls:
         proxy = next((proxies[a] for a in PROXY_OF if a in proxies), None) if task != "reward" else None
         value = value if task != "reward" else None  # a reward task ranks by its reward model
@@ -186,6 +203,37 @@ def plan(cfg, ds, gen, eval_request, n_test: int, n_val: int, task: str, memory_
                                resources=score_res, duration_hint=merge.duration_hint))
             jobs += sub
     return jobs
+
+
+def temperature_search(cfg, ds, gen, eval_request, n_test: int, n_val: int, labels: dict, memory_gb: float,
+                       val_merge: Job) -> list:
+    """The temperature control searched as eta is (pita/eval/eta_search.py): after its first
+    temperatures' validation rows, new temperatures on the validation prompts until the KL
+    budgets are bracketed (``control.temperature.<family>.<dataset>.search``), then the test
+    prompts at the temperatures it added (``...eval-search``, nothing when none was)."""
+    ev, fam = cfg.eval, cfg.model.name
+    search = f"control.temperature.{fam}.{ds.name}.search"
+    req = eval_request(ds)
+    req["split"] = "held_out"
+    req["sweep"] = "temperature"
+    t0 = float(ev.temperature)
+    job = Job(id=search, kind="eval.eta_search", deps=[val_merge.id], group="base",
+              params={"request": req, "labels": dict(val_merge.params["labels"]), "validation": val_merge.id,
+                      "variant": "T={:g}", "budgets": [float(b) for b in ev.kl_budgets],
+                      "steps": int(ev.eta_search_steps), "coordinate": "temperature", "t_eval": t0,
+                      "t_min": float(ev.get("control_temperature_min", T_MIN)), "t_max": T_MAX * t0,
+                      "kl_fraction": float(ev.kl_fraction), "n_examples": n_val,
+                      "wide_ratio": float(ev.get("wide_ratio", 4.0)), "batch_size": req["sampling"]["batch_size"]},
+              resources=Resources(1, memory_gb), duration_hint=1.0 * n_val * int(ev.eta_search_steps))
+    treq = eval_request(ds)
+    treq["sweep"] = "temperature"
+    treq["etas_from"] = search
+    sub = gen.plan(treq, f"control.temperature.{fam}.{ds.name}.eval-search", n_test, deps=[search],
+                   memory_gb=memory_gb, group="base")
+    sub[-1].kind = "eval.merge"
+    sub[-1].params.update(labels={"algorithm": TEMPERATURE, **labels}, variant="T={:g}",
+                          kl_fraction=ev.kl_fraction, may_be_empty=True)
+    return [job, *sub]
 
 
 def best_of_n_weights(N: int, n: int) -> list[float]:

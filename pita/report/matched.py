@@ -458,7 +458,8 @@ def cell_reason(e: dict) -> str:
     """Why a headline cell is what it is, in words (the cell itself shows its value and a mark)."""
     kind = e.get("kind") or ("measured" if e["reached"] else "not reached")
     who = f"{e['algorithm']}: "  # no budget: the cells a reason holds for share its note
-    stopped = f"; η search stopped by {' / '.join(e['stopped_by'])}" if e.get("stopped_by") else ""
+    searched = "temperature" if e["algorithm"] == "control: temperature" else "η"
+    stopped = f"; {searched} search stopped by {' / '.join(e['stopped_by'])}" if e.get("stopped_by") else ""
     spans = [x for x in e.get("bracket") or [] if x]
     span = f"KL {min(x[0] for x in spans):.3g} and {max(x[1] for x in spans):.3g}" if spans else ""
     if kind == "not reached":
