@@ -326,6 +326,58 @@ def test_a_seed_level_interval_covers_95_percent_with_three_and_five_seeds(k, se
     assert 0.93 <= cover <= 0.97, cover
 
 
+def _binary_coverage(k: int, seed_sd: float, prompt_sd: float, sims: int, prompts: int = 48, n: int = 4,
+                     base: float = -0.8, resamples: int = 200) -> float:
+    """As _seed_coverage with 0/1 outcomes: n samples per prompt and seed, each correct with
+    probability sigmoid(base + seed effect + prompt effect) (base -0.8: pass@1 near 0.3, as the
+    tiny and real arith models), each seed's estimate its pass@1 over the prompts; the truth is
+    the expected pass@1 over seeds and prompts, integrated once on a large grid."""
+    import numpy as np
+
+    from pita.eval.metrics import seed_interval
+
+    rng = np.random.default_rng([k, 7, int(seed_sd * 100), int(prompt_sd * 100)])
+    z = rng.normal(0, 1, (2, 400_000))
+    truth = float((1 / (1 + np.exp(-(base + seed_sd * z[0] + prompt_sd * z[1])))).mean())
+    hits = 0
+    for _ in range(sims):
+        logit = base + rng.normal(0, seed_sd, (k, 1)) + rng.normal(0, prompt_sd, (1, prompts))
+        p = 1 / (1 + np.exp(-logit))
+        y = rng.binomial(n, p) / n  # [seeds x prompts]: each prompt's pass@1 over its n samples
+        idx = rng.integers(0, prompts, (resamples, prompts))
+        draws = y[:, idx].mean(2).T
+        ci = seed_interval(y.mean(1), draws, prompts=prompts)
+        hits += ci["lo"] <= truth <= ci["hi"]
+    return hits / sims
+
+
+# Where the shared prompts carry most of the variance the interval is conservative: the seed
+# part's k - 1 = 2 degrees of freedom give its pivot a heavy tail even where that part is small.
+# Measured at 1,000 experiments each (scratch script, this commit): 97.3% (Gaussian) and 98.4%
+# (0/1 outcomes) at k = 3, 96.3% and 97.3% at k = 5; Welch-Satterthwaite's t interval instead
+# covers 94.4-95.7% there but 91.6% with 0/1 outcomes at k = 3 where seeds and prompts mix.
+CONSERVATIVE = (0.93, 0.99)
+
+
+@pytest.mark.parametrize("k", [3, pytest.param(5, marks=pytest.mark.slow)])
+def test_a_seed_level_interval_covers_at_least_95_percent_where_the_prompts_carry_the_variance(k):
+    """As real_arith: the prompts (which the seeds share) carry most of the variance, the seeds
+    little. Covered at least 93% of 1,500 simulated experiments, conservative up to 99%."""
+    cover = _seed_coverage(k, 0.1, 1.0, 0.5, sims=1500)
+    assert CONSERVATIVE[0] <= cover <= CONSERVATIVE[1], cover
+
+
+@pytest.mark.parametrize("k", [3, pytest.param(5, marks=pytest.mark.slow)])
+@pytest.mark.parametrize("seed_sd,prompt_sd,band", [(0.3, 1.5, CONSERVATIVE), (0.6, 0.5, (0.93, 0.97))],
+                         ids=["prompts-dominate", "seeds-and-prompts"])
+def test_a_seed_level_interval_covers_95_percent_with_zero_one_outcomes(k, seed_sd, prompt_sd, band):
+    """0/1 per-sample outcomes (4 samples per prompt, pass@1 near 0.3), the interval around the
+    expected pass@1: covered 93-97% of 1,500 simulated experiments where seeds and prompts mix,
+    at least 93% (conservative) where the prompts dominate."""
+    cover = _binary_coverage(k, seed_sd, prompt_sd, sims=1500)
+    assert band[0] <= cover <= band[1], cover
+
+
 def test_a_seed_interval_without_draws_is_the_t_interval_and_one_seed_is_the_prompt_bootstrap():
     import numpy as np
 
