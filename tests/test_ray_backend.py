@@ -330,6 +330,31 @@ def _backend_with_one_task(tmp_path, rc):
     return b, runner
 
 
+def test_a_nodes_cpu_slots_placed_in_two_calls_share_its_cores():
+    """CPU mode asks two slots of a 2-CPU node; under load Ray places the second actor after the
+    first call returned. Each slot still gets one core, half the memory and its own number (they
+    each took both cores when a slot was counted from the call that placed it)."""
+    from pita.core.backends.ray import RayBackend
+
+    class Ray(_FakeRay):
+        def nodes(self):
+            return [{"NodeID": "node-a", "Alive": True, "Resources": {"CPU": 2.0}}]
+
+    b = RayBackend.__new__(RayBackend)
+    b.ray, b.gpu_mode, b.runners, b.placement, b.lost, b.added = Ray(), False, [], [], {}, []
+    b.gpu_memory_bytes = None
+    info = {"node_id": "node-a", "node_ip": "10.0.0.1", "gpu_ids": [], "cores": 2, "host_available_bytes": 8e9}
+    refs = [_Ref(dict(info), ready=False) for _ in range(2)]
+    b.pending = {r: SimpleNamespace(_pita_node="node-a", _pita_slots=2) for r in refs}
+    refs[0].ready = True
+    assert b._collect_placed() == [0]
+    refs[1].ready = True
+    assert b._collect_placed() == [1]
+    devs = b.devices()
+    assert [d.threads for d in devs] == [1, 1] and {d.index for d in devs} == {0, 1}
+    assert all(d.name.endswith(" 1 core") and d.total_bytes == 4e9 for d in devs)
+
+
 def test_a_worker_killed_as_its_actor_dies_is_a_lost_device_not_the_jobs_crash(tmp_path):
     """An actor whose node goes SIGKILLs its children on the way out and may still return their
     exit (-9) before it dies: the verdict waits for the actor's answer. It dies: lost (the job

@@ -291,7 +291,7 @@ class RayBackend(Backend):
             for _ in range(slots):
                 a = self.cls.options(num_cpus=0, max_concurrency=self.max_jobs, scheduling_strategy=
                                      NodeAffinitySchedulingStrategy(nid, soft=False)).remote()
-                a._pita_node = nid
+                a._pita_node, a._pita_slots = nid, slots
                 self.pending[a.info.remote()] = a
 
     def _collect_placed(self, timeout: float = 0.0) -> list[int]:
@@ -309,15 +309,21 @@ class RayBackend(Backend):
                 continue
             placed.append((info, actor))
         if not self.gpu_mode:  # a node's slots, numbered on the node, share its cores and memory
+            # as many as were asked of the node: under load Ray may place a node's actors across
+            # two calls, and a slot counted from one call alone took all of the node's cores
             nodes = self._alive()
-            for info, _ in placed:
+            for info, actor in placed:
                 n = nodes.get(info["node_id"], {})
                 same = [p for p in placed if p[0]["node_id"] == info["node_id"]]
+                slots = int(getattr(actor, "_pita_slots", 0) or len(same))
                 declared = int(n.get("Resources", {}).get("CPU", info["cores"]) or info["cores"])
-                info["slots"] = len(same)
-                info["threads"] = max(1, declared // len(same))
-                info["cpu_bytes"] = int(info["host_available_bytes"] // len(same))
-                info["slot"] = next(i for i, p in enumerate(same) if p[0] is info)
+                taken = {p.get("slot") for o, p in enumerate(self.placement)
+                         if o not in self.lost and p["node_id"] == info["node_id"]}
+                taken |= {p[0]["slot"] for p in same if "slot" in p[0]}
+                info["slots"] = slots
+                info["threads"] = max(1, declared // slots)
+                info["cpu_bytes"] = int(info["host_available_bytes"] // slots)
+                info["slot"] = next(i for i in range(len(taken) + 1) if i not in taken)
         placed.sort(key=lambda p: (p[0]["node_ip"], p[0]["node_id"], [int(g) for g in p[0]["gpu_ids"]],
                                    p[0].get("slot", 0)))
         out = []
