@@ -304,4 +304,21 @@ def test_a_scorers_ranking_agreement_counts_the_pairs_whose_outcomes_differ():
     good = ranking_agreement([[1.0, 0.0, 0.0, 0.0] for _ in range(30)], [[1, 0, 0, 0]] * 30)
     assert good["agreement"] == 1.0 and not good["chance"]
     assert ranking_agreement([[1.0, 2.0]], [[1, 1]]) == {"agreement": None, "agreement_se": None, "pairs": 0,
-                                                           "prompts": 0, "chance": True}
+                                                           "prompts": 0, "chance": True, "prompt_agreement": None}
+
+
+def test_a_scorer_that_learned_the_prompts_difficulty_orders_prompts_but_not_completions():
+    from pita.eval.controls import prompt_agreement, ranking_agreement
+
+    # as the demo's Q# value model on arith: each prompt's scores sit at its difficulty, and within
+    # a prompt the wrong completions score a little higher
+    rates = [0.1, 0.3, 0.5, 0.7, 0.9, 0.2, 0.6, 0.8]
+    values = [[1.0] * round(8 * r) + [0.0] * (8 - round(8 * r)) for r in rates]
+    scores = [[2 * r + (0.0 if v else 0.05) for v in vs] for r, vs in zip(rates, values)]
+    got = ranking_agreement(scores, values)
+    assert got["agreement"] == 0.0 and got["chance"]
+    assert got["prompt_agreement"] == 1.0 == prompt_agreement(scores, values)
+    # a scorer that knows nothing: chance both ways; one prompt alone: no prompt pair
+    flat = [[0.0] * 8 for _ in rates]
+    assert ranking_agreement(flat, values)["agreement"] == 0.5 and prompt_agreement(flat, values) == 0.5
+    assert prompt_agreement([[1.0, 0.0]], [[1, 0]]) is None

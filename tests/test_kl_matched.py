@@ -269,3 +269,17 @@ def test_a_cell_some_draws_do_not_reach_says_in_what_share_it_did():
     assert _cell_text({**cell, "draws_reaching": 0.91}, notes=notes) == "0.400 [0.300, 0.500] interp. (1)(2)"
     assert notes.lines() == ["(1) PITA: interpolated between two frontier rows",
                              "(2) PITA at KL 0.1: reached in 91% of the bootstrap draws"]
+
+
+def test_a_chance_scorers_cell_says_so_and_whether_it_learned_the_prompts_difficulty_instead():
+    from pita.report.matched import _cell_text
+
+    cell = {"kind": "measured", "value": 0.13, "ci_lo": 0.1, "ci_hi": 0.16, "algorithm": "control: best-of-n by value",
+            "kl_budget": 1.0, "scorer": {"agreement": 0.395, "se": 0.055, "pairs": 3117, "chance": True,
+                                         "on": "validation", "prompts": 0.717}}
+    text = _cell_text(cell)
+    assert "chance scorer" in text and "no better than chance (agreement with the outcome 0.395 ± 0.055" in text
+    assert "orders the prompts by pass rate (0.717): it learned which prompts are hard" in text
+    blind = _cell_text({**cell, "scorer": {**cell["scorer"], "prompts": 0.52}})
+    assert "chance scorer" in blind and "learned which prompts" not in blind
+    assert "chance" not in _cell_text({**cell, "scorer": {**cell["scorer"], "chance": False}})

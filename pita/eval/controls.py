@@ -31,8 +31,10 @@ method, their frontier chosen on validation:
     bound log n - (n-1)/n kept as ``kl_bound``; one row per n (``variant`` ``n=4``). Each row
     also says how well its scorer ranks the pool (``scorer_agreement``: of the pairs of one
     prompt's samples whose outcomes differ, the share it orders as the outcomes are, score ties
-    counting 1/2; ``scorer_chance``: not above 0.5 by two standard errors): a scorer no better than
-    chance makes a best-of-n that loses by construction, which the report names in its cell.
+    counting 1/2; ``scorer_chance``: not above 0.5 by two standard errors;
+    ``scorer_prompt_agreement``: how well its mean per prompt orders the prompts by pass rate): a
+    scorer no better than chance makes a best-of-n that loses by construction, which the report
+    names in its cell, with whether it learned the prompts' difficulty instead.
 
 ``control: best-of-n by value``  on a verifier task with Q# in the run: the same pool ranked by
     Q#'s round-0 value model (its predicted value of each whole sequence), the supervision Q# had.
@@ -85,13 +87,36 @@ def ranking_agreement(scores: list[list[float]], values: list[list[float]]) -> d
                 agree += 1.0 if d > 0 else 0.5 if d == 0 else 0.0
         if pairs:
             per.append((agree, pairs))
+    between = prompt_agreement(scores, values)
     total = sum(n for _, n in per)
     if not total:
-        return {"agreement": None, "agreement_se": None, "pairs": 0, "prompts": 0, "chance": True}
+        return {"agreement": None, "agreement_se": None, "pairs": 0, "prompts": 0, "chance": True,
+                "prompt_agreement": between}
     r = sum(a for a, _ in per) / total
     k = len(per)
     se = (math.sqrt(sum((a - r * n) ** 2 for a, n in per) * k / (k - 1)) / total) if k > 1 else float("inf")
-    return {"agreement": r, "agreement_se": se, "pairs": int(total), "prompts": k, "chance": not r - 2 * se > 0.5}
+    return {"agreement": r, "agreement_se": se, "pairs": int(total), "prompts": k, "chance": not r - 2 * se > 0.5,
+            "prompt_agreement": between}
+
+
+def prompt_agreement(scores: list[list[float]], values: list[list[float]]) -> float | None:
+    """How well a scorer's mean over a prompt's pool orders the prompts by their mean outcome: of
+    the pairs of prompts whose mean outcomes differ, the share it orders as they are (equal means
+    count 1/2); None with fewer than two such prompts. Beside :func:`ranking_agreement` it tells a
+    scorer that learned which prompts are hard (high here, chance within a prompt) from one that
+    learned nothing: a value model fitted to a few hundred returns learns the prompt's difficulty
+    first, which guides no choice among one prompt's completions."""
+    means = [(math.fsum(s) / len(s), math.fsum(v) / len(v)) for s, v in zip(scores, values) if s]
+    agree = pairs = 0.0
+    for i in range(len(means)):
+        for j in range(i + 1, len(means)):
+            dv = means[i][1] - means[j][1]
+            if dv == 0:
+                continue
+            pairs += 1
+            d = (means[i][0] - means[j][0]) * dv
+            agree += 1.0 if d > 0 else 0.5 if d == 0 else 0.0
+    return agree / pairs if pairs else None
 
 
 def temperatures(ev) -> list[float]:
@@ -393,7 +418,7 @@ def best_of_n_merge(ctx):
                f"{key}_stderr": se, "kl_bound": kl_bound(n), "n": n, "pool": len(groups[0]),
                "prompts": len(groups), "scored_by": scored_by, "scorer_agreement": quality["agreement"],
                "scorer_agreement_se": quality["agreement_se"], "scorer_pairs": quality["pairs"],
-               "scorer_chance": quality["chance"]}
+               "scorer_chance": quality["chance"], "scorer_prompt_agreement": quality["prompt_agreement"]}
         if measured:
             row.update(kl=statistics.fmean(kls), kl_stderr=statistics.stdev(kls) / math.sqrt(len(kls)) if len(kls) > 1
                        else 0.0, kl_estimator=KL_ESTIMATOR, kl_pool_mass=statistics.fmean(mass))
@@ -402,9 +427,10 @@ def best_of_n_merge(ctx):
         results.append(row)
     save_records(ctx, out)
     ctx.log.info("best-of-n over a pool of %d samples x %d prompts, scored by %s (ranks %s of %d pairs whose "
-                 "outcomes differ as they are%s): %s", len(groups[0]), len(groups), scored_by,
-                 "-" if quality["agreement"] is None else f"{quality['agreement']:.3f}", quality["pairs"],
-                 ", no better than chance" if quality["chance"] else "", ", ".join(f"n={r['n']} {r.get('pass@1', r.get('mean_reward')):.4f} at KL {r['kl']:.3f} "
+                 "outcomes differ as they are%s; orders the prompts by pass rate %s): %s", len(groups[0]), len(groups),
+                 scored_by, "-" if quality["agreement"] is None else f"{quality['agreement']:.3f}", quality["pairs"],
+                 ", no better than chance" if quality["chance"] else "",
+                 "-" if quality["prompt_agreement"] is None else f"{quality['prompt_agreement']:.3f}", ", ".join(f"n={r['n']} {r.get('pass@1', r.get('mean_reward')):.4f} at KL {r['kl']:.3f} "
                                       f"(bound {r['kl_bound']:.3f})" for r in results))
     return {"labels": labels, "results": results}
 

@@ -220,7 +220,8 @@ def _cell(base: dict, ms: list[dict], m: str, budgets: list[float], val_of: dict
     if ranked:
         cell["scorer"] = {"agreement": float(ranked[0]["scorer_agreement"]),
                           "se": ranked[0].get("scorer_agreement_se"), "pairs": ranked[0].get("scorer_pairs"),
-                          "chance": bool(ranked[0].get("scorer_chance")), "on": on}
+                          "chance": bool(ranked[0].get("scorer_chance")), "on": on,
+                          "prompts": ranked[0].get("scorer_prompt_agreement")}
     # which limit stopped a guided method's eta search short of a budget (its latest round's search)
     stops = [r["eta_search_stopped"] for r in sorted(ms, key=lambda r: int(r.get("round") or 0))
              if r.get("eta_search_stopped")]
@@ -496,7 +497,10 @@ def _cell_text(e: dict, what: str = "value", notes: Notes | None = None) -> str:
         se = f" ± {sc['se']:.3f}" if _finite(sc.get("se")) else ""
         reasons.append(f"{e['algorithm']}: its scorer ranks the {sc.get('on', 'validation')} pool no better than chance "
                        f"(agreement with the outcome {sc['agreement']:.3f}{se} over {sc.get('pairs')} pairs): a best-of-n "
-                       f"that loses by construction, not a bar to beat")
+                       f"that loses by construction, not a bar to beat"
+                       + (f"; it orders the prompts by pass rate ({sc['prompts']:.3f}): it learned which prompts are "
+                          f"hard, not which completion is right" if _finite(sc.get("prompts")) and sc["prompts"] > 0.6
+                          else ""))
     reasons = [r for r in reasons if r]
     mark = MARKS.get(kind, "") + (" chance scorer" if sc and sc.get("chance") and kind != "not reached" else "")
     mark = mark.strip()
