@@ -283,3 +283,42 @@ def test_a_chance_scorers_cell_says_so_and_whether_it_learned_the_prompts_diffic
     blind = _cell_text({**cell, "scorer": {**cell["scorer"], "prompts": 0.52}})
     assert "chance scorer" in blind and "learned which prompts" not in blind
     assert "chance" not in _cell_text({**cell, "scorer": {**cell["scorer"], "chance": False}})
+
+
+def test_how_often_the_chosen_frontier_rows_stay_on_the_envelope_when_validation_prompts_are_resampled():
+    """Validation, 40 prompts x 2 samples: η=1 is the base's samples with one more right answer (on
+    prompt q7), so it stays on the envelope exactly in the draws that hold q7 at least once:
+    1 - (39/40)^40 = 0.637. η=2 gets every sample right: always on it. The budget between them
+    reads both rows, so it holds as often as η=1 does."""
+    n = 40
+    base_ok = [k % 3 == 0 for k in range(2 * n)]  # 27 of 80
+    one_more = list(base_ok)
+    one_more[14] = True  # q7's first sample
+    assert not base_ok[14]
+
+    def recs(ok, kl):
+        return [{"id": f"q{k // 2}", "sample": k % 2, "correct": c, "logp": 0.0, "logp_ref": 0.0, "kl_path": kl}
+                for k, c in enumerate(ok)]
+    base = {**BASE, "kl": 0.0, "pass@1": 0.30, "eval_job": "b"}
+    test = [base] + [{**base, "algorithm": "PITA", "eta": e, "kl": kl, "pass@1": v, "eval_job": f"t{e:g}"}
+                     for e, kl, v in ((1.0, 0.04, 0.34), (2.0, 0.2, 0.42))]
+    vb = {**base, "split": "validation", "pass@1": sum(base_ok) / 80, "eval_job": "vb"}
+    val = [vb, {**vb, "algorithm": "PITA", "eta": 1.0, "kl": 0.05, "pass@1": sum(one_more) / 80, "eval_job": "v1"},
+           {**vb, "algorithm": "PITA", "eta": 2.0, "kl": 0.2, "pass@1": 1.0, "eval_job": "v2"}]
+    store = Records({("vb", 0.0): recs(base_ok, 0.0), ("v1", 1.0): recs(one_more, 0.05),
+                     ("v2", 2.0): recs([True] * 80, 0.2)})
+    c = {e["kl_budget"]: e for e in matched_cells([(test, val, store)], [0.04, 0.1, 0.2], resamples=2000)
+         if e["algorithm"] == "PITA"}
+    assert [c[b]["kind"] for b in (0.04, 0.1, 0.2)] == ["measured", "wide interpolation", "measured"]
+    expect = 1 - (39 / 40) ** 40
+    assert abs(c[0.04]["frontier_stays"] - expect) < 0.04
+    assert c[0.2]["frontier_stays"] == 1.0
+    assert c[0.1]["frontier_stays"] == c[0.04]["frontier_stays"]
+    # without per-sample validation records nothing is said
+    assert all("frontier_stays" not in e for e in matched_cells([(test, val, Records({}))], [0.04], resamples=50))
+    # the report's section names each cell and the share
+    from pita.report.report import stays_section
+
+    lines = stays_section([{**e, "frontier_stays": e["frontier_stays"]} for e in c.values()])
+    assert "2 of 3 cells are under 80%" in lines[2]
+    assert f"| PITA | 0.1 | r0 η=1 .. r0 η=2 | {c[0.1]['frontier_stays']:.0%} |" in "\n".join(lines)

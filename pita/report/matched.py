@@ -36,6 +36,12 @@ the envelope of the test points (``selected_on: test``, the optimistic reading, 
 
 ``from`` names the row(s) a value comes from (``base .. r0 η=1``, ``r0 η=1 .. r1 η=2``, ``r1 η=2``).
 
+**How often the frontier holds** (``frontier_stays``). The validation prompts are resampled too
+(every validation row and the base model on the same draws, metric and KL recomputed), the
+envelope redrawn per draw, and each budget gets the share of draws in which the rows it is read
+from (``from``) all stay on it; over seeds, the mean. A low share says the choice of rows, not
+only their test values, is uncertain.
+
 **Intervals.** The test prompts are resampled (the same draws for every row of a dataset, so
 methods and the base move together), every frontier row's metric and KL recomputed per draw and
 the curve read at b: the interval covers the metric's and the KL's noise. A draw whose curve ends
@@ -189,6 +195,9 @@ def seed_cells(rows: list[dict], val: list[dict], store: RecordStore | None, bud
         for (train, algo), ms in methods.items():
             cell = _cell(base, ms, m, budgets, vals.get((fam, train, algo), {}), base_val.get((fam, train)),
                          draws, index, base_draws, resamples, wide_ratio)
+            if cell["selected_on"] == "validation":
+                cell["stays"] = _stays(cell, base_val[(fam, train)], vals.get((fam, train, algo), {}), store,
+                                       resamples, seed)
             cell["prompts"] = prompts
             out[(eds, fam, train, algo)] = cell
     return out
@@ -211,9 +220,10 @@ def _cell(base: dict, ms: list[dict], m: str, budgets: list[float], val_of: dict
     curve = [(0.0, float(base[m]), "base")] + [(float(r["kl"]), float(r[m]), label(r)) for r in chosen]
     chosen_by_kl = sorted(chosen, key=lambda r: float(r["kl"]))
     top = max(float(r["kl"]) for r in ms)
+    used: list = []  # per budget, the frontier rows its value is read from
     cell = {"metric": m, "base": float(base[m]), "base_draws": base_draws, "selected_on": selected_on,
             "frontier": [label(r) for r in chosen_by_kl], "max_kl": max([0.0] + [float(r["kl"]) for r in chosen]),
-            "method_max_kl": top, "kinds": [], "values": [], "from": [], "brackets": []}
+            "method_max_kl": top, "kinds": [], "values": [], "from": [], "brackets": [], "used": used}
     # a best-of-n control: how well its scorer ranks the validation pool (the test pool's without one)
     on_val = [v for _, v in paired if v is not None and v.get("scorer_agreement") is not None]
     on, ranked = ("validation", on_val) if on_val else ("test", [r for r in ms if r.get("scorer_agreement") is not None])
@@ -229,7 +239,8 @@ def _cell(base: dict, ms: list[dict], m: str, budgets: list[float], val_of: dict
     test_pts = [(0.0, float(base[m]))] + [(float(r["kl"]), float(r[m])) for r in ms]
     cell["test_values"] = [value_at(test_pts, b) for b in budgets]
     for b in budgets:
-        kind, v, src, _ = classify(curve, b, top >= b, wide_ratio)
+        kind, v, src, idx = classify(curve, b, top >= b, wide_ratio)
+        used.append(_used(chosen_by_kl, b, kind, idx))
         cell["kinds"].append(kind)
         cell["values"].append(v)
         cell["from"].append(src)
@@ -257,6 +268,55 @@ def _cell(base: dict, ms: list[dict], m: str, budgets: list[float], val_of: dict
                 td[j, bi] = _nan(value_at(pts_j, b))
         cell["test_draws"] = td
     return cell
+
+
+def _used(chosen_by_kl: list[dict], budget: float, kind: str, idx: int | None) -> list[dict] | None:
+    """The frontier rows a budget's value is read from (by test KL, as :func:`classify` reads the
+    curve): the measured row, or the one or two rows of the stretch it interpolates; None where no
+    row is read (base only, not reached)."""
+    if kind == "measured":
+        return [chosen_by_kl[idx]]
+    if kind not in ("interpolated", "wide interpolation", "chord from base"):
+        return None
+    kls = [float(r["kl"]) for r in chosen_by_kl]
+    after = next((i for i, k in enumerate(kls) if k >= budget), None)
+    if after is None:
+        return None
+    return chosen_by_kl[max(0, after - 1):after + 1] if after else [chosen_by_kl[0]]
+
+
+def _stays(cell: dict, base_val: dict, val_of: dict, store: RecordStore | None, resamples: int,
+           seed: int) -> list[float | None] | None:
+    """How often, per budget, the frontier rows the value is read from stay on the validation
+    envelope when the validation prompts are resampled (every row and the base model on the same
+    draws, the metric and KL recomputed): 1.0 is a choice no other validation draw would change;
+    None where no row is read or the per-sample records are missing."""
+    used = cell.get("used") or []
+    keys = sorted({_key(r) for rows in used if rows for r in rows})
+    if not keys or store is None:
+        return None
+    rows = [v for _, v in sorted(val_of.items()) if v.get("kl") is not None]
+    vm = metric_of(base_val)
+    draws, _ = _draws([base_val] + rows, vm, store, resamples, seed)
+    if draws is None:
+        return None
+    on = {k: np.zeros(resamples, dtype=bool) for k in keys}
+    for j in range(resamples):
+        pts = [(0.0, float(draws[0][0][j]), None)] + [(float(draws[i + 1][1][j]), float(draws[i + 1][0][j]), _key(r))
+                                                      for i, r in enumerate(rows)]
+        front = {p[2] for p in envelope(pts)}
+        for k in keys:
+            on[k][j] = k in front
+    out: list[float | None] = []
+    for rows_b in used:
+        if not rows_b:
+            out.append(None)
+            continue
+        both = np.ones(resamples, dtype=bool)
+        for r in rows_b:
+            both &= on[_key(r)]
+        out.append(float(both.mean()))
+    return out
 
 
 def _bracket(curve: list[tuple[float, float, str]], budget: float) -> list[float] | None:
@@ -344,6 +404,9 @@ def matched_cells(runs: Sequence[tuple], budgets: Sequence[float] = BUDGETS, res
                  "bracket": [c.get("brackets", [None] * len(budgets))[bi] for c in cells],
                  "stopped_by": sorted({s for c in cells for s in [(c.get("stopped") or [None] * len(budgets))[bi]]
                                        if s})}
+            stays = [c["stays"][bi] for c in cells if c.get("stays") and c["stays"][bi] is not None]
+            if stays:  # over the seeds that read a row here: the mean share
+                e["frontier_stays"] = float(np.mean(stays))
             scorers = [c["scorer"] for c in cells if c.get("scorer")]
             if scorers:  # the worst seed's scorer speaks for the cell
                 e["scorer"] = min(scorers, key=lambda x: x["agreement"])
@@ -602,5 +665,5 @@ def public(cells: list[dict]) -> list[dict]:
     keep = ("eval_dataset", "family", "train_dataset", "algorithm", "metric", "kl_budget", "kind", "kinds",
             "selected_on", "value", "ci_lo", "ci_hi", "gain", "gain_ci_lo", "gain_ci_hi", "base", "reached", "seeds",
             "seeds_reaching", "seed_ids", "interval", "max_kl", "method_max_kl", "frontier", "from", "draws_reaching",
-            "test_selected", "bracket", "stopped_by", "scorer")
+            "test_selected", "bracket", "stopped_by", "scorer", "frontier_stays")
     return [{k: e[k] for k in keep if k in e} for e in cells]

@@ -368,6 +368,32 @@ def choice_section(choices: list[dict], roster: Roster | None = None) -> list[st
                         f"{c['margin']:+.3f}", _f(c["margin_se"], 3), ratio(c), c["se_kind"]] for c in rows]), ""]
 
 
+def stays_section(cells: list[dict], roster: Roster | None = None) -> list[str]:
+    """How often the frontier rows each headline cell is read from stay on the validation envelope
+    when the validation prompts are resampled (``frontier_stays`` of the KL-matched cells)."""
+    rows = [c for c in cells if c.get("frontier_stays") is not None]
+    if not rows:
+        return []
+    order = roster.order({c["algorithm"] for c in rows}) if roster else sorted({c["algorithm"] for c in rows})
+    rank = {a: i for i, a in enumerate(order)}
+    rows.sort(key=lambda c: (c["eval_dataset"], c["family"], c["train_dataset"], rank.get(c["algorithm"], len(rank)),
+                             c["kl_budget"]))
+    shaky = [c for c in rows if c["frontier_stays"] < 0.8]
+
+    def src(c):
+        f = [x for x in c.get("from") or [] if x]
+        return "; ".join(dict.fromkeys(f)) if f else ""
+    return ["### How often the chosen frontier holds", "",
+            "A headline cell reads its value from the frontier rows chosen on validation (the upper envelope of "
+            "the validation points). Resampling the validation prompts (every row and the base model on the same "
+            "draws, metric and KL recomputed) says how often those rows stay on the envelope: under 80% another "
+            f"validation draw would often have read the budget from other rows. {len(shaky)} of {len(rows)} cells "
+            "are under 80%.", "",
+            _md_table(["eval dataset", "family", "train dataset", "algorithm", "KL", "read from", "stays on the envelope"],
+                      [[c["eval_dataset"], c["family"], c["train_dataset"], c["algorithm"], f"{c['kl_budget']:g}",
+                        src(c), f"{c['frontier_stays']:.0%}"] for c in rows]), ""]
+
+
 def supervision_lines(budgets: list[dict]) -> list[str]:
     """Which of PITA and Q# (the two value-guided methods a comparison sets side by side) trained
     on more examples, and by how much, per family and dataset: their difference at equal KL may
@@ -455,6 +481,7 @@ def render(run: RunPaths, rows: list[dict] | None = None, roster: Roster | None 
         if quality:
             lines += ["### Label quality", ""] + quality
         lines += choice_section(extras.get("validation_choices") or [], roster)
+        lines += stays_section((extras.get("kl_matched") or {}).get("cells") or [], roster)
         lines += ["### Last round, η chosen on validation", "", headline_table(rows, swept, roster), ""]
         if any(r["algorithm"] in swept for r in rows) and not any(r.get("selected") for r in rows
                                                                   if r["algorithm"] in swept):
