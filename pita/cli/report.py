@@ -289,7 +289,8 @@ def pooled_report(runs, rows_per_run: list[list[dict]], roster, out: str | None,
              "evaluated on the same test prompts, so the prompts' luck is shared by the seeds and does not average "
              f"out over them. Intervals: 95%, seed-level: the seeds' spread with {k - 1} degree{'s' if k != 2 else ''} "
              "of freedom (a t interval over the seeds' values) combined with the shared prompts' part (the covariance "
-             "of the seeds' values over resampled prompts) by a generalized pivotal quantity; with this few seeds "
+             "of the seeds' values over resampled prompts): the larger of Welch-Satterthwaite's t half-width for the "
+             "sum and the seeds' part's own t half-width; with this few seeds "
              "they are wide by design. A method's gain and a difference of two methods are paired by seed id; a seed "
              "one of the two lacks is left out of that pair.", "",
              *[f"- **Not finished:** {w}" for w in partial], *([""] if partial else []),
