@@ -1,14 +1,15 @@
 """Guided decoding benchmark on the tiny family (on a GPU when there is one, else the CPU).
 
-    python -m bench.guided [--json] [--cache .cache/pita] [--device cuda|cpu] [--head reference|embedding|both]
+    python -m bench.guided [--json] [--cache .cache/pita] [--device cuda|cpu] [--head reference|embedding|q|all]
 
 Prints:
     unguided_tokens_per_s / guided_tokens_per_s / guided_time_ratio
         64 prompts x 32 new tokens (EOS disabled, so both sides generate the same tokens count),
         guided with a value model whose backbone is the same size as the reference (the
-        reference checkpoint itself), top_k 20, eta 1; per head (``--head both``, the default):
-        the reference head runs the 20 candidates through the backbone each step, the
-        embedding head scores them from the prefix's state
+        reference checkpoint itself), top_k 20, eta 1; per head (``--head all``, the default;
+        ``both``: the first two): the reference head runs the 20 candidates through the backbone
+        each step, the embedding head scores them from the prefix's state, the q head gathers
+        their rows of its vocabulary-wide table
     ms_per_token_prefix_long / _short / prefix_ratio
         time per generated token with a prompt of ``--long`` tokens vs 32 tokens, guided: the
         incremental caches (reference and value model) must keep it nearly flat
@@ -97,9 +98,9 @@ def main(argv=None) -> None:
     ap.add_argument("--cache", default=".cache/pita")
     ap.add_argument("--long", type=int, default=480)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    ap.add_argument("--head", default="both", choices=["both", "reference", "embedding"])
+    ap.add_argument("--head", default="all", choices=["all", "both", "reference", "embedding", "q"])
     args = ap.parse_args(argv)
-    heads = ["reference", "embedding"] if args.head == "both" else [args.head]
+    heads = {"all": ["reference", "embedding", "q"], "both": ["reference", "embedding"]}.get(args.head, [args.head])
     outs = [run(args.cache, args.long, device=args.device, head=h) for h in heads]
     if args.json:
         print(json.dumps(outs if len(outs) > 1 else outs[0], indent=2))

@@ -328,3 +328,28 @@ def test_a_new_runs_paths_are_made_absolute_against_the_folder_it_started_from(t
     assert cfg.system.output_dir == str(tmp_path / "outs") and cfg.system.cache_dir == str(tmp_path / ".cache/pita")
     assert cfg.datasets.gsm8k.path == str(tmp_path / "mine.jsonl")
     assert cfg.datasets.math500.get("path") is None
+
+
+def test_a_q_head_reserves_its_vocabulary_wide_table_in_training_and_beside_the_guided_sampler(tiny):
+    """algos.QSharp.head=q adds vocabulary x hidden x n_out parameters: 16 bytes each in training
+    (fp32 weight, gradient, AdamW's two moments) and 4 beside a guided sampler; the other heads
+    add nothing."""
+    from pita.algos import algorithm
+    from pita.models.shapes import model_shape
+    from pita.plans.memory import JobMemory
+
+    paths = {"reference": tiny["reference"], "guidance": tiny["guidance"], "reward_models": {}}
+    base = _compose("experiment.algos=[QSharp]", "algos.QSharp.loss=bce")
+    q = _compose("experiment.algos=[QSharp]", "algos.QSharp.loss=bce", "algos.QSharp.head=q")
+    e0, e1 = JobMemory(base, paths, True, []), JobMemory(q, paths, True, [])
+    sh = model_shape(tiny["guidance"], "model.guidance")
+    table = sh.vocab * sh.hidden
+    a0, a1 = algorithm("QSharp", base.algos.QSharp), algorithm("QSharp", q.algos.QSharp)
+    assert e0.q_head_params(a0) == 0 and e1.q_head_params(a1) == table
+    grown = (e1.value_training(a1, micro=4, gradient_checkpointing=False)
+             - e0.value_training(a0, micro=4, gradient_checkpointing=False)) * 1e9
+    assert grown >= 16 * table
+    beside = (e1.sampling("eval_guided", ["arith"], 8) - e0.sampling("eval_guided", ["arith"], 8)) * 1e9
+    assert 4 * table <= beside <= 1.15 * 4 * table  # with the estimate's margin on weights
+    mle = _compose("experiment.algos=[QSharp]", "algos.QSharp.loss=mle", "algos.QSharp.head=q", "algos.QSharp.num_atoms=7")
+    assert JobMemory(mle, paths, True, []).q_head_params(algorithm("QSharp", mle.algos.QSharp)) == 7 * table

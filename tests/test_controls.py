@@ -247,13 +247,14 @@ def test_a_value_model_ranks_whole_sequences_by_its_predicted_value(tiny):
     torch.manual_seed(0)
     ids = torch.tensor([[5, 6, 7, 8], [5, 9, 3, 0]])
     mask = torch.tensor([[1, 1, 1, 1], [1, 1, 1, 0]])
-    for loss, head in (("mle", "embedding"), ("bce", "embedding"), ("mle", "reference"), ("bce", "reference")):
+    for loss, head in (("mle", "embedding"), ("bce", "embedding"), ("mle", "reference"), ("bce", "reference"),
+                       ("mle", "q"), ("bce", "q")):
         vm = ValueModel.create(tiny["guidance"], loss=loss, head=head).eval()
         with torch.no_grad():
             got = vm.sequence_value(ids, mask)
             h, _ = vm.hidden(ids, mask)
             for b, last in enumerate((2, 1)):
-                out = (vm.scores(h[b, last], ids[b, last + 1].view(1))[0] if head == "embedding"
+                out = (vm.scores(h[b, last], ids[b, last + 1].view(1))[0] if head != "reference"
                        else vm.score(h[b, last + 1])).float()
                 want = (torch.softmax(out, -1) * atoms(vm.spec.v_min, vm.spec.v_max, vm.spec.num_atoms)).sum() \
                     if loss == "mle" else out[0]

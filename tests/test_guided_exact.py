@@ -241,7 +241,7 @@ def test_kl_under_a_sampling_nucleus_is_finite_and_equals_the_brute_force_log_ra
     assert outside > 0  # samples the reference's own nucleus would have excluded were drawn
 
 
-@pytest.mark.parametrize("head", ["reference", "embedding"])
+@pytest.mark.parametrize("head", ["reference", "embedding", "q"])
 def test_value_model_step_matches_the_formula_with_its_incremental_cache(tiny, head):
     """The real GuidedDecoder: after a few cached steps, the guided next-token distribution equals
     normalise(π_ref^{1/T} · w) with w = 1 − p + p e^η on the top-k scored tokens and 1 on every
@@ -274,7 +274,7 @@ def test_value_model_step_matches_the_formula_with_its_incremental_cache(tiny, h
         got = torch.softmax(guide.adjust(ref_lp.unsqueeze(0))[0], -1)
         h, _ = vm.hidden(full, torch.ones_like(full))
         cands = torch.topk(ref_lp, k).indices
-        if head == "embedding":
+        if head != "reference":  # the embedding and q heads: from the prefix's last state
             p = torch.sigmoid(vm.scores(h[0, -1], cands)[..., 0])
         else:
             each = torch.cat([full.expand(k, -1), cands.unsqueeze(-1)], dim=1)

@@ -139,7 +139,7 @@ def test_incompatible_warm_start_and_mode_are_refused(tiny, tmp_path):
         ValueModel.load(tmp_path)
 
 
-@pytest.mark.parametrize("head", ["reference", "embedding"])
+@pytest.mark.parametrize("head", ["reference", "embedding", "q"])
 def test_value_training_learns_which_candidate_succeeds(tiny, head):
     """Continuations starting with token A succeed, with token B fail: after training,
     p(success | s, A) > 0.8 and p(success | s, B) < 0.2 for the shared state s, read at decoding
@@ -156,7 +156,7 @@ def test_value_training_learns_which_candidate_succeeds(tiny, head):
     with torch.no_grad():
         ids = torch.tensor([prompt])
         h, past = vm.hidden(ids, torch.ones_like(ids), use_cache=True)
-        if head == "embedding":
+        if head != "reference":
             out = vm.scores(h[0, -1], torch.tensor([A, B]))
         else:
             out = vm.candidate_scores(past, torch.ones_like(ids), torch.tensor([len(prompt)]), torch.tensor([[A, B]]))[0]

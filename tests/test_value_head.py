@@ -76,5 +76,37 @@ def test_the_reference_head_saves_loads_and_refuses_another_head(tiny, tmp_path)
     assert torch.equal(back.score.weight, vm.score.weight)
     with pytest.raises(ConfigError, match="head: checkpoint 'reference' vs config 'embedding'"):
         ValueModel.load(tmp_path / "ck", expect=HeadSpec("mle", 5, 0.0, 1.0, 128, head="embedding"))
-    with pytest.raises(ConfigError, match="head='q' is not known"):
-        HeadSpec(head="q").check()
+    with pytest.raises(ConfigError, match="head='V' is not known"):
+        HeadSpec(head="V").check()
+
+
+@pytest.mark.parametrize("loss", ["bce", "mle"])
+def test_the_q_head_is_qsharps_vocabulary_wide_linear_layer_read_at_the_candidates(tiny, tmp_path, loss):
+    """Q#'s Q classifier: Linear(H, vocabulary x n_out) on the state before the candidate, indexed
+    by the candidate. pita gathers the candidates' rows instead of computing the whole vocabulary:
+    the same numbers, at decoding (k candidates of one state) and in training (position t's state
+    scores token t + 1). No LM prior; it saves, loads and is refused as another head."""
+    vm = ValueModel.create(tiny["guidance"], loss=loss, num_atoms=5, head="q").eval()
+    V, H, n_out = vm.spec.vocab_size, vm.spec.hidden_size, vm.spec.n_out
+    assert tuple(vm.q.weight.shape) == (V, n_out, H) and not hasattr(vm, "w_lm") and not vm.lm_weight.any()
+    torch.manual_seed(3)
+    with torch.no_grad():
+        vm.q.weight.normal_(0, 0.5)
+        vm.q.bias.normal_(0, 0.5)
+    full = torch.nn.Linear(H, V * n_out)  # the reference's layer, with the same numbers
+    with torch.no_grad():
+        full.weight.copy_(vm.q.weight.reshape(V * n_out, H))
+        full.bias.copy_(vm.q.bias.repeat(V))
+    ids = torch.tensor([[5, 6, 7, 8, 9, 10]])
+    with torch.no_grad():
+        h, _ = vm.hidden(ids, torch.ones_like(ids))
+        want = full(h).view(1, ids.shape[1], V, n_out)
+        cands = torch.tensor([3, 40, 41, 99])
+        assert torch.allclose(vm.scores(h[0, -1], cands), want[0, -1, cands], atol=1e-5)
+        got = vm.token_scores(ids, torch.ones_like(ids))  # [1, T-1, n_out]
+        assert torch.allclose(got[0], want[0, :-1][torch.arange(ids.shape[1] - 1), ids[0, 1:]], atol=1e-5)
+    vm.save(tmp_path / "ck")
+    back = ValueModel.load(tmp_path / "ck", expect=HeadSpec(loss, 5, 0.0, 1.0, 128, head="q"))
+    assert torch.equal(back.q.weight, vm.q.weight) and torch.equal(back.q.bias, vm.q.bias)
+    with pytest.raises(ConfigError, match="head: checkpoint 'q' vs config 'reference'"):
+        ValueModel.load(tmp_path / "ck", expect=HeadSpec(loss, 5, 0.0, 1.0, 128, head="reference"))

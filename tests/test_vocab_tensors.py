@@ -119,7 +119,8 @@ def test_proxy_rewards_read_the_last_state_only(lm):
     assert got[0] == pytest.approx(want, rel=1e-5, abs=1e-5)
 
 
-@pytest.mark.parametrize("head,top_k", [("embedding", 20), ("embedding", -1), ("reference", 20), ("reference", -1)])
+@pytest.mark.parametrize("head,top_k", [("embedding", 20), ("embedding", -1), ("reference", 20), ("reference", -1),
+                                        ("q", 20), ("q", -1)])
 def test_guided_sampling_scores_candidates_within_the_bound(lm, head, top_k):
     """The whole vocabulary as candidates (top_k=-1) is scored in chunks: the embedding head's
     [rows x candidates x head_dim] tensors, the reference head's candidate pass (its 4-D mask

@@ -70,8 +70,10 @@ class ValueGuidedConfig(AlgoConfig):
     epochs: int = 10
     # the value model's head (pita/guidance/value_model.py): reference (what the PITA and Q#
     # reference code builds: each candidate runs through the backbone, its last hidden state into
-    # a linear layer) | embedding (pita's variant: the state before the candidate and the
-    # candidate's embedding, plus the backbone's LM log-prob of it, weighted by lm_prior)
+    # a linear layer) | q (Q#'s Q classifier: one vocabulary-wide linear head on the state before
+    # the candidate, no backbone pass per candidate; vocabulary x hidden more parameters) |
+    # embedding (pita's variant: the state before the candidate and the candidate's embedding,
+    # plus the backbone's LM log-prob of it, weighted by lm_prior)
     head: str = "reference"
     head_dim: int = 128  # embedding head: its hidden width
     lm_prior: float = 1.0  # embedding head: initial weight of the backbone's LM log-prob; 0 = none

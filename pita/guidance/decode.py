@@ -137,7 +137,7 @@ class GuidedDecoder:
             elif cands.shape[-1] <= CANDIDATE_CHUNK:
                 off = offset(self.mode, self.eta, self.vm.scores(h, cands).float(), atoms)
             else:
-                lm_logp = self.vm.lm_logprobs(h)
+                lm_logp = self.vm.lm_logprobs(h) if self.vm.spec.head == "embedding" else None
                 off = torch.cat([offset(self.mode, self.eta, self.vm.scores(h, cands[:, a:a + CANDIDATE_CHUNK],
                                                                              lm_logp).float(), atoms)
                                  for a in range(0, cands.shape[-1], CANDIDATE_CHUNK)], dim=-1)

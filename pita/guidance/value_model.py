@@ -13,6 +13,16 @@ only; the pass writes into a shallow view of the cache, so the prefix cache is l
 (no crop, and no copy of a sliding-window cache). Training reads the same state: position t's
 hidden state scores token t (:meth:`next_token_scores`).
 
+``q`` (Q#'s ``--classifier_type Q``): one vocabulary-wide linear head on the state *before* the
+candidate,
+
+    out(s, a) = W[a] h(s) + b            W: [vocabulary x n_out x H]
+
+so every candidate's score comes from the prefix's state alone, like the embedding head's, and
+costs no backbone pass; no LM prior. Its rows are gathered for the candidates scored (never a
+[positions x vocabulary] tensor); the table holds vocabulary x hidden x n_out parameters (the
+plan reserves them and their AdamW state).
+
 ``embedding`` (pita's own variant): the head reads the state *before* the candidate and the
 candidate's input embedding, plus the backbone's own language-model log-probability of a (the
 *LM prior*):
@@ -47,7 +57,7 @@ from pita.core.errors import ConfigError
 from pita.models.lm import cache_of, with_cache
 
 HEAD_FILE, META_FILE = "value_head.pt", "value_head.json"
-HEADS = ("reference", "embedding")
+HEADS = ("reference", "embedding", "q")
 
 
 @dataclass
@@ -99,6 +109,9 @@ class ValueModel(nn.Module):
             nn.init.normal_(self.score.weight, std=0.01)
             nn.init.zeros_(self.score.bias)  # start near neutral: p ~ 0.5, near-uniform atoms
             return
+        if spec.head == "q":
+            self.q = QHead(backbone.config.get_text_config().vocab_size, H, spec.n_out)
+            return
         E = backbone.get_input_embeddings().embedding_dim
         self.w_h = nn.Linear(H, spec.head_dim)
         self.w_e = nn.Linear(E, spec.head_dim, bias=False)
@@ -118,12 +131,12 @@ class ValueModel(nn.Module):
     @property
     def out_layer(self) -> nn.Linear:
         """The head's last linear layer (its bias is what :func:`pita.guidance.train.calibrate` sets)."""
-        return self.score if self.spec.head == "reference" else self.w_o
+        return self.score if self.spec.head == "reference" else self.q if self.spec.head == "q" else self.w_o
 
     @property
     def lm_weight(self) -> torch.Tensor:
-        """The LM prior's weight per output (0 for the reference head, which has none)."""
-        if self.spec.head == "reference":
+        """The LM prior's weight per output (0 for the reference and q heads, which have none)."""
+        if self.spec.head in ("reference", "q"):
             return torch.zeros(self.spec.n_out)
         return self.w_lm.detach().float().cpu()
 
@@ -200,6 +213,8 @@ class ValueModel(nn.Module):
         if self.spec.head == "reference":
             raise TypeError("the reference head scores a candidate from the state after it: use next_token_scores "
                             "or candidate_scores")
+        if self.spec.head == "q":
+            return self.q(h, candidates)
         emb = self.backbone.get_input_embeddings()(candidates)
         z = self.w_h(h).unsqueeze(-2) + self.w_e(emb) + self.u_h(h).unsqueeze(-2) * self.u_e(emb)
         lm_lp = (self.lm_logprobs(h) if lm_logp is None else lm_logp).gather(-1, candidates)
@@ -209,7 +224,8 @@ class ValueModel(nn.Module):
         """The head's score of each token of ``ids`` [B, T] as the candidate after the tokens before
         it, from the backbone's states ``h`` [B, T, H] of ``ids``: index t scores token t + 1 ->
         [B, T-1, n_out]. The reference head reads the state at token t + 1 itself, the embedding
-        head the state at t and token t + 1's embedding."""
+        head the state at t and token t + 1's embedding, the q head the state at t and token t + 1's
+        row of its table."""
         if self.spec.head == "reference":
             return self.score(h[:, 1:])
         return self.scores(h[:, :-1], ids[:, 1:].unsqueeze(-1)).squeeze(-2)
@@ -267,6 +283,23 @@ class ValueModel(nn.Module):
         out = body(input_ids=candidates, attention_mask=attn, position_ids=pos, use_cache=True,
                    **with_cache(body, view))
         return self.score(out.last_hidden_state)
+
+
+class QHead(nn.Module):
+    """Q#'s ``Q`` classifier: a [vocabulary x n_out x H] table and a bias [n_out] shared by every
+    token (what :func:`pita.guidance.train.calibrate` sets). ``forward(h [..., H], candidates
+    [..., k]) -> [..., k, n_out]`` gathers the candidates' rows: the same numbers as the
+    reference's ``Linear(H, vocabulary x n_out)(h)`` indexed by the candidates."""
+
+    def __init__(self, vocab: int, hidden: int, n_out: int):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(vocab, n_out, hidden))
+        self.bias = nn.Parameter(torch.zeros(n_out))
+        nn.init.normal_(self.weight, std=0.01)
+
+    def forward(self, h: torch.Tensor, candidates: torch.Tensor) -> torch.Tensor:
+        w = self.weight[candidates].to(h.dtype)  # [..., k, n_out, H]
+        return torch.einsum("...h,...koh->...ko", h, w) + self.bias.to(h.dtype)
 
 
 def cache_view(past):

@@ -128,7 +128,31 @@ class JobMemory:
         work = kv_cache_bytes(sh, "float32", batch, seq) + batch * sh.vocab * 4 * 3
         k = REFERENCE_CANDIDATES
         work += batch * k * 4 * (8 * sh.hidden + sh.heads * (seq + k))
-        return weights_bytes(sh, "float32"), work
+        return weights_bytes(sh, "float32") + 4 * max(self.q_head_params(a) for a in self._value_algos()), work
+
+    def _value_algos(self) -> list:
+        """The run's value-guided algorithms (their configs), or [None] without any."""
+        from pita.algos.base import ALGORITHMS, algorithm
+        from pita.algos.value_guided import ValueGuidedAlgorithm
+
+        out = []
+        for name in self.cfg.experiment.get("algos") or []:
+            if name in ALGORITHMS and name in self.cfg.algos:
+                a = algorithm(name, self.cfg.algos[name])
+                if isinstance(a, ValueGuidedAlgorithm):
+                    out.append(a)
+        return out or [None]
+
+    def q_head_params(self, algo) -> int:
+        """Parameters of ``algo``'s q head (``algos.<name>.head=q``: a vocabulary x hidden x n_out
+        table; n_out = num_atoms where its loss is or may be mle), 0 for the other heads."""
+        c = getattr(algo, "c", None)
+        if c is None or getattr(c, "head", None) != "q":
+            return 0
+        sh = self.shape("guidance")
+        loss = getattr(c, "loss", None)
+        mle = loss == "mle" or (loss is None and "mle" in {algo.default_loss(t) for t in ("math", "reward")})
+        return sh.vocab * sh.hidden * (int(c.num_atoms) if mle else 1)
 
     # ------------------------------------------------------------------ inference jobs
     def generation(self, guided: bool = False, datasets=(), batch: int | None = None) -> float:
@@ -212,6 +236,12 @@ class JobMemory:
         tokens = max(1, min(token_budget, rows * seq * (2 if proxy else 1)))
         b = training_bytes(self.shape("guidance"), "float32", 1, tokens, act_dtype=self.act, cuda=self.cuda,
                            gradient_checkpointing=gc, logits=not proxy)
+        # a q head's table in fp32 with its gradient and AdamW's two moments, and the rows it
+        # gathers per position with their gradient
+        q = self.q_head_params(algo)
+        if q:
+            sh = self.shape("guidance")
+            b += 16 * q + 2 * 4 * tokens * sh.hidden * (q // (sh.vocab * sh.hidden))
         # a proxy pads chosen and rejected to one length and keeps the final states of both: the
         # fake-tensor measurements (bench/memory_truth.py) put it 3-5% above the formula
         return b * (PROXY_MARGIN if proxy else 1.0) / 1e9
