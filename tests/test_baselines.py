@@ -322,3 +322,66 @@ def test_trl_arguments_take_checkpointing_under_the_current_name(tmp_path, on, r
         if "activation_checkpointing" in {f.name for f in dataclasses.fields(cls)}:
             assert args.activation_checkpointing is on
     assert not [str(w.message) for w in recwarn if "checkpointing" in str(w.message)]
+
+
+def test_grpo_samples_in_as_many_generate_calls_as_the_plan_prices(tmp_path, tiny_cache, monkeypatch):
+    """GRPO's rows per generate call come from the sampling phase's memory (the gathered policy,
+    the KV cache, the step's logits), one function for the plan and the job. On a device where
+    half of a device's generation batch fits, the plan says 2 calls per step, prices 2 calls, and
+    the job's trainer calls TRL's generate exactly that often (before, once per micro-batch: 16
+    calls of 1 row here); a halved micro-batch (an OOM retry) halves the rows a call."""
+    import logging
+
+    from trl import GRPOTrainer
+
+    from pita.algos import algorithm
+    from pita.algos.grpo import grpo_trainer
+    from pita.core.memory import generate_calls
+    from pita.core.paths import JobPaths
+    from pita.plans import build_plan
+    from pita.plans.durations import Durations
+    from pita.plans.memory import JobMemory
+
+    cfg = compose(tiny_cache, "experiment.algos=[GRPO]", "algos.GRPO.batch_size=16", "algos.GRPO.num_generations=4",
+                  "algos.GRPO.micro_batch_size=1", "algos.GRPO.max_steps=1")
+    jobs = build_plan(cfg, [int(8e9)], cuda=True)
+    reference = next(j for j in jobs if j.id.endswith("r0.train")).params["reference"]
+    # the budget that holds 8 of the 16 rows a call and not 9
+    est = JobMemory(cfg, {"reference": reference, "guidance": reference, "reward_models": {}}, True, [int(8e9)])
+    a = algorithm("GRPO", cfg.algos.GRPO)
+    at = [est.policy_phases(a, sample_rows=r)["sampling"] for r in (8, 9)]
+    assert at[1] > at[0]
+    total = int((at[0] + at[1]) / 2 / (1 - cfg.executor.memory_margin))
+    jobs = build_plan(cfg, [total], cuda=True)
+    job = next(j for j in jobs if j.id == "GRPO.tiny.arith.r0.train")
+    p = job.params
+    assert (p["rows_per_generate"], generate_calls(16, p["rows_per_generate"])) == (8, 2)
+    from pita.cli.plan import _generate_fields
+
+    assert _generate_fields(job) == {"rows_per_generate": 8, "generate_calls_per_step": 2}
+    # the plan's seconds: two calls of 8 rows cost more than one of 16 and less than 16 of one
+    from pita.models.shapes import model_shape
+
+    d = Durations(jobs, lambda part: model_shape(reference, "model.reference"), cfg.model.dtype, 64)
+    secs = {r: d.policy_training(SimpleNamespace(kind=job.kind, deps=job.deps, params={**p, "rows_per_generate": r}))
+            for r in (16, 8, 1)}
+    assert secs[16] < secs[8] < secs[1]
+
+    calls = []
+
+    def fake_generate(self, prompt_ids, images, multimodal_fields, *args, **kw):
+        calls.append(len(prompt_ids))
+        return [[1, 2]] * len(prompt_ids), None
+
+    monkeypatch.setattr(GRPOTrainer, "_generate_single_turn", fake_generate)
+    ctx = SimpleNamespace(params=p, dep_result=lambda j: {}, paths=JobPaths(tmp_path / "job"),
+                          log=logging.getLogger("test"))
+    trainer, _ = grpo_trainer(ctx, p)
+    batch = trainer.args.per_device_train_batch_size * trainer.args.steps_per_generation
+    assert batch == 16
+    out, _ = trainer._generate_single_turn([[5, 6, 7]] * batch, None, None)
+    assert calls == [8, 8] and len(out) == 16
+    calls.clear()
+    trainer.rows_per_generate_micro = 2  # as if planned at micro 2 and retried at 1: half the rows a call
+    trainer._generate_single_turn([[5, 6, 7]] * batch, None, None)
+    assert calls == [4, 4, 4, 4]

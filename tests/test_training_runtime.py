@@ -105,10 +105,11 @@ def test_a_sharded_jobs_arguments_sync_every_micro_step(cuda_args_factory):
 
 # ------------------------------------------------------------------ 3. GRPO's generation batch
 @pytest.mark.timeout(300)
-def test_grpo_samples_one_micro_batch_per_generate_call(tiny_cache, tmp_path, monkeypatch):
+def test_grpo_samples_in_the_plans_generate_calls(tiny_cache, tmp_path, monkeypatch):
     """TRL generates a whole generation batch (micro-batch x accumulation rows) in one call; the job
-    samples a micro-batch at a time, the KV cache the plan sizes, and an OOM retry's halved
-    micro-batch halves each call."""
+    samples it in the calls the plan priced (``rows_per_generate``, from the sampling phase's
+    memory), through the real trainer and transformers' generate: all 8 rows at once where they
+    fit, 4 + 4 where the plan said 4, and an OOM retry's halved micro-batch halves each call."""
     from transformers.generation.utils import GenerationMixin
 
     from pita.algos import grpo
@@ -125,19 +126,20 @@ def test_grpo_samples_one_micro_batch_per_generate_call(tiny_cache, tmp_path, mo
         return real(self, *a, **kw)
 
     monkeypatch.setattr(GenerationMixin, "generate", counted)
-    for micro in (2, 1):
-        jobs = build_plan(compose(tiny_cache, "experiment.algos=[GRPO]", "algos.GRPO.batch_size=8",
-                                  "algos.GRPO.num_generations=4", "algos.GRPO.max_steps=1",
-                                  "data_collection.max_new_tokens=8", f"training.micro_batch_size={micro}"),
-                          [int(8e9)])
-        params = next(j for j in jobs if j.id == "GRPO.tiny.arith.r0.train").params
-        ctx = SimpleNamespace(params=params, dep_result=lambda j: None, paths=JobPaths(tmp_path / f"m{micro}"),
+    jobs = build_plan(compose(tiny_cache, "experiment.algos=[GRPO]", "algos.GRPO.batch_size=8",
+                              "algos.GRPO.num_generations=4", "algos.GRPO.max_steps=1",
+                              "data_collection.max_new_tokens=8", "training.micro_batch_size=2"), [int(8e9)])
+    planned = next(j for j in jobs if j.id == "GRPO.tiny.arith.r0.train").params
+    assert (planned["rows_per_generate"], planned["rows_per_generate_micro"]) == (8, 2)  # the tiny model: all fit
+    for name, change, want in (("fits", {}, [8]), ("planned-4", {"rows_per_generate": 4}, [4, 4]),
+                               ("retried", {"rows_per_generate": 4, "micro_batch_size": 1}, [2, 2, 2, 2])):
+        params = {**planned, **change}
+        ctx = SimpleNamespace(params=params, dep_result=lambda j: None, paths=JobPaths(tmp_path / name),
                               log=logging.getLogger("test.grpo"))
         ctx.paths.dir.mkdir(parents=True)
         rows.clear()
         res = grpo.grpo_train(ctx)
-        assert res["steps"] == 1 and sum(rows) == 8, rows  # the step's 8 completions
-        assert max(rows) == micro, (micro, rows)  # TRL alone: one call of 8 rows
+        assert res["steps"] == 1 and rows == want, (name, rows)
 
 
 # ------------------------------------------------------------------ 4. vLLM's maximum length
@@ -410,3 +412,29 @@ def test_memory_truth_measures_the_eta_search_as_the_guided_sampling_it_runs():
     job = _representatives(jobs)["eval.eta_search"]
     peak = measured_peak(job, measure(Fake(), cfg, paths, job))
     assert 1.0 <= job.resources.memory_bytes / peak <= 1.5, (job.resources.memory_gb, peak / 1e9)
+
+
+def test_a_sharded_job_with_accumulation_is_refused_on_a_trainer_without_sync_each_batch(cuda_args_factory,
+                                                                                       monkeypatch, tiny_cache):
+    """transformers' Trainer reads sync_each_batch since 5.2 (the floor in pyproject.toml); on an
+    older one every micro-step but the last keeps whole gradients. A run's plan refuses an FSDP job
+    with accumulation before any job starts (exit 2 material, naming the fix), and the job itself
+    refuses an attempt whose retried micro-batch brought accumulation on; the installed release
+    passes, and one micro-step, or no sharding, needs nothing."""
+    from pita.core.errors import ConfigError, JobError
+    from pita.plans import build_plan
+    from pita.training import arguments
+    from test_baselines import compose
+
+    assert arguments.trainer_syncs_each_batch()  # the installed transformers (>= 5.2)
+    monkeypatch.setattr(arguments, "trainer_syncs_each_batch", lambda: False)
+    with pytest.raises(JobError, match=r"algos\.DPO: FSDP over 2 devices with 2 micro-steps .* pip install -U "
+                                       r"'transformers>=5\.2'"):
+        cuda_args_factory(sharding="fsdp", devices=2, batch_size=16, micro_batch_size=4, algo="DPO")
+    cuda_args_factory(sharding="fsdp", devices=2, batch_size=16, micro_batch_size=8)  # one micro-step
+    cuda_args_factory(sharding="none", devices=2, batch_size=16, micro_batch_size=4)  # DDP
+    over = ["experiment.algos=[DPO]", "algos.DPO.devices=2", "algos.DPO.sharding=fsdp", "algos.DPO.batch_size=8",
+            "training.micro_batch_size=1"]
+    with pytest.raises(ConfigError, match="sync_each_batch"):
+        build_plan(compose(tiny_cache, *over), [int(8e9)] * 2)
+    build_plan(compose(tiny_cache, *over), [int(8e9)] * 2, plan_only=True)  # a plan for another node: not asked

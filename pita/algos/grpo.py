@@ -12,7 +12,7 @@ from typing import Optional
 from pita.algos.base import register_algorithm
 from pita.algos.distributed import run_distributed, world_size
 from pita.algos.post_training import PostTrainingAlgorithm, PostTrainingConfig, user
-from pita.training.arguments import on_cuda, training_args
+from pita.training.arguments import device_steps, on_cuda, training_args
 from pita.training.checkpoints import train_and_save
 from pita.training.models import load_policy, peft_config
 from pita.training.sharding import job_trainer
@@ -115,13 +115,19 @@ class GRPO(PostTrainingAlgorithm):
         # the online reward: a reward task's reward model; a verifier task's is the verifier (the
         # reward model some presets give math datasets labels preference pairs, not GRPO's rollouts)
         rm = p.paths["reward_models"].get(p.ds.name) if p.task == "reward" else None
-        return {**super().train_params(p), "reward_model": rm,
+        base = super().train_params(p)
+        return {**base, "reward_model": rm,
                 **reward_scoring(p.cfg.model, p.ds.name),
                 "correctness_bonus": dc.correctness_bonus, "max_steps": c.max_steps, "epochs": c.epochs,
                 "num_generations": c.num_generations, "temperature": c.temperature,
                 "max_completion_length": c.max_completion_length or dc.max_new_tokens, "use_vllm": c.use_vllm,
                 "vllm_mode": c.vllm_mode, "vllm_gpu_memory_utilization": c.vllm_gpu_memory_utilization,
-                "loss_type": c.loss_type, "scale_rewards": c.scale_rewards}
+                "loss_type": c.loss_type, "scale_rewards": c.scale_rewards,
+                # rows per generate call (pita.core.memory.generate_rows, from the plan's memory
+                # model), at the micro-batch it was planned with: an OOM retry scales it down alike
+                "rows_per_generate": int(p.mem.get(f"generate_rows.{self.name}")
+                                         or max(1, c.batch_size // max(1, c.devices))),
+                "rows_per_generate_micro": device_steps(base)[0]}
 
     def plan_round(self, p, r: int, prev: str | None, merges: list[str], base: dict) -> list[Job]:
         return [self.train_job(p, r, [prev] if prev else [], {**base, "policy_from": prev, "seed": p.seed(r)})]
@@ -260,6 +266,14 @@ def grpo_trainer(ctx, p: dict):
                  "proxy " + proxy if proxy else ("reward model" if reward.rm else "verifier"))
     trainer = job_trainer(GRPOTrainer)(model=model, reward_funcs=[reward], args=args, train_dataset=ds, processing_class=tok,
                           peft_config=peft_config(p, ctx.log))
+    trainer.rows_per_generate = p.get("rows_per_generate")
+    trainer.rows_per_generate_micro = int(p.get("rows_per_generate_micro") or 0)
+    if not p.get("use_vllm"):
+        from pita.core.memory import generate_calls
+
+        batch = args.per_device_train_batch_size * args.steps_per_generation
+        ctx.log.info("GRPO samples %d rows a device per generation batch in %d generate call(s) of at most %d rows",
+                     batch, generate_calls(batch, trainer.generate_rows()), trainer.generate_rows())
     model.config._name_or_path = path
     return trainer, tok
 

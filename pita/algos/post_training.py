@@ -176,6 +176,16 @@ class PostTrainingAlgorithm(Algorithm):
             p.append(f"{k}.sharding=fsdp: {why}; set {k}.sharding=none")
         return p
 
+    def sync_problems(self, cfg) -> list[str]:
+        """The installed transformers against a sharded job with gradient accumulation (a run's
+        check, after gpu=auto chose devices and micro-batches; a plan for another node does not ask)."""
+        from pita.training.arguments import accumulation_sync_problem
+
+        if self.c.sharding != "fsdp":
+            return []
+        problem = accumulation_sync_problem(self.key, int(self.c.devices), int(self.accumulation_steps(cfg)))
+        return [problem] if problem else []
+
     def check_models(self, paths: dict) -> list[str]:
         """LoRA target modules must exist in the model (checked on an empty-weight copy)."""
         c = self.c

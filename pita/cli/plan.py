@@ -144,7 +144,8 @@ def make_plan(cfg, durations=None) -> dict:
     rows = [{"id": j.id, "kind": job_kind(j), "algorithm": job_algorithm(j), "devices": j.resources.devices,
              "reserved_gb_per_device": round(j.resources.memory_gb, 3), "host_gb": round(j.resources.host_gb, 1),
              "seconds": round(j.duration_hint, 1),
-             "batch_size": j.params.get("batch_size"), "deps": list(j.deps)} for j in graph.jobs]
+             "batch_size": j.params.get("batch_size"), "deps": list(j.deps), **_generate_fields(j)}
+            for j in graph.jobs]
     return {"experiment": cfg.experiment.name, "model": cfg.model.name,
             "inventory": [{"name": d.name, "total_gb": round(d.total_bytes / 1e9, 2)} for d in gpus.devices],
             "card": ({"name": card.name, "memory_mib": card.memory_mib, "tflops_bf16": card.tflops,
@@ -192,6 +193,19 @@ def _replan(run) -> dict:
     cuda = any(d.get("kind") != "cpu" for d in state.get("devices") or [])
     jobs = build_plan(cfg, totals, cuda=cuda, plan_only=True, durations=DurationLearner(apply=False))
     return {j.id: j for j in jobs}
+
+
+def _generate_fields(job) -> dict:
+    """A GRPO job's sampling as its trainer runs it: rows per generate call and calls per step on
+    each device (what the plan's seconds and memory assume); nothing for other jobs."""
+    p = job.params if isinstance(job.params, dict) else {}
+    if not p.get("rows_per_generate"):
+        return {}
+    from pita.core.memory import generate_calls
+
+    per_device = max(1, int(p["batch_size"]) // max(1, int(p.get("devices", 1))))
+    return {"rows_per_generate": int(p["rows_per_generate"]),
+            "generate_calls_per_step": generate_calls(per_device, int(p["rows_per_generate"]))}
 
 
 def _slurm_requests(cfg, jobs, cuda: bool) -> dict:

@@ -325,6 +325,27 @@ def largest_batch(estimate: Callable[[int], float], free_bytes: float, margin: f
     return lo
 
 
+def generate_rows(per_device: int, sampling_bytes: Callable[[int], float] | None, budget: float | None) -> int:
+    """Rows per ``generate`` call when GRPO samples a generation batch of ``per_device`` rows on one
+    device with transformers: what the sampling phase holds at r rows (``sampling_bytes(r)``: the
+    resident weights and optimizer state, the gathered policy, the KV cache, the step's logits;
+    no gradients or activations then) decides, not the training micro-batch. The fewest calls
+    whose rows fit ``budget``, the rows spread evenly over them (16 rows that fit 12 at a time are
+    two calls of 8, not 12 + 4); one call of all the rows without a budget or a measure; 1 row a
+    call when even one does not fit. The job's trainer samples with the number the plan computed
+    here (its params' ``rows_per_generate``), and the plan prices that many calls."""
+    per_device = max(1, int(per_device))
+    if sampling_bytes is None or budget is None:
+        return per_device
+    most = largest_batch(sampling_bytes, budget, margin=0.0, limit=per_device) or 1
+    return -(-per_device // generate_calls(per_device, most))
+
+
+def generate_calls(per_device: int, rows: int) -> int:
+    """``generate`` calls one device makes per generation batch of ``per_device`` rows."""
+    return -(-max(1, int(per_device)) // max(1, int(rows)))
+
+
 def split_proportionally(n_items: int, capacities: list[float]) -> list[int]:
     """Split ``n_items`` across workers proportionally to capacity (largest-remainder rounding).
 

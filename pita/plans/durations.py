@@ -26,7 +26,8 @@ whose constants a reader can scale (``assumed()`` states them):
                and FSDP's gathers and reduce-scatters over NVLink where they exceed the compute.
                Value training reads rows of prompt + max_new_tokens (the collection's own).
     GRPO       samples each step's completions first: with transformers on each of its devices
-               (its share of the rows); with vLLM colocated, every device still runs every token
+               (its share of the rows, in the job's own generate calls: ``rows_per_generate``
+               rows each, one after another, from the sampling phase's memory); with vLLM colocated, every device still runs every token
                step of its share (decoding is bound by reading the weights, which each device
                holds whole), then the trained weights are synced into vLLM each step; vLLM in
                server mode decodes the whole batch on the server's GPUs.
@@ -353,8 +354,11 @@ class Durations:
         else:
             per_dev = max(1, p["batch_size"] // devices)
             # each device samples its share of each step's rows with the policy (float32 master weights
-            # under autocast read as the model's dtype); sharded: gathered layer by layer
-            sample = steps * decode_seconds(ref.n_params, ref.n_params * 4, per_dev, per_dev, prompt, new,
+            # under autocast read as the model's dtype; sharded: gathered for the sampling), in the
+            # job's own generate calls of rows_per_generate rows, one after another, each running
+            # to the longest completion (pita.core.memory.generate_rows)
+            calls_rows = int(p.get("rows_per_generate") or per_dev)
+            sample = steps * decode_seconds(ref.n_params, ref.n_params * 4, per_dev, calls_rows, prompt, new,
                                             ref.n_layers, peak=self.peak, hbm=self.hbm, kv_bytes_per_token=kv)
         sample += self.scoring({"scoring": {"reward_model": p.get("reward_model")}, "sampling": {"max_new_tokens": new}},
                                rows, prompt) if p.get("reward_model") else 0.0

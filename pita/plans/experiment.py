@@ -133,7 +133,7 @@ def experiment_plan(cfg, device_totals: list[int], cuda: bool, plan_only: bool =
     resolve_auto_training(cfg, paths, device_totals, cuda, algos, list(configs), alternatives=options)
     if str(cfg.training.micro_batch_size) != "auto":  # what gpu=auto chose, or left as configured
         late = [x for alg in algos.values() if hasattr(alg, "sharding_problems")
-                for x in alg.sharding_problems(n_devices)]
+                for x in alg.sharding_problems(n_devices) + ([] if plan_only else alg.sync_problems(cfg))]
         if late:
             raise ConfigError(late)
     # estimates per dataset: a job holds the reward model of its own dataset (a training dataset's
@@ -315,6 +315,8 @@ def plan_memory(cfg, paths: dict, cuda: bool, device_totals: list[int], algos: d
             mem[f"proxy.{name}"] = est.value_training(a, proxy=True)
         if hasattr(a, "train_kind"):
             mem[f"policy_train.{name}"] = est.policy_training(a, datasets=datasets)
+            if a.train_kind != "algo.dpo_train":  # GRPO's rows per generate call, which the job samples with
+                mem[f"generate_rows.{name}"] = est.generate_rows(a, datasets=datasets)
     return mem
 
 

@@ -34,6 +34,7 @@ from pita.core.memory import (
     NCCL_RANK_BYTES,
     bytes_per_param,
     fused_head_bytes,
+    generate_rows,
     generation_bytes,
     kv_cache_bytes,
     lora_params,
@@ -253,15 +254,30 @@ class JobMemory:
         holds the reward model)."""
         return max(self.policy_phases(algo, micro, gradient_checkpointing, datasets).values()) / 1e9
 
+    def generate_rows(self, algo, micro: int | None = None, gradient_checkpointing: bool | None = None,
+                      datasets=()) -> int:
+        """GRPO's rows per ``generate`` call on one device (``pita.core.memory.generate_rows``): the
+        fewest calls of its generation batch (batch_size / devices rows) whose sampling phase fits
+        the smallest device less ``executor.memory_margin``; the whole batch in one call with vLLM,
+        for DPO, or where no device is known."""
+        c = algo.c
+        per_device = max(1, c.batch_size // max(1, c.devices))
+        if algo.train_kind == "algo.dpo_train" or getattr(c, "use_vllm", False) or not self.totals:
+            return per_device
+        budget = min(self.totals) * (1 - float(self.cfg.executor.memory_margin))
+        return generate_rows(per_device, lambda r: self.policy_phases(algo, micro, gradient_checkpointing, datasets,
+                                                                      sample_rows=r)["sampling"], budget)
+
     def policy_phases(self, algo, micro: int | None = None, gradient_checkpointing: bool | None = None,
-                      datasets=()) -> dict[str, float]:
+                      datasets=(), sample_rows: int | None = None) -> dict[str, float]:
         """Bytes per device of each phase of a training step. A GRPO step's phases come one after
         another, each freeing its working memory before the next: ``sampling`` (the KV cache;
         sharded without vLLM, every unit kept gathered by gathered_for_generation: the whole
         policy in the compute dtype beside it), ``scoring`` (the reward model's or the proxy's
         pass) and ``training`` (activations and TRL's fused head); what stays resident (weights,
         AdamW states, gradients, TRL's reference, the reward model or proxy, vLLM's share, NCCL)
-        is in each. DPO has ``training`` alone."""
+        is in each. DPO has ``training`` alone. GRPO samples ``sample_rows`` rows a call (default
+        :meth:`generate_rows`): the cache and the step's logits are theirs."""
         c, cfg = algo.c, self.cfg
         micro, gc = self._micro_gc(algo, micro, gradient_checkpointing)
         per_device = max(1, c.batch_size // max(1, c.devices))
@@ -297,7 +313,10 @@ class JobMemory:
             rows *= 2  # chosen and rejected in one pass
         kv = scoring = 0.0
         if not is_dpo:  # GRPO samples its completions with the policy: a KV cache at full length
-            kv = kv_cache_bytes(shape, self.act, rows, seq)  # sampled under autocast
+            if sample_rows is None:
+                sample_rows = self.generate_rows(algo, micro, gradient_checkpointing, datasets)
+            # sampled under autocast; the step's logits, their processed copy and the softmax (fp32)
+            kv = kv_cache_bytes(shape, self.act, sample_rows, seq) + sample_rows * shape.vocab * 4 * 3
             if getattr(c, "use_vllm", False) and getattr(c, "vllm_mode", "") == "colocate" and self.totals:
                 extra += c.vllm_gpu_memory_utilization * min(self.totals)
             if algo.trains_proxy:  # GRPO-HF: its proxy reward model (fp32, resident) scores the completions

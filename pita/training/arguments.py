@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 from pita.training.checkpoints import checkpoint_args
 
 def on_cuda() -> bool:
@@ -31,6 +33,39 @@ def device_steps(p: dict) -> tuple[int, int]:
         return max(1, per_device_batch // acc), acc
     micro = next(m for m in range(min(micro, per_device_batch), 0, -1) if per_device_batch % m == 0)
     return micro, per_device_batch // micro
+
+
+SYNC_EACH_BATCH_FLOOR = "5.2"  # the first transformers whose Trainer reads sync_each_batch (its PR 43919)
+
+
+@functools.lru_cache(maxsize=1)
+def trainer_syncs_each_batch() -> bool:
+    """Whether the installed transformers' Trainer honours accelerate's ``sync_each_batch`` (read
+    from its source: a release that predates it, or a build without it, never mentions it).
+    Without it the Trainer runs every micro-step but the last under ``no_sync``, and an FSDP2
+    rank holds every parameter's whole gradient until the last one (an 8B policy: +32 GB)."""
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.find_spec("transformers.trainer")
+    try:
+        return spec is not None and "sync_each_batch" in Path(spec.origin).read_text(encoding="utf-8")
+    except OSError:
+        return True  # an unreadable source (a zipped install): assume a current release
+
+
+def accumulation_sync_problem(where: str, devices: int, accumulation: int) -> str | None:
+    """The refusal of an FSDP job over ``devices`` with ``accumulation`` micro-steps per optimizer
+    step on a Trainer that would keep unsharded gradients between them; None where it is fine."""
+    if devices < 2 or accumulation < 2 or trainer_syncs_each_batch():
+        return None
+    import transformers
+
+    return (f"{where}: FSDP over {devices} devices with {accumulation} micro-steps per optimizer step needs a "
+            f"transformers whose Trainer honours sync_each_batch ({SYNC_EACH_BATCH_FLOOR} or later; this one is "
+            f"{transformers.__version__}): without it every micro-step but the last keeps every parameter's whole "
+            f"gradient on each rank (an 8B policy: +32 GB a rank, an OOM at every retry size). pip install -U "
+            f"'transformers>={SYNC_EACH_BATCH_FLOOR}'")
 
 
 def fsdp_unavailable() -> str | None:
@@ -103,6 +138,11 @@ def training_args(cls, p: dict, out: str, cuda: bool, tracker=None, model=None, 
     per_device, accumulation = device_steps(p)
     checkpointing = bool(p["gradient_checkpointing"])
     if p.get("sharding") == "fsdp":
+        refused = accumulation_sync_problem(f"algos.{p.get('algo', '<A>')}", int(p["devices"]), accumulation)
+        if refused:  # an OOM retry halves the micro-batch and raises the accumulation: checked per attempt
+            from pita.core.errors import JobError
+
+            raise JobError(refused)
         extra.update(fsdp_settings(p, model))
         checkpointing = False  # FSDP's own (fsdp_config.activation_checkpointing)
         # every micro-step reduce-scatters its gradients. Without this the trainer runs each

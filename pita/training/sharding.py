@@ -17,11 +17,12 @@ def job_trainer(cls):
       runs there), with the mixed precision accelerate's GPU state would set, so the job's code
       path is the one a GPU node runs.
     - TRL's frozen reference is sharded like the policy (:func:`layered_reference_sharding`).
-    - GRPO samples its completions in calls of one micro-batch per device
-      (``per_device_train_batch_size`` rows). TRL generates a whole generation batch at once,
-      micro-batch x ``steps_per_generation`` rows (the accumulation steps by default): the KV cache
-      the plan sizes for one micro-batch, and an OOM retry that halves the micro-batch left that
-      call as large as before. A sharded policy stays gathered while it samples
+    - GRPO samples its generation batch (micro-batch x ``steps_per_generation`` rows a device) in
+      calls of ``rows_per_generate`` rows (:func:`pita.core.memory.generate_rows`: the rows the
+      sampling phase fits, which the plan computed and prices), not one call of the whole batch
+      (TRL's, whose cache the plan could not bound) nor one per micro-batch (sequential calls
+      that each run to the longest completion). An OOM retry that halves the micro-batch halves
+      the rows a call too. A sharded policy stays gathered while it samples
       (:func:`gathered_for_generation`)."""
 
     class JobTrainer(cls):
@@ -63,7 +64,7 @@ def job_trainer(cls):
 
         def _generate_single_turn(self, prompt_ids, images, multimodal_fields, *args, **kw):  # GRPO's sampling
             vllm = getattr(self.args, "use_vllm", False)
-            rows = max(1, int(self.args.per_device_train_batch_size))
+            rows = self.generate_rows()
             with gathered_for_generation(self.model_wrapped, enabled=not vllm):
                 if vllm or images is not None or multimodal_fields or len(prompt_ids) <= rows:
                     return super()._generate_single_turn(prompt_ids, images, multimodal_fields, *args, **kw)
@@ -75,6 +76,20 @@ def job_trainer(cls):
                         raise RuntimeError("TRL returned sampling log-probs from a chunked generate call")
                     completions += ids
                 return completions, None
+
+        rows_per_generate: int | None = None  # the plan's (set by the job); None: one micro-batch a call
+        rows_per_generate_micro: int = 0  # the micro-batch it was planned with
+
+        def generate_rows(self) -> int:
+            """Rows per generate call: the plan's, scaled down with the micro-batch an OOM retry
+            halved; one micro-batch without a plan's number."""
+            micro = max(1, int(self.args.per_device_train_batch_size))
+            if not self.rows_per_generate:
+                return micro
+            rows = int(self.rows_per_generate)
+            if 0 < micro < self.rows_per_generate_micro:
+                rows = rows * micro // self.rows_per_generate_micro
+            return max(1, rows)
 
         def _save_checkpoint(self, *args, **kw):  # a checkpoint of shards is written by every rank
             if getattr(self, "_as_fsdp", None):
