@@ -121,6 +121,37 @@ def test_vllm_decodes_every_token_step_on_each_device_and_syncs_weights_each_ste
     assert grpo(1) > 100 * (D.VLLM_SYNC_BASE_S + POLICY.n_params * 2 / D.VLLM_SYNC_BYTES_S)
 
 
+def test_dpo_is_priced_for_the_pairs_it_trains_on():
+    """With ties dropped, DPO trains on the decisive pairs: where a verifier alone labels them
+    about a quarter (VERIFIER_DECISIVE), where a reward model scores them all of them; with
+    ties=draw every pair. The training part of the seconds follows."""
+    def dpo(rm=None, ties="drop"):
+        shard = _job("g.s0", "generation.shard", {"request": _request("preference_pairs", n=8, rm=rm),
+                                                  "chunks": [0, 1000], "n_examples": 64_000})
+        merge = _job("g.merge", "generation.merge", {"shards": ["g.s0"]})
+        p = {"devices": 1, "sharding": "none", "batch_size": 64, "micro_batch_size": 4, "epochs": 2, "lora_r": 0,
+             "max_length": 1024, "ties": ties, "dataset": {"name": "gsm8k"}}
+        return _seconds(shard, merge, _job("t", "algo.dpo_train", p, deps=["g.merge"]))
+
+    verifier, drawn, rm = dpo(), dpo(ties="draw"), dpo(rm="RM-Gemma-2B")
+    assert rm == drawn and verifier < 0.5 * drawn
+    assert D.decisive_share({"scoring": {"reward_model": None}}) == D.VERIFIER_DECISIVE
+    assert D.decisive_share({"scoring": {"reward_model": None}}, "draw") == 1.0
+
+
+@pytest.mark.parametrize("rows", [64, 32, 8])
+def test_grpo_without_vllm_decodes_its_generate_calls_one_after_another(rows):
+    """Each generate call runs to the longest completion: 64 rows a device in calls of 32 cost
+    about twice one call of 64 (decoding is latency-bound), calls of 8 about eight times."""
+    def grpo(r):
+        p = {"devices": 1, "sharding": "none", "batch_size": 64, "num_generations": 8, "max_steps": 10,
+             "micro_batch_size": 2, "max_completion_length": 512, "lora_r": 0, "use_vllm": False,
+             "dataset": {"name": "gsm8k"}, "rows_per_generate": r}
+        return _seconds(_job("g", "algo.grpo_train", p))
+
+    assert grpo(rows) >= grpo(64) and (rows == 64 or grpo(rows) > grpo(2 * rows))
+
+
 def test_a_cards_measurements_are_kept_apart_and_the_plan_says_which_kinds_they_correct(tmp_path, capsys):
     """A run on H100s teaches H100 plans only (the store's scope names the card); the plan's
     ``seconds from`` says, per kind, roofline or measured on that card; CPU runs calibrate CPU plans."""

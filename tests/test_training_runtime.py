@@ -438,3 +438,21 @@ def test_a_sharded_job_with_accumulation_is_refused_on_a_trainer_without_sync_ea
     with pytest.raises(ConfigError, match="sync_each_batch"):
         build_plan(compose(tiny_cache, *over), [int(8e9)] * 2)
     build_plan(compose(tiny_cache, *over), [int(8e9)] * 2, plan_only=True)  # a plan for another node: not asked
+
+
+def test_the_memory_plan_counts_full_logits_where_the_installed_trl_has_no_fused_head(monkeypatch, tiny):
+    """TRL 1.16's fused head (trl.kernels.chunked_logprob) never holds the whole vocabulary at every
+    position; an older admitted TRL does, and the plan then counts the fp32 logits of a micro-batch."""
+    from pita.algos import algorithm
+    from pita.plans.memory import JobMemory
+    from pita.training import arguments
+    from test_config import _compose
+
+    assert arguments.trl_fused_head()  # the installed TRL
+    cfg = _compose("experiment.algos=[DPO]")
+    paths = {"reference": tiny["reference"], "guidance": tiny["guidance"], "reward_models": {}}
+    dpo = algorithm("DPO", cfg.algos.DPO)
+    fused = JobMemory(cfg, paths, True, []).policy_training(dpo, micro=4, gradient_checkpointing=False)
+    monkeypatch.setattr(arguments, "trl_fused_head", lambda: False)
+    full = JobMemory(cfg, paths, True, []).policy_training(dpo, micro=4, gradient_checkpointing=False)
+    assert full > fused

@@ -18,6 +18,9 @@ whose constants a reader can scale (``assumed()`` states them):
                ``continuations``), the prompt the dataset's typical length (PROMPT_TOKENS_BY_DATASET).
     scoring    a reward model's forward over every completion (2 x its params x tokens), in
                batches of reward_batch_size, with its launches.
+    DPO        trains on the pairs it keeps: with ``data_collection.ties=drop`` the decisive ones
+               (all where a reward model scores the pairs, VERIFIER_DECISIVE of them where a
+               verifier alone does).
     training   (6 x params, LoRA 4 x; + 2 x for the frozen reference's forward in DPO and GRPO;
                + 2 x for gradient checkpointing's second forward) x tokens FLOPs at an MFU that
                grows with the tokens of one micro-batch (training_mfu: small micro-batches of short
@@ -51,9 +54,14 @@ import math
 
 PEAK_FLOPS = 989e12
 MFU = 0.35  # compute-bound decoding steps and prefills
-# training: MFU_MAX x t / (t + MFU_HALF_TOKENS) for t tokens in one micro-batch: 0.36 at 4 x 1k
-# tokens, 0.27 at 1 x 768, 0.20 at 1 x 256 (launch- and memory-bound kernels at small shapes)
-MFU_MAX = 0.40
+# training: MFU_MAX x t / (t + MFU_HALF_TOKENS) for t tokens in one micro-batch: 0.28 at 4 x 1k
+# tokens, 0.24 at 1 x 1k, 0.15 at 1 x 256 (launch- and memory-bound kernels at small shapes).
+# The ceiling is what a tuned stack publishes, not more: torchtitan's Llama-3.1-8B FSDP run on
+# H100s reaches 28% MFU at 8k-token sequences with torch.compile and fused kernels; TRL's
+# trainers under transformers (eager attention kernels, no compile by default, a reference
+# forward and a fused log-prob head beside the policy) have no reason to beat it. It was 0.40
+# (36% at 4 x 1k) until 2026-11-29; a run's measured durations per card correct it.
+MFU_MAX = 0.30
 MFU_HALF_TOKENS = 256
 HBM_SHARE = 0.6  # of the card's memory bandwidth: what a decode step achieves with small batches
 HBM_BYTES_S = HBM_SHARE * 3.35e12
@@ -131,6 +139,22 @@ def decode_seconds(n_params: int, weight_bytes: float, rows: int, batch: int, pr
     if overhead:
         step += step_overhead(n_layers) if step_extra is None else step_extra
     return batches * (new * step + _flops_s(2 * n_params * b * prompt, peak))
+
+
+# The share of sampled pairs whose two rewards differ where a verifier alone labels them (4 x
+# correct, no reward model): measured on the tiny family's arith, 19 of 72 pairs in the smoke
+# preset and 23-30% in the demo's three seeds (docs/decisions/published-methods.md); a reward
+# model's scores (alone or plus the verifier's bonus) almost never tie
+VERIFIER_DECISIVE = 0.27
+
+
+def decisive_share(req: dict, ties: str = "drop") -> float:
+    """The share of a preference-pair collection's pairs DPO trains on: all of them when ties are
+    kept (``ties=draw``) or a reward model scores the pairs, else :data:`VERIFIER_DECISIVE`."""
+    if ties != "drop":
+        return 1.0
+    sc = req.get("scoring") or {}
+    return 1.0 if sc.get("reward_model") or req.get("task") == "reward" else VERIFIER_DECISIVE
 
 
 def rollout_rows(ro: dict) -> int:
@@ -323,7 +347,10 @@ class Durations:
         saved = 0.0 if lora else ref.n_params * self.b
         fixed = self.load_seconds(ref) * (1 if lora else 2) + saved / SAVE_BYTES_S  # policy and its frozen reference
         if job.kind == "algo.dpo_train":
-            rows = sum(self.rows_of_merge(d) for d in job.deps) * int(p.get("epochs", 1))  # both sides of each pair
+            # both sides of each pair it trains on: with data_collection.ties=drop, the decisive ones
+            rows = sum(self.rows_of_merge(d) * decisive_share(self.request_of_merge(d), p.get("ties", "drop"))
+                       for d in job.deps) * int(p.get("epochs", 1))
+            rows = max(1, int(rows))
             # a micro-batch of k pairs is 2k sequences (chosen and rejected concatenated)
             return fixed + self.train(ref, rows * seq, 2 * micro, seq, flops, devices, rows=rows,
                                       batch_rows=2 * int(p.get("batch_size", 1)), full=not lora, sharded=sharded)

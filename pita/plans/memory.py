@@ -331,13 +331,18 @@ class JobMemory:
                 extra += rb - work
                 scoring = work
 
+        from pita.training.arguments import trl_fused_head
+
+        fused = trl_fused_head()
+
         def total(batch: int, beside: float) -> float:
             # TRL's fused head over the positions the loss reads (GRPO: the completion's), never the
-            # full logits
-            head = fused_head_bytes(shape, batch * (seq if is_dpo else new + 1), self.act, lora is None) if batch else 0
+            # full logits; a TRL without it: the full logits of every position
+            head = fused_head_bytes(shape, batch * (seq if is_dpo else new + 1), self.act, lora is None) \
+                if batch and fused else 0
             return training_bytes(shape, "float32", batch, seq, act_dtype=self.act, cuda=self.cuda,
                                   gradient_checkpointing=gc, trainable_params=lora, frozen_dtype=frozen,
-                                  extra_bytes=extra + beside + head, shards=shards, logits=False,
+                                  extra_bytes=extra + beside + head, shards=shards, logits=not fused,
                                   attn_impl=self.attn_impl)
 
         phases = {"training": total(rows, 0.0)}

@@ -54,6 +54,19 @@ def trainer_syncs_each_batch() -> bool:
         return True  # an unreadable source (a zipped install): assume a current release
 
 
+@functools.lru_cache(maxsize=1)
+def trl_fused_head() -> bool:
+    """Whether the installed TRL computes its trainers' per-token log-probabilities with its fused
+    head (``trl.kernels.chunked_logprob``, TRL 1.16: never the whole vocabulary at every position);
+    an older admitted release materialises the full fp32 logits, which the memory plan then counts."""
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec("trl.kernels.chunked_logprob") is not None
+    except ModuleNotFoundError:  # no trl.kernels at all
+        return False
+
+
 def accumulation_sync_problem(where: str, devices: int, accumulation: int) -> str | None:
     """The refusal of an FSDP job over ``devices`` with ``accumulation`` micro-steps per optimizer
     step on a Trainer that would keep unsharded gradients between them; None where it is fine."""
