@@ -110,3 +110,40 @@ def test_the_q_head_is_qsharps_vocabulary_wide_linear_layer_read_at_the_candidat
     assert torch.equal(back.q.weight, vm.q.weight) and torch.equal(back.q.bias, vm.q.bias)
     with pytest.raises(ConfigError, match="head: checkpoint 'q' vs config 'reference'"):
         ValueModel.load(tmp_path / "ck", expect=HeadSpec(loss, 5, 0.0, 1.0, 128, head="reference"))
+
+
+def test_the_candidate_pass_attends_without_repeating_keys_and_values_per_head():
+    """packed_gqa_sdpa: the query heads sharing a KV head attend as extra query rows of it, each
+    with its own position's mask: equal to transformers' SDPA (which repeats K/V per head when a
+    mask is given and several positions are queried), and no [rows, heads, positions, dim] tensor
+    is made."""
+    from types import SimpleNamespace
+
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    from pita.guidance.value_model import packed_gqa_sdpa
+
+    g = torch.Generator().manual_seed(0)
+    B, H, kv, q, L, D = 2, 8, 2, 5, 37, 16
+    module = SimpleNamespace(num_key_value_groups=H // kv, training=False, is_causal=True)
+    query, key, value = (torch.randn(B, h, n, D, generator=g) for h, n in ((H, q), (kv, L), (kv, L)))
+    allowed = torch.rand(B, 1, q, L, generator=g) > 0.3
+    allowed[..., 0] = True
+    for mask in (allowed, torch.where(allowed, 0.0, torch.finfo(torch.float32).min)):
+        want, _ = sdpa_attention_forward(module, query, key, value, mask, scaling=0.25)
+
+        class Shapes(TorchDispatchMode):
+            seen: list = []
+
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                out = func(*args, **(kwargs or {}))
+                for t in torch.utils._pytree.tree_leaves(out):
+                    if isinstance(t, torch.Tensor):
+                        self.seen.append(tuple(t.shape))
+                return out
+
+        with Shapes() as s:
+            got, _ = packed_gqa_sdpa(module, query, key, value, mask, scaling=0.25)
+        assert torch.allclose(got, want, atol=1e-5)
+        assert (B, H, L, D) not in s.seen  # keys and values never repeated per query head

@@ -46,6 +46,7 @@ the head's score of its last token (the same function at training and scoring).
 
 from __future__ import annotations
 
+import contextlib
 import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -280,8 +281,9 @@ class ValueModel(nn.Module):
         attn = _candidate_masks(self.backbone.config.get_text_config(), past, mask, k, dtype)
         pos = position.view(B, 1).expand(B, k)
         body = self.backbone.model
-        out = body(input_ids=candidates, attention_mask=attn, position_ids=pos, use_cache=True,
-                   **with_cache(body, view))
+        with packed_attention(self.backbone):
+            out = body(input_ids=candidates, attention_mask=attn, position_ids=pos, use_cache=True,
+                       **with_cache(body, view))
         return self.score(out.last_hidden_state)
 
 
@@ -342,3 +344,56 @@ def _candidate_masks(config, past, mask: torch.Tensor, k: int, dtype):
             cached = layer.keys.shape[-2] if getattr(layer, "is_initialized", True) and layer.keys is not None else 0
             out[kind] = additive(min(int(cached), mask.shape[1]))
     return out
+
+
+PACKED_ATTENTION = "pita_packed_gqa_sdpa"
+
+
+def packed_gqa_sdpa(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None, **kwargs):
+    """SDPA for several query positions over a grouped-query cache without repeating its keys and
+    values per query head: the ``n_rep`` query heads that share a KV head attend as ``n_rep`` x q
+    query rows of that head, each row with its own position's mask (the mask is the same for every
+    head). transformers' own SDPA path repeats K/V per head whenever a mask is given and more than
+    one position is queried: at a guided step's candidate pass (top_k positions, a 4-D mask) that
+    wrote and read the value model's whole cache n_rep times over (``bench.decode_bytes``). One
+    position, no mask, a per-head mask or bias, soft-capping or attention sinks: transformers'
+    SDPA as it is."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    n_rep = int(getattr(module, "num_key_value_groups", 1) or 1)
+    B, H, q, D = query.shape
+    if (n_rep == 1 or q == 1 or attention_mask is None or attention_mask.dim() != 4 or attention_mask.shape[1] != 1
+            or kwargs.get("position_bias") is not None or kwargs.get("softcap") is not None
+            or getattr(module, "sinks", None) is not None or (module.training and dropout)):
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                      **kwargs)
+    L = key.shape[-2]
+    mask = attention_mask[:, :, :, :L].expand(B, 1, q, L).repeat(1, 1, n_rep, 1)  # row r x q + i: position i's
+    out = torch.nn.functional.scaled_dot_product_attention(query.reshape(B, H // n_rep, n_rep * q, D), key, value,
+                                                           attn_mask=mask, dropout_p=0.0, scale=scaling)
+    return out.reshape(B, H, q, D).transpose(1, 2).contiguous(), None
+
+
+@contextlib.contextmanager
+def packed_attention(model):
+    """While it runs, ``model``'s SDPA attention is :func:`packed_gqa_sdpa` (other kinds as they are)."""
+    configs = [c for c in {id(x): x for x in (model.config, model.config.get_text_config())}.values()
+               if getattr(c, "_attn_implementation", None) == "sdpa"]
+    for c in configs:
+        c._attn_implementation = PACKED_ATTENTION
+    try:
+        yield
+    finally:
+        for c in configs:
+            c._attn_implementation = "sdpa"
+
+
+def _register_packed_attention() -> None:
+    from transformers import AttentionInterface
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
+
+    AttentionInterface.register(PACKED_ATTENTION, packed_gqa_sdpa)
+    ALL_MASK_ATTENTION_FUNCTIONS.register(PACKED_ATTENTION, sdpa_mask)
+
+
+_register_packed_attention()

@@ -38,7 +38,9 @@ whose constants a reader can scale (``assumed()`` states them):
                what they trained (bytes / SAVE_BYTES_S).
     merges     1 s
 
-The launch overheads were measured: bench.guided on an H100 (bench/results/gpu_h100_2026-11-27.txt)
+What a decode step moves was counted op by op through the job's own sampler
+(``python -m bench.decode_bytes``): the weights once, the cache HF_CACHE_PASSES times, masks
+and the step's logits beside them. The launch overheads were measured: bench.guided on an H100 (bench/results/gpu_h100_2026-11-27.txt)
 gave the tiny family 4.43 ms per unguided step (4 layers) and 9.59 ms per guided step (4 + 3
 layers); STEP_BASE_S and GUIDE_STEP_S are fitted to them at the assumed 0.5 ms per layer. The rest
 is the card's datasheet (``pita.core.gpu_manager.CARDS``: an H100's bf16 dense 989 TFLOP/s and
@@ -72,7 +74,11 @@ VLLM_BATCH = 256  # rows vLLM decodes at once (its max_num_seqs default)
 STEP_BASE_S = 0.0024
 STEP_PER_LAYER_S = 0.0005
 GUIDE_STEP_S = 0.0012  # a guided step's own work beside the two forwards: top-k, offsets, resampling
-HF_CACHE_PASSES = 3  # attention reads the cache; torch.cat copies it (read + write)
+# attention reads the cache; torch.cat copies it (read + write). Measured op by op through the
+# job's own sampler (bench.decode_bytes, transformers 5.24: one decode step of 8 rows at 257
+# positions moves 2.996 x the cache, for Qwen3-8B's, both Llamas' and Phi-4-mini's attention
+# shapes; no K/V repeated per head at one query position, which transformers packs)
+HF_CACHE_PASSES = 3
 VLLM_CACHE_PASSES = 1
 LOAD_BASE_S = 20.0  # a job's process: interpreter, torch and transformers imports, CUDA context
 LOAD_BYTES_S = 2e9  # safetensors into GPU memory
@@ -259,10 +265,14 @@ class Durations:
             extra += step_overhead(g.n_layers) + GUIDE_STEP_S
             if gd.get("head") == "reference":
                 # the candidate pass: top_k more tokens per row through the value model (FLOPs),
-                # its cache read by their attention and copied by the view's concatenation
-                # (read + write: as many passes as a step's own), and its own launches
+                # its weights read a second time, its cache read by their attention and copied by
+                # the view's concatenation (read + write: as many passes as a step's own; measured by
+                # bench.decode_bytes: 9.1 value-cache sizes a guided step in all, the plan's 9), and
+                # its own launches. Its keys and values are no longer repeated per query head
+                # (packed_gqa_sdpa): that was 8.6 value-cache sizes more a step.
                 top = int(gd.get("top_k", 20))
                 cand = g.n_params * (g.vocab if top == -1 else top)
+                wbytes += g.n_params * 4
                 kv += self.kv_per_token(g)
                 extra += step_overhead(g.n_layers)
             shapes.append(g)
