@@ -27,7 +27,8 @@ GPU machine lacks (hydra-core, omegaconf, trl, datasets, math-verify ...) are in
     fsdp_accumulation  a sharded DPO job's peak at accumulation 1 and 2, and at 2 under the
                    trainer's default no_sync; the same job on fake tensors beside it
     logprob_dtype  the log-probabilities TRL sums are fp32, sharded and unsharded
-    grpo_sampling  GRPO samples a micro-batch per generate call; its peak within 1.0-1.5x the plan's
+    grpo_sampling  GRPO samples in the generate calls its plan priced (rows per call from the sampling
+                   phase's memory), their seconds beside the plan's; its peak within 1.0-1.5x the plan's
     checkpoint_host  host RSS while a sharded job writes a checkpoint and a re-run resumes from it
 """
 

@@ -9,7 +9,8 @@ NCCL process group where the job is sharded.
                        its CUDA peak
     logprob_dtype      the per-token log-probabilities TRL sums, sharded and unsharded: fp32 in both,
                        and the logged sums of the two runs side by side
-    grpo_sampling      a GRPO job's peak while it samples (one micro-batch per generate call) and in
+    grpo_sampling      a GRPO job's peak while it samples (in the generate calls its plan priced: rows per
+                       call from the sampling phase's memory; their seconds beside the plan's) and in
                        all, against the plan's reservation for the job
     checkpoint_host    a sharded job's host memory (RSS, sampled) while it writes a mid-training
                        checkpoint and while a re-run attempt resumes from it, per parameter
@@ -302,7 +303,7 @@ def check_grpo_sampling(tmp: Path) -> dict:
 
     from pita.algos import grpo
     from pita.cli.plan import compose
-    from pita.core.memory import CUDA_CONTEXT_BYTES
+    from pita.core.memory import CUDA_CONTEXT_BYTES, generate_calls
     from pita.core.paths import JobPaths
     from pita.plans import build_plan
 
@@ -321,11 +322,15 @@ def check_grpo_sampling(tmp: Path) -> dict:
     real = GenerationMixin.generate
 
     def generate(self, *a, **kw):
+        t0 = time.perf_counter()
         with Peak() as peak:
             out = real(self, *a, **kw)
+        if cuda():
+            torch.cuda.synchronize()
         rows = (kw.get("input_ids") if kw.get("input_ids") is not None else a[0]).shape[0]
         calls.append({"rows": int(rows), "new_tokens": int(out.shape[1] - (kw.get("input_ids") if kw.get(
-            "input_ids") is not None else a[0]).shape[1]), "reserved_gb": round(peak.reserved / 1e9, 3)})
+            "input_ids") is not None else a[0]).shape[1]), "reserved_gb": round(peak.reserved / 1e9, 3),
+            "seconds": time.perf_counter() - t0})
         return out
 
     GenerationMixin.generate = generate
@@ -339,13 +344,30 @@ def check_grpo_sampling(tmp: Path) -> dict:
     finally:
         GenerationMixin.generate = real
     peak = whole.reserved + (CUDA_CONTEXT_BYTES if cuda() else 0)
-    out = {"micro_batch": micro, "accumulation": job.params.get("gradient_accumulation_steps"), "steps": res["steps"],
-           "generate_calls": len(calls), "rows_per_call": sorted({c["rows"] for c in calls}),
+    p = job.params
+    per_device = max(1, int(p["batch_size"]) // max(1, int(p.get("devices", 1))))
+    planned_calls = res["steps"] * generate_calls(per_device, int(p["rows_per_generate"]))
+    # the plan's seconds for the sampling alone: the job's own decode, priced as the plan prices it
+    from pita.models.shapes import model_shape
+    from pita.plans.durations import Durations
+
+    from pita.plans.durations import prompt_tokens
+
+    shape = model_shape(model, "model.reference")
+    d = Durations([job], lambda part: shape, "bfloat16", 64, card=None)
+    planned_sampling = res["steps"] * d.grpo_step_sampling(p, shape, int(p.get("devices", 1)),
+                                                           prompt_tokens(p.get("dataset"), 64), new)
+    out = {"micro_batch": micro, "accumulation": p.get("gradient_accumulation_steps"), "steps": res["steps"],
+           "rows_per_generate": p["rows_per_generate"], "generate_calls": len(calls), "planned_calls": planned_calls,
+           "rows_per_call": sorted({c["rows"] for c in calls}),
            "new_tokens": max(c["new_tokens"] for c in calls) if calls else None,
+           "sampling_s": round(sum(c["seconds"] for c in calls), 2),
+           "planned_sampling_s": round(planned_sampling, 2), "planned_job_s": round(job.duration_hint, 1),
            "sampling_peak_gb": max(c["reserved_gb"] for c in calls) if calls else None,
            "peak_gb": round(peak / 1e9, 3), "reserved_gb": round(job.resources.memory_gb, 3),
            "ratio": round(job.resources.memory_gb * 1e9 / peak, 3)}
-    assert calls and max(c["rows"] for c in calls) <= micro, out
+    # GRPO samples in the calls the plan priced (pita.core.memory.generate_rows), never more rows a call
+    assert calls and len(calls) == planned_calls and max(c["rows"] for c in calls) <= p["rows_per_generate"], out
     assert not cuda() or 1.0 <= out["ratio"] <= 1.5, out
     return out
 

@@ -389,18 +389,22 @@ class Durations:
             sample += steps * (VLLM_SYNC_BASE_S + ref.n_params * self.b / VLLM_SYNC_BYTES_S)
             fixed += self.load_seconds(ref)  # vLLM's own engine (its start-up's profiling not counted)
         else:
-            per_dev = max(1, p["batch_size"] // devices)
-            # each device samples its share of each step's rows with the policy (float32 master weights
-            # under autocast read as the model's dtype; sharded: gathered for the sampling), in the
-            # job's own generate calls of rows_per_generate rows, one after another, each running
-            # to the longest completion (pita.core.memory.generate_rows)
-            calls_rows = int(p.get("rows_per_generate") or per_dev)
-            sample = steps * decode_seconds(ref.n_params, ref.n_params * 4, per_dev, calls_rows, prompt, new,
-                                            ref.n_layers, peak=self.peak, hbm=self.hbm, kv_bytes_per_token=kv)
+            sample = steps * self.grpo_step_sampling(p, ref, devices, prompt, new)
         sample += self.scoring({"scoring": {"reward_model": p.get("reward_model")}, "sampling": {"max_new_tokens": new}},
                                rows, prompt) if p.get("reward_model") else 0.0
         return fixed + sample + self.train(ref, rows * seq, micro, seq, flops, devices, rows=rows,
                                            batch_rows=int(p["batch_size"]), full=not lora, sharded=sharded)
+
+
+    def grpo_step_sampling(self, p: dict, ref, devices: int, prompt: int, new: int) -> float:
+        """Seconds one GRPO step samples with transformers on each device: its share of the rows in
+        the job's own generate calls of ``rows_per_generate`` rows (float32 master weights under
+        autocast read as the model's dtype; sharded: gathered for the sampling), one call after
+        another, each running to the longest completion (``pita.core.memory.generate_rows``)."""
+        per_dev = max(1, int(p["batch_size"]) // max(1, devices))
+        calls_rows = int(p.get("rows_per_generate") or per_dev)
+        return decode_seconds(ref.n_params, ref.n_params * 4, per_dev, calls_rows, prompt, new, ref.n_layers,
+                              peak=self.peak, hbm=self.hbm, kv_bytes_per_token=self.kv_per_token(ref))
 
 
 def sources(jobs, learner=None, card: str | None = None, cuda: bool = True) -> dict[str, str]:
