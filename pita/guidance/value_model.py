@@ -270,7 +270,8 @@ class ValueModel(nn.Module):
         the prefix held in ``past`` (the value model's KV cache of the tokens fed so far, ``mask``
         [B, L] their 2-D attention mask), each candidate at ``position`` [B] (the next position).
         One forward of B x k tokens: candidate j sees the prefix and itself, never another
-        candidate. The cache is read, not changed (the pass writes into a shallow view of it)."""
+        candidate. The cache is read, not changed (the pass reads a shallow view of it, each
+        layer's concatenation dropped after its attention)."""
         B, k = candidates.shape
         view = cache_view(past)
         if view is None:  # a cache with state updated in place (static, linear attention): a copy
@@ -317,8 +318,27 @@ def cache_view(past):
             type(layer) in (DynamicLayer, DynamicSlidingWindowLayer) for layer in layers):
         return None
     view = copy.copy(past)
-    view.layers = [copy.copy(layer) for layer in layers]
+    view.layers = [_transient(copy.copy(layer)) for layer in layers]
     return view
+
+
+def _transient(layer):
+    """``layer`` (a view's copy) whose update returns the concatenated keys and values for its
+    attention and then forgets them: the pass holds one layer's concatenation at a time, not a
+    copy of the whole cache (at 1,024 tokens a Qwen3-sized value model's fp32 cache is 19 GB at
+    71 rows, which the guided shard's peak held until the pass ended)."""
+    cls = type(layer)
+
+    def update(*args, **kwargs):
+        before = dict(layer.__dict__)
+        try:
+            return cls.update(layer, *args, **kwargs)
+        finally:
+            layer.__dict__.clear()
+            layer.__dict__.update(before)
+
+    layer.update = update
+    return layer
 
 
 def _candidate_masks(config, past, mask: torch.Tensor, k: int, dtype):

@@ -121,14 +121,15 @@ class JobMemory:
         its own KV cache and one step's scores over the candidates. The reference head's candidate
         pass adds its activations and attention weights over batch x top_k tokens, priced for every
         guided shard at REFERENCE_CANDIDATES (the default top_k; the embedding head needs less, a
-        larger top_k more: memory learning corrects either from the jobs' peaks). Its view's
-        concatenated keys and values (a copy of the cache plus the candidates) are not counted:
-        bench.memory_truth's guided rows, measured through the job's own sampler, stay within
-        1.0-1.5x without them, and 1.51x with them (paper_math, smollm2: the peak is elsewhere)."""
+        larger top_k more: memory learning corrects either from the jobs' peaks), and one layer's
+        keys and values concatenated with the candidates' (the pass drops each layer's after its
+        attention: a copy of the whole cache, 19 GB for qwen3's value model at 71 x 1,174 tokens,
+        had set the guided shard's peak at 1,024 new tokens)."""
         sh = self.shape("guidance")
         work = kv_cache_bytes(sh, "float32", batch, seq) + batch * sh.vocab * 4 * 3
         k = REFERENCE_CANDIDATES
         work += batch * k * 4 * (8 * sh.hidden + sh.heads * (seq + k))
+        work += kv_cache_bytes(sh, "float32", batch, seq + k) / max(1, sh.n_layers)
         return weights_bytes(sh, "float32") + 4 * max(self.q_head_params(a) for a in self._value_algos()), work
 
     def _value_algos(self) -> list:
@@ -226,8 +227,8 @@ class JobMemory:
     def value_training(self, algo=None, micro: int | None = None, gradient_checkpointing: bool | None = None,
                        proxy: bool = False) -> float:
         """A value-model training job of ``algo`` (GB): the guidance backbone in fp32 with AdamW,
-        micro-batches of at most its ``token_budget`` tokens, the LM prior's log-probabilities at
-        every position. ``proxy``: a Bradley-Terry proxy instead (chosen and rejected rows in one
+        micro-batches of at most its ``token_budget`` tokens, with the embedding head the LM
+        prior's log-probabilities at every position. ``proxy``: a Bradley-Terry proxy instead (chosen and rejected rows in one
         pass, its reward read at the last token only: no vocabulary-wide tensor per position)."""
         micro, gc = self._micro_gc(algo, micro, gradient_checkpointing)
         batch_size = 32 if algo is None else int((proxy and algo.proxy_batch_size) or algo.c.batch_size)
@@ -235,8 +236,11 @@ class JobMemory:
         seq = PROMPT_TOKENS + int(self.cfg.data_collection.max_new_tokens)
         rows = min(batch_size, micro) if micro > 0 else batch_size
         tokens = max(1, min(token_budget, rows * seq * (2 if proxy else 1)))
+        # the LM prior's log-probabilities at every position: the embedding head's alone (the
+        # reference and q heads read no vocabulary-wide tensor per position)
+        head = getattr(getattr(algo, "c", None), "head", "reference")
         b = training_bytes(self.shape("guidance"), "float32", 1, tokens, act_dtype=self.act, cuda=self.cuda,
-                           gradient_checkpointing=gc, logits=not proxy)
+                           gradient_checkpointing=gc, logits=not proxy and head == "embedding")
         # a q head's table in fp32 with its gradient and AdamW's two moments, and the rows it
         # gathers per position with their gradient
         q = self.q_head_params(algo)
