@@ -102,10 +102,12 @@ def assumed(card=None, why: str = "") -> str:
     hbm = card.hbm_tbs * 1e12 * HBM_SHARE if card else HBM_BYTES_S
     name = why or (card.name if card else "H100-SXM")
     return (f"durations assumed (pita/plans/durations.py) for {name}: decoding reads the weights and the KV cache "
-            f"({HF_CACHE_PASSES} passes with transformers, {VLLM_CACHE_PASSES} with vLLM) once per token step at "
+            f"({HF_CACHE_PASSES} passes with transformers, counted by bench.decode_bytes; {VLLM_CACHE_PASSES} with "
+            f"vLLM) once per token step at "
             f"{hbm / 1e12:.2f} TB/s or computes at {MFU:.0%} of {peak / 1e12:.0f} TFLOP/s, whichever is slower, plus "
             f"{STEP_BASE_S * 1e3:g} ms + {STEP_PER_LAYER_S * 1e3:g} ms per layer of launch overhead per forward "
-            f"(measured on an H100) and {GUIDE_STEP_S * 1e3:g} ms per guided step; training 6 x params x tokens FLOPs "
+            f"(their sum measured on an H100 at one depth; the per-layer slope assumed) and "
+            f"{GUIDE_STEP_S * 1e3:g} ms per guided step; training 6 x params x tokens FLOPs "
             f"at up to {MFU_MAX:.0%} of {peak / 1e12:.0f} TFLOP/s (less for small micro-batches); loading "
             f"{LOAD_BASE_S:g} s + {LOAD_BYTES_S / 1e9:g} GB/s, saving {SAVE_BYTES_S / 1e9:g} GB/s; merges {MERGE_S:g} s")
 
