@@ -197,6 +197,14 @@ def test_on_a_cluster_of_two_gpu_nodes_k_device_jobs_get_one_nodes_gpus(tmp_path
             cluster.add_node(num_cpus=2, num_gpus=2)
         cluster.wait_for_nodes()
         ray.init(address=cluster.address, log_to_driver=False, configure_logging=False)
+        # a node's resources reach the driver after the node registers (under load, seconds later):
+        # the backend takes the GPUs the cluster has when it starts and later ones on its refresh;
+        # this test is about placement, so it starts once all four are there
+        import time
+
+        deadline = time.time() + 60
+        while ray.available_resources().get("GPU", 0) < 4 and time.time() < deadline:
+            time.sleep(0.2)
         backend = RayBackend()
         gpus = GPUManager(backend.devices(int(80e9)), source="ray")
         nodes = [d.node for d in gpus.devices]

@@ -198,7 +198,9 @@ class JobMemory:
             scoring_only = scoring_bytes(ref, dtype, batch, seq, cuda=False, weights=False)
             b += weights_bytes(ref, dtype) * 1.10 + max(0.0, scoring_only - working)
             working = max(working, scoring_only)
-        return (b + self.reward_bytes(datasets, working)) / 1e9
+        # a verifier task's evaluation never loads the reward model its training labels may use
+        # (plans/experiment.py's eval_request_factory): only reward tasks' are reserved
+        return (b + self.reward_bytes([d for d in datasets if self._reward_task(d)], working)) / 1e9
 
     def proxy_scoring(self, batch: int = 64) -> float:
         """The best-of-n control's merge (GB): the run's proxy (the fp32 guidance backbone and its
