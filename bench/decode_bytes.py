@@ -91,18 +91,17 @@ def _model(family: str, dtype=torch.bfloat16):
     return getattr(transformers, arch)(cfg).to(dtype).eval(), (kv, heads, head_dim)
 
 
-def _guide(model, head: str):
-    """A guided decoder whose value model has the policy's own backbone shape (its own weights)."""
+def _value_model(model, head: str):
+    """A value model with the policy's own backbone shape (its own weights) and ``head``."""
     import copy
 
-    from pita.guidance.decode import GuidedDecoder
     from pita.guidance.value_model import HeadSpec, ValueModel
 
     bb = copy.deepcopy(model)
     tc = bb.config
     vm = ValueModel(bb, HeadSpec("bce", vocab_size=tc.vocab_size, hidden_size=tc.hidden_size, head=head)).to(
         torch.bfloat16).eval()
-    return GuidedDecoder(vm, "bernoulli", 1.0, top_k=20), vm
+    return vm
 
 
 def run(cache: str, family: str, rows: int = 8, prompt: int = 256, guided: str | None = None) -> dict:
@@ -118,7 +117,7 @@ def run(cache: str, family: str, rows: int = 8, prompt: int = 256, guided: str |
     params = {p.untyped_storage().data_ptr() for p in model.parameters()}
     vm = None
     if guided:
-        _, vm = _guide(model, guided)
+        vm = _value_model(model, guided)
         params |= {p.untyped_storage().data_ptr() for p in vm.parameters()}
     counts = []
     for n in (1, 2):

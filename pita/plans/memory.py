@@ -133,17 +133,20 @@ class JobMemory:
         return weights_bytes(sh, "float32") + 4 * max(self.q_head_params(a) for a in self._value_algos()), work
 
     def _value_algos(self) -> list:
-        """The run's value-guided algorithms (their configs), or [None] without any."""
-        from pita.algos.base import ALGORITHMS, algorithm
-        from pita.algos.value_guided import ValueGuidedAlgorithm
+        """The run's value-guided algorithms (their configs), or [None] without any; built once
+        (the guided sampler's estimate asks for them at every batch size a fit tries)."""
+        if getattr(self, "_value_algos_cache", None) is None:
+            from pita.algos.base import ALGORITHMS, algorithm
+            from pita.algos.value_guided import ValueGuidedAlgorithm
 
-        out = []
-        for name in self.cfg.experiment.get("algos") or []:
-            if name in ALGORITHMS and name in self.cfg.algos:
-                a = algorithm(name, self.cfg.algos[name])
-                if isinstance(a, ValueGuidedAlgorithm):
-                    out.append(a)
-        return out or [None]
+            out = []
+            for name in self.cfg.experiment.get("algos") or []:
+                if name in ALGORITHMS and name in self.cfg.algos:
+                    a = algorithm(name, self.cfg.algos[name])
+                    if isinstance(a, ValueGuidedAlgorithm):
+                        out.append(a)
+            self._value_algos_cache = out or [None]
+        return self._value_algos_cache
 
     def q_head_params(self, algo) -> int:
         """Parameters of ``algo``'s q head (``algos.<name>.head=q``: a vocabulary x hidden x n_out

@@ -118,7 +118,6 @@ def fsdp_settings(p: dict, model=None) -> dict:
     (all-gathered for its forward and backward, resharded after), the full state dict gathered
     to rank 0 for the saved policy. FSDP's own activation checkpointing replaces the Trainer's
     (which would all-gather each layer a second time)."""
-    import transformers
 
     config = {"version": 2, "reshard_after_forward": True, "auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
               # mid-training checkpoints: each rank writes its own shard of the weights and the AdamW
@@ -132,9 +131,8 @@ def fsdp_settings(p: dict, model=None) -> dict:
     layers = wrapped_layers(model) if model is not None else []
     if layers:
         config["transformer_layer_cls_to_wrap"] = layers
-    # transformers 5 takes fsdp=True with the options in fsdp_config; 4.x the option string
-    legacy = int(transformers.__version__.split(".")[0]) < 5
-    return {"fsdp": "full_shard auto_wrap" if legacy else True, "fsdp_config": config}
+    # transformers 5 (the floor is 5.2) takes fsdp=True with the options in fsdp_config
+    return {"fsdp": True, "fsdp_config": config}
 
 
 def training_args(cls, p: dict, out: str, cuda: bool, tracker=None, model=None, **extra):
