@@ -326,54 +326,226 @@ def test_the_smoke_preset_through_slurm_gives_the_local_backends_results(tmp_pat
           f"{local_s:.0f}s with local workers")
 
 
+def _loss_lines(path: Path) -> int:
+    """Training steps logged in an attempt's log so far."""
+    try:
+        return path.read_text(errors="replace").count("{'loss'")
+    except OSError:
+        return 0
+
+
+def _dpo_run(tmp_path, tiny_cache, name: str, epochs: int):
+    return subprocess.Popen([os.sys.executable, str(ROOT / "run_parallel.py"), "experiment=smoke",
+                             "experiment.algos=[DPO]", f"algos.DPO.epochs={epochs}", f"system.cache_dir={tiny_cache}",
+                             "system.devices=cpu", "executor.backend=slurm", "executor.slurm.poll_interval_s=0.5",
+                             "executor.slurm.min_minutes=10", f"experiment.name={name}",
+                             f"system.output_dir={tmp_path}", "executor.progress=plain"],
+                            cwd=ROOT, env=dict(_slurm_env(), PYTHONPATH=str(ROOT)), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+
+
 @needs_slurm
-def test_a_training_job_past_its_time_limit_continues_from_its_checkpoint_with_twice_the_limit(tmp_path, tiny_cache):
-    """DPO trains for many minutes (5,000 epochs of the smoke data, a checkpoint every 5 steps: 300
-    epochs took 70 s here, so the first attempt could finish, and remove its checkpoints, just as
-    Slurm timed it out, and the retry had nothing to resume); once its
-    first checkpoint is written its Slurm time limit is lowered to one minute (scontrol update, as
-    an administrator or a mis-sized plan would have it), so Slurm ends it TIMEOUT. pita submits it
-    again asking twice its first limit, and the new attempt resumes from the checkpoint the first
-    one saved. The driver is then stopped (the rest of the training is not the point)."""
+def test_a_training_job_told_its_limit_is_near_saves_and_runs_again_from_the_save(tmp_path, tiny_cache):
+    """Every attempt asks --signal=B:USR1@<margin>. USR1 reaches the DPO job's worker once it has
+    trained a few steps (sent as Slurm sends it at the margin: scancel --signal=USR1 --batch): it
+    saves a checkpoint at the end of its step and exits as "requeue me"; pita submits it again with
+    the same time limit, and the next attempt resumes from that save. The driver is then stopped."""
     import re
     import signal
 
     env = _slurm_env()
     job = "DPO.tiny.arith.r0.train"
-    proc = subprocess.Popen([os.sys.executable, str(ROOT / "run_parallel.py"), "experiment=smoke",
-                             "experiment.algos=[DPO]", "algos.DPO.epochs=5000", "training.save_steps=5",
-                             f"system.cache_dir={tiny_cache}", "system.devices=cpu", "executor.backend=slurm",
-                             "executor.slurm.poll_interval_s=0.5", "executor.slurm.min_minutes=1",
-                             "experiment.name=limit", f"system.output_dir={tmp_path}", "executor.progress=plain"],
-                            cwd=ROOT, env=dict(env, PYTHONPATH=str(ROOT)), stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
-    lowered = resumed = None
+    proc = _dpo_run(tmp_path, tiny_cache, "limit", 5000)
+    signalled = resumed = None
     deadline = time.time() + 600
     try:
         while time.time() < deadline and proc.poll() is None and not resumed:
             folder = next((tmp_path / "limit").glob("*/jobs/" + job), None) if (tmp_path / "limit").exists() else None
-            if folder is not None and lowered is None and list(folder.glob("artifacts/trainer/checkpoint-*")):
+            if folder is not None and signalled is None and _loss_lines(folder / "attempt-1.log") >= 3:
                 [sid] = [row[0] for row in _ours(env, folder)]
-                subprocess.run(["scontrol", "update", f"JobId={sid}", "TimeLimit=1"], env=env, check=True)
-                lowered = sid
-            if folder is not None and (folder / "job.log").exists():
-                resumed = re.search(r"resuming from \S+checkpoint-(\d+)", (folder / "job.log").read_text(errors="replace"))
-            time.sleep(1.0)
+                subprocess.run(["scancel", "--signal=USR1", "--batch", sid], env=env, check=True)
+                signalled = sid
+            if folder is not None and (folder / "attempt-2.log").exists():
+                resumed = re.search(r"resuming from \S+checkpoint-(\d+)", (folder / "attempt-2.log").read_text(errors="replace"))
+            time.sleep(0.5)
     finally:
         proc.send_signal(signal.SIGINT)
         text, _ = proc.communicate(timeout=180)
-    assert lowered and resumed, text[-3000:]
-    assert int(resumed.group(1)) >= 5
+    assert signalled and resumed, text[-3000:]
     assert proc.returncode == 130, text[-3000:]
     run = only_run(tmp_path, "limit")
     first = json.loads((run / "state.json").read_text())["jobs"][job]["attempts"][0]
-    assert first["status"] == "lost" and first["slurm_state"] == "TIMEOUT" and "time limit" in first["error"]
-    asked = [re.search(r"--time=(\S+)", (run / "jobs" / job / f"slurm-{n}.sh").read_text()).group(1) for n in (1, 2)]
-    assert first["slurm_time"] == asked[0]
-    from pita.core.backends.slurm import slurm_seconds
-
-    assert slurm_seconds(asked[1]) == 2 * slurm_seconds(asked[0])
+    assert first["status"] == "requeue" and "SIGUSR1 received: saved a checkpoint at step" in first["error"], first
+    assert int(re.search(r"at step (\d+)", first["error"]).group(1)) == int(resumed.group(1)) >= 3
+    scripts = [(run / "jobs" / job / f"slurm-{n}.sh").read_text() for n in (1, 2)]
+    asked = [re.search(r"--time=(\S+)", t).group(1) for t in scripts]
+    assert asked[0] == asked[1] == first["slurm_time"]  # the same limit: it continues, it did not run out
+    assert all("--signal=B:USR1@120" in t for t in scripts)
+    log = (run / "jobs" / job / "job.log").read_text(errors="replace")
+    assert "=== attempt 1: Slurm job" in log and "=== attempt 2: Slurm job" in log  # each attempt's own log, gathered
     assert not _ours(env, tmp_path)
+
+
+@needs_slurm
+def test_a_preempted_training_job_saves_and_resumes_and_the_run_completes(tmp_path, tiny_cache):
+    """The test cluster's partition urgent preempts debug (PreemptMode=REQUEUE, GraceTime 30 s).
+    Once the DPO job has trained a few steps, a job on urgent takes the node's CPUs: Slurm sends the
+    DPO job TERM, its worker saves a checkpoint and exits, Slurm puts it back in the queue and runs
+    it again, and it resumes from the save. The run completes with DPO's rows."""
+    import csv
+    import re
+
+    env = _slurm_env()
+    job = "DPO.tiny.arith.r0.train"
+    proc = _dpo_run(tmp_path, tiny_cache, "preempt", 150)
+    urgent = None
+    deadline = time.time() + 600
+    try:
+        while time.time() < deadline and proc.poll() is None and urgent is None:
+            folder = next((tmp_path / "preempt").glob("*/jobs/" + job), None) if (tmp_path / "preempt").exists() else None
+            if folder is not None and _loss_lines(folder / "attempt-1.log") >= 3:
+                out = subprocess.run(["sbatch", "--parsable", "-p", "urgent", "-J", "urgent", "-c", "2", "--mem=1G",
+                                      "-o", "/dev/null", "--wrap", "sleep 5"], env=env, capture_output=True, text=True)
+                assert out.returncode == 0, out.stderr
+                urgent = out.stdout.strip()
+            time.sleep(0.5)
+        text, _ = proc.communicate(timeout=900)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert urgent, text[-3000:]
+    assert proc.returncode == 0, text[-3000:]
+    run = only_run(tmp_path, "preempt")
+    folder = run / "jobs" / job
+    log = (folder / "attempt-1.log").read_text(errors="replace")
+    assert "DUE TO PREEMPTION" in log and "SIGTERM received: saving a checkpoint" in log, log[-3000:]
+    saved = re.search(r"saved a checkpoint at step (\d+)", log)
+    resumed = re.search(r"resuming from \S+checkpoint-(\d+)", log)
+    assert saved and resumed and saved.group(1) == resumed.group(1), log[-3000:]
+    result = json.loads((folder / "result.json").read_text())
+    assert result["resumed_from_step"] == int(saved.group(1)) and result["steps"] > int(saved.group(1))
+    with open(run / "results" / "results.csv") as f:
+        rows = [r for r in csv.DictReader(f) if r.get("algorithm") == "DPO"]
+    assert rows, (run / "results" / "results.csv").read_text()
+    attempts = json.loads((run / "state.json").read_text())["jobs"][job]["attempts"]
+    assert [a["status"] for a in attempts] == ["ok"]  # one attempt, run twice by Slurm: not a failure
+    out = subprocess.run(["sacct", "-n", "-X", "-P", "-j", attempts[0]["slurm_job"], "-o", "State"], env=env,
+                         capture_output=True, text=True)
+    print(f"preempted job {attempts[0]['slurm_job']}: sacct {out.stdout.split()}, saved and resumed at step "
+          f"{saved.group(1)} of {result['steps']}")
+
+
+@needs_slurm
+def test_a_controller_away_for_40_seconds_fails_nothing(tmp_path):
+    """slurmctld stopped for 40 s while jobs run and queue: every query fails meanwhile; the jobs
+    keep their state, the run ends 0 with every job COMPLETED on its first attempt, and run.log
+    says the controller was away."""
+    env = _slurm_env()
+    proc = subprocess.Popen([os.sys.executable, str(ROOT / "run_parallel.py"), *SYNTH, "synthetic.job_seconds=15",
+                             "experiment.name=away", f"system.output_dir={tmp_path}", "executor.progress=plain"],
+                            cwd=ROOT, env=dict(env, PYTHONPATH=str(ROOT)), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    deadline = time.time() + 120
+    while not any(row[2] == "RUNNING" for row in _ours(env)) and time.time() < deadline:
+        time.sleep(0.3)
+    assert _ours(env), "no Slurm job started"
+    slurm_sh = str(ROOT / "tools" / "slurm.sh")
+    subprocess.run([slurm_sh, "stop-ctld"], env=env, check=True)
+    try:
+        time.sleep(40)
+    finally:
+        subprocess.run([slurm_sh, "start-ctld"], env=env, check=True)
+    text, _ = proc.communicate(timeout=600)
+    assert proc.returncode == 0, text[-3000:]
+    run = only_run(tmp_path, "away")
+    state = json.loads((run / "state.json").read_text())
+    assert all(e["state"] == "COMPLETED" for e in state["jobs"].values())
+    assert all(len(e["attempts"]) == 1 for e in state["jobs"].values()), {j: e["attempts"] for j, e in state["jobs"].items()
+                                                                         if len(e["attempts"]) != 1}
+    assert "squeue does not answer" in (run / "run.log").read_text() and "squeue answers again" in (run / "run.log").read_text()
+
+
+@needs_slurm
+def test_a_qos_submit_limit_holds_jobs_in_pita_and_a_refusal_is_retried(tmp_path):
+    """QoS tiny allows one queued or running job per user (MaxSubmitJobsPerUser=1, from sacctmgr).
+    A job of the user's own already holds it when the run starts: pita's first sbatch is refused
+    and tried again with backoff, never a failure; after, one pita job is in flight at a time."""
+    env = _slurm_env()
+    other = subprocess.run(["sbatch", "--parsable", "-q", "tiny", "-J", "other", "-o", "/dev/null", "--wrap",
+                            "sleep 12"], env=env, capture_output=True, text=True)
+    assert other.returncode == 0, other.stderr
+    try:
+        r = cli([*SYNTH, "synthetic.job_seconds=2", "executor.slurm.qos=tiny", "experiment.name=qos"], tmp_path,
+                timeout=600)
+    finally:
+        subprocess.run(["scancel", other.stdout.strip()], env=env)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    run = only_run(tmp_path, "qos")
+    log = (run / "run.log").read_text()
+    assert "jobs in flight at most 1 (QoS tiny's MaxSubmitJobsPerUser = 1" in log, log[:3000]
+    assert "QOSMaxSubmitJobPerUserLimit" in log and "trying again in" in log, log[-3000:]
+    state = json.loads((run / "state.json").read_text())
+    assert all(e["state"] == "COMPLETED" and len(e["attempts"]) == 1 for e in state["jobs"].values())
+    ids = [a["slurm_job"] for e in state["jobs"].values() for a in e["attempts"] if a.get("slurm_job")]
+    out = subprocess.run(["sacct", "-n", "-X", "-P", "-j", ",".join(ids), "-o", "Submit,End"], env=env,
+                         capture_output=True, text=True)
+    spans = sorted(tuple(line.split("|")) for line in out.stdout.splitlines())  # ISO times sort as text
+    assert len(spans) == len(ids) and all(b[0] >= a[1] for a, b in zip(spans, spans[1:])), spans  # one in flight
+
+
+@needs_slurm
+def test_a_jobs_end_is_read_from_sacct_once_the_controller_is_gone(tmp_path):
+    """With the controller stopped (so neither squeue nor scontrol answers), a finished job's end
+    state and exit code still come from slurmdbd, in one sacct call for every job asked about."""
+    env = _slurm_env()
+    ids = []
+    for code in (0, 3):
+        out = subprocess.run(["sbatch", "--parsable", "-o", "/dev/null", "--wrap", f"exit {code}"], env=env,
+                             capture_output=True, text=True)
+        ids.append(out.stdout.strip())
+    for sid in ids:
+        _wait_gone_or_ended(env, sid)
+    deadline = time.time() + 60
+    while time.time() < deadline:  # slurmdbd learns the end a moment after the controller does
+        out = subprocess.run(["sacct", "-n", "-X", "-P", "-j", ",".join(ids), "-o", "State"], env=env,
+                             capture_output=True, text=True)
+        if out.stdout.split() == ["COMPLETED", "FAILED"]:
+            break
+        time.sleep(1)
+    slurm_sh = str(ROOT / "tools" / "slurm.sh")
+    subprocess.run([slurm_sh, "stop-ctld"], env=env, check=True)
+    try:
+        be = SlurmBackend(SlurmSettings())
+        assert be._query() is None  # squeue does not answer
+        assert be._forgotten(ids) == {ids[0]: ("COMPLETED", 0), ids[1]: ("FAILED", 3)}
+        assert be.stats["sacct"] == 1 and be.stats["scontrol"] == 0
+    finally:
+        subprocess.run([slurm_sh, "start-ctld"], env=env, check=True)
+
+
+def _wait_gone_or_ended(env, sid: str, timeout: float = 60) -> None:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        out = subprocess.run(["squeue", "-h", "-t", "all", "-j", sid, "-o", "%T"], env=env, capture_output=True,
+                             text=True)
+        if out.stdout.strip() not in ("PENDING", "RUNNING", "CONFIGURING", "COMPLETING"):
+            return
+        time.sleep(0.5)
+    raise AssertionError(f"Slurm job {sid} did not end within {timeout:.0f}s")
+
+
+@needs_slurm
+def test_a_drained_node_is_not_in_the_inventory(tmp_path):
+    env = _slurm_env()
+    node = subprocess.run(["sinfo", "-h", "-N", "-o", "%N"], env=env, capture_output=True, text=True).stdout.split()[0]
+    subprocess.run(["scontrol", "update", f"nodename={node}", "state=drain", "reason=pita-test"], env=env, check=True)
+    try:
+        r = cli([*SYNTH, "synthetic.job_seconds=1", "experiment.name=drained"], tmp_path, timeout=120)
+    finally:
+        subprocess.run(["scontrol", "update", f"nodename={node}", "state=undrain"], env=env, check=True)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "every node is out of service" in r.stderr and f"{node} drain" in r.stderr, r.stderr
+    assert not (tmp_path / "drained").exists()
 
 
 def _guide_block(marker: str) -> str:
@@ -453,6 +625,59 @@ def test_the_guides_slurm_recipe_runs_as_written(tmp_path):
     log = (tmp_path / f"pita-driver-{again}.log").read_text()
     assert all(e["state"] == "COMPLETED" for e in state["jobs"].values()), log[-3000:]
     assert "resuming" in log and "0 failed" in log
+
+
+@needs_slurm
+def test_a_requeued_driver_leaves_its_jobs_running_and_continues_its_run_folder(tmp_path):
+    # one job in flight: the test node's 2 CPUs leave one for the driver to start again on
+    run, running = _requeue_the_driver(tmp_path, job_seconds=45, more="executor.slurm.max_jobs=1")
+    assert (run / "run.log").read_text().count("taken over from the earlier driver") >= len(running)
+
+
+def _requeue_the_driver(tmp_path, job_seconds: int, more: str = ""):
+    """The guide's driver job (--requeue --signal=B:USR1@...) requeued mid-run (scontrol requeue,
+    as a preemption does): it leaves its Slurm jobs running; when Slurm starts it again it continues
+    the same run folder without resume_from, takes the running jobs over (each keeps one attempt)
+    and finishes the grid."""
+    import re
+
+    block = _guide_block("slurm-recipe")
+    [submit] = [ln.strip() for ln in block.splitlines() if ln.startswith("sbatch") and "experiment.name=grid" in ln]
+    assert "--requeue" in submit and "--signal=B:USR1@" in submit and '--wrap "exec pita run' in submit
+    env = dict(_slurm_env(), PATH=f"{Path(os.sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+               PYTHONPATH=str(ROOT))
+    cmd = submit.replace("partition=gpu", "partition=debug")
+    cmd = re.sub(r'--wrap "([^"]*)"',
+                 lambda m: f'--wrap "{m.group(1)} {RECIPE_WORK} synthetic.job_seconds={job_seconds} {more}"', cmd)
+    r = subprocess.run(cmd, shell=True, env=env, cwd=tmp_path, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    driver = re.search(r"Submitted batch job (\d+)", r.stdout).group(1)
+    deadline = time.time() + 180
+    while not any(row[2] == "RUNNING" for row in _ours(env)) and time.time() < deadline:
+        time.sleep(0.5)
+    running = {row[0]: row[1] for row in _ours(env) if row[2] == "RUNNING"}
+    assert running, "the driver started no job"
+    subprocess.run(["scontrol", "requeue", driver], env=env, check=True)
+    deadline = time.time() + 60
+    while time.time() < deadline:
+        out = subprocess.run(["squeue", "-h", "-j", driver, "-o", "%T"], env=env, capture_output=True, text=True)
+        if out.stdout.strip() == "PENDING":
+            break
+        time.sleep(0.5)
+    still = {row[0] for row in _ours(env)}
+    assert set(running) <= still, (running, still)  # the requeued driver cancelled nothing
+    subprocess.run(["scontrol", "update", f"JobId={driver}", "StartTime=now"], env=env, check=True)  # not 120 s
+    _wait_gone(env, driver, 600)
+    [run] = list((tmp_path / "outputs" / "grid").iterdir())  # one run folder: the same one, continued
+    state = json.loads((run / "state.json").read_text())
+    log = (tmp_path / f"pita-driver-{driver}.log").read_text()
+    assert all(e["state"] == "COMPLETED" for e in state["jobs"].values()), log[-3000:]
+    assert "leaves" in log and "running for the next driver" in log and f"continuing {run}" in log, log[-3000:]
+    for sid, name in running.items():  # taken over (or, if it ended meanwhile, recorded): not submitted again
+        attempts = state["jobs"][name[len("pita:"):]]["attempts"]
+        assert [(a["status"], a["slurm_job"]) for a in attempts] == [("ok", sid)], attempts
+    assert "0 failed" in log
+    return run, running
 
 
 @needs_slurm

@@ -101,6 +101,12 @@ def _run(cfg: DictConfig, overrides: list[str], run_dir: Path | None = None) -> 
         raise ConfigError(f"system.inventory={cfg.system.inventory!r} describes devices this machine may not have; "
                           f"only `pita plan` (or --plan) accepts it. Drop it to run on this machine's devices, or "
                           f"plan with: pita plan ... system.inventory={cfg.system.inventory}")
+    if not cfg.get("resume_from") and run_dir is None and (found := requeued_driver_run(cfg)):
+        # Slurm started this driver again (requeued, preempted, its time limit): it continues the
+        # folder its first start made, with that run's saved config, taking over its jobs
+        print(f"note: Slurm job {os.environ['SLURM_JOB_ID']} (this driver) was requeued (restart "
+              f"{os.environ.get('SLURM_RESTART_COUNT')}): continuing {found}", file=sys.stderr)
+        cfg.resume_from, overrides = str(found), []
     resume = cfg.get("resume_from")
     owner = rebuilt = None
     if resume:
@@ -120,7 +126,8 @@ def _run(cfg: DictConfig, overrides: list[str], run_dir: Path | None = None) -> 
     elif ex.backend == "slurm":  # the partition's devices, read with sinfo: exit 2 before anything is submitted
         from pita.core.backends.slurm import settings_from, slurm_inventory
 
-        gpus, slurm_nodes = slurm_inventory(settings_from(ex.slurm), ex.slurm.gpu_card, cpu_n, cpu=devices == "cpu")
+        slurm_settings = settings_from(ex.slurm)  # the partition's MaxTime and largest node go in it
+        gpus, slurm_nodes = slurm_inventory(slurm_settings, ex.slurm.gpu_card, cpu_n, cpu=devices == "cpu")
     else:
         gpus = GPUManager.detect(devices, cpu_devices=cpu_n)
     if not sy.use_parallel_execution:  # one job at a time: the first device only, one job on it
@@ -134,12 +141,13 @@ def _run(cfg: DictConfig, overrides: list[str], run_dir: Path | None = None) -> 
                                preload=HEAVY_PRELOAD if cfg.experiment.workload != "synthetic" else ())
         start_note = f"workers: {describe_worker_start(start)} (executor.worker_start={ex.worker_start})"
     elif ex.backend == "slurm":
-        from pita.core.backends.slurm import settings_from
-
-        backend = make_backend("slurm", settings=settings_from(ex.slurm), kill_grace_s=ex.kill_grace_s)
+        backend = make_backend("slurm", settings=slurm_settings, kill_grace_s=ex.kill_grace_s)
         where = ex.slurm.partition or "the default partition"
+        out = [n for n in slurm_nodes if not n["usable"]]
         start_note = (f"workers: a Slurm job per attempt on {where} "
-                      f"({', '.join(n['name'] + ' ' + str(n['gpus']) + ' GPU(s)' for n in slurm_nodes)})")
+                      f"({', '.join(n['name'] + ' ' + str(n['gpus']) + ' GPU(s)' for n in slurm_nodes if n['usable'])})"
+                      + (f"; out of service, not counted: {', '.join(n['name'] + ' ' + n['state'] for n in out)}"
+                         if out else ""))
     else:
         backend = ray_backend if ex.backend == "ray" else make_backend(ex.backend)
         start_note = f"workers: {ex.backend} backend"
@@ -237,6 +245,7 @@ def _run(cfg: DictConfig, overrides: list[str], run_dir: Path | None = None) -> 
                               + ("" if not resume else "; the run folder is unchanged: resume it again then")) from e
         setup_logging(run.run_log)
         log.info("run folder: %s", run.root)
+        mark_driver(run)
         from pita.models.families import family_build_note
 
         if note := family_build_note(graph.jobs):
@@ -288,6 +297,42 @@ def _run(cfg: DictConfig, overrides: list[str], run_dir: Path | None = None) -> 
     owner.release()
     print_summary(summary, run, START_COMMAND[0])
     return summary.exit_code
+
+
+DRIVER_MARK = "slurm-driver.json"  # the Slurm job this run's driver runs as (a requeued one finds it)
+
+
+def mark_driver(run) -> None:
+    """A driver that is itself a Slurm job records its job id in the run folder."""
+    jid = os.environ.get("SLURM_JOB_ID")
+    if not jid:
+        return
+    from pita.core.paths import atomic_write_json
+
+    try:
+        atomic_write_json(run.root / DRIVER_MARK, {"slurm_job": jid, "restart": int(os.environ.get("SLURM_RESTART_COUNT")
+                                                                                     or 0)})
+    except OSError as e:
+        log.warning("could not record this driver's Slurm job in %s (%s): if Slurm requeues it, resume by hand with "
+                    "resume_from=%s", run.root, e, run.root)
+
+
+def requeued_driver_run(cfg) -> Path | None:
+    """The run folder a requeued driver (same Slurm job id, a restart count above 0) made before."""
+    jid, restart = os.environ.get("SLURM_JOB_ID"), os.environ.get("SLURM_RESTART_COUNT")
+    if not jid or not restart or restart == "0":
+        return None
+    import json
+
+    base = Path(str(cfg.system.output_dir)) / str(cfg.experiment.name)
+    found = []
+    for mark in base.glob(f"*/{DRIVER_MARK}"):
+        try:
+            if str(json.loads(mark.read_text()).get("slurm_job")) == jid:
+                found.append(mark.parent)
+        except (OSError, ValueError):
+            continue
+    return max(found, key=lambda p: p.stat().st_mtime).absolute() if found else None
 
 
 def _graph_change(run, differs: list[str], changed: list[str]) -> str:

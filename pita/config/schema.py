@@ -97,7 +97,21 @@ class SlurmConfig:
     cpus_per_job: int = 1  # CPUs per device a job holds (-c = this x its devices)
     time_margin: float = 2.0  # --time = the job's expected seconds x this (doubled after a TIMEOUT)
     min_minutes: int = 10  # the shortest --time asked for
-    poll_interval_s: float = 2.0  # squeue at most this often
+    # squeue (one call for all of this run's jobs, filtered to you) this soon after a submission
+    # or a change; the interval doubles while nothing changes
+    poll_interval_s: float = 5.0
+    max_poll_interval_s: float = 60.0  # the longest interval between two squeue calls
+    # jobs in flight (queued or running) at most; null = what your association and QoS allow
+    # (sacctmgr, where accounting runs), else the partition's GPUs
+    max_jobs: Optional[int] = None
+    # an attempt that ran out of host memory (OUT_OF_MEMORY) runs again with --mem times this,
+    # at most oom_mem_retries times and never above the partition's largest node
+    oom_mem_factor: float = 1.5
+    oom_mem_retries: int = 2
+    # Slurm signals an attempt this long before its time limit (--signal=B:USR1@...): a training
+    # job saves a checkpoint and asks to run again from it; also the save's budget on preemption
+    signal_margin_s: int = 120
+    outcome_wait_s: float = 60.0  # a job Slurm says ended: wait this long for its outcome file (NFS)
     # a job queued longer than this is reported with Slurm's reason (and again every as long)
     pending_report_s: float = 300.0
     # --mem (GB) of a job the plan gives no host-memory estimate (always asked: a cluster without

@@ -72,6 +72,16 @@ def validate_config(cfg: DictConfig, models: bool = False) -> None:
     need(sl.min_minutes >= 1, "executor.slurm.min_minutes", sl.min_minutes, "must be >= 1 (Slurm counts minutes)")
     need(sl.poll_interval_s > 0, "executor.slurm.poll_interval_s", sl.poll_interval_s, "must be > 0 seconds")
     need(sl.mem_gb > 0, "executor.slurm.mem_gb", sl.mem_gb, "must be > 0 GB")
+    need(sl.max_poll_interval_s >= sl.poll_interval_s, "executor.slurm.max_poll_interval_s", sl.max_poll_interval_s,
+         f"must be >= executor.slurm.poll_interval_s ({sl.poll_interval_s})")
+    need(sl.max_jobs is None or sl.max_jobs >= 1, "executor.slurm.max_jobs", sl.max_jobs,
+         "must be >= 1, or null for what your association and QoS allow")
+    need(sl.oom_mem_factor > 1, "executor.slurm.oom_mem_factor", sl.oom_mem_factor,
+         "must be > 1 (--mem grows by it after an OUT_OF_MEMORY)")
+    need(sl.oom_mem_retries >= 0, "executor.slurm.oom_mem_retries", sl.oom_mem_retries, "must be >= 0")
+    need(sl.signal_margin_s >= 10, "executor.slurm.signal_margin_s", sl.signal_margin_s,
+         "must be >= 10 seconds (the time a job has to save before its limit)")
+    need(sl.outcome_wait_s >= 0, "executor.slurm.outcome_wait_s", sl.outcome_wait_s, "must be >= 0 seconds")
     need(sl.pending_report_s > 0, "executor.slurm.pending_report_s", sl.pending_report_s, "must be > 0 seconds")
     need(ex.poll_interval_s > 0, "executor.poll_interval_s", ex.poll_interval_s, "must be > 0")
     need(0 <= ex.memory_margin < 1, "executor.memory_margin", ex.memory_margin, "must be a fraction in [0, 1)")

@@ -20,6 +20,7 @@ The executor owns the run folder while it runs (:mod:`pita.core.owner`).
 from __future__ import annotations
 
 import copy
+import json
 import logging
 import os
 import signal
@@ -136,6 +137,7 @@ class Executor(OutcomeRules, MemoryWatch, DiskSpace, Inventory):
         self.oom_batch: dict[str, int] = {}
         self.crash_count: Counter = Counter()
         self.lost_count: Counter = Counter()
+        self.requeue_count: Counter = Counter()  # saved on a signal and ran again
         self._no_device_since: float | None = None
         self.started_at: dict[str, float] = {}
         self.pending_state: dict[str, dict] = {}
@@ -149,7 +151,9 @@ class Executor(OutcomeRules, MemoryWatch, DiskSpace, Inventory):
         self._stop: int | None = None
         self._queue_said: dict[str, float] = {}  # job -> when its wait in the cluster's queue was last reported
         self._rss: dict[int, int] = {}  # CPU devices: RSS of their running jobs (bytes), as last measured
-        self.pump = LogPump(run.run_log)
+        # a cluster's jobs write to a shared file system: their logs are read every half minute
+        # (and whole when they end), not at every tick
+        self.pump = LogPump(run.run_log, min_interval_s=30.0 if backend.outlives_driver else 0.0)
         self.progress = Progress(settings.progress, settings.progress_interval_s)
 
     # ------------------------------------------------------------------ state helpers
@@ -204,6 +208,22 @@ class Executor(OutcomeRules, MemoryWatch, DiskSpace, Inventory):
         self._last_snapshot = now
 
     # ------------------------------------------------------------------ setup
+    def _record_unwatched(self, job_id: str, entry: dict) -> None:
+        """An attempt that ended while no driver watched it (a Slurm job of a driver that was away):
+        its record from the outcome it wrote, so the job's history has it."""
+        n = int(entry.get("attempt") or 1)
+        jp = self.run_paths.job(job_id)
+        try:
+            outcome = json.loads(jp.attempt(n).read_text())
+        except (OSError, ValueError):
+            outcome = {}
+        record = {"n": n, "status": outcome.get("status", "ok"), "start": entry.get("started"),
+                  "end": outcome.get("process_ended"), "devices": entry.get("devices", []),
+                  "note": "ended while no driver watched it", **{k: v for k, v in outcome.items() if k != "status"},
+                  **self.backend.ended_unwatched(jp, n, entry.get("handle") or {})}
+        entry.setdefault("attempts", []).append(record)
+        entry.update(handle=None, finished=record["end"])
+
     def _init_state(self) -> None:
         """Register every job; keep COMPLETED those whose marker and outputs exist, reset the rest."""
         saved = self.state.read()
@@ -230,6 +250,8 @@ class Executor(OutcomeRules, MemoryWatch, DiskSpace, Inventory):
                 entry.update(kind=j.kind, group=j.group, deps=j.deps, log=f"jobs/{j.id}/job.log",
                              fingerprint=j.fingerprint())
                 if done[j.id]:
+                    if entry.get("state") == JobState.RUNNING.value and entry.get("handle"):
+                        self._record_unwatched(j.id, entry)
                     entry["state"] = JobState.COMPLETED.value
                     resumed += 1
                 else:
@@ -295,7 +317,8 @@ class Executor(OutcomeRules, MemoryWatch, DiskSpace, Inventory):
             log.info("%s", line)
         joblog.info("run.log leaves out the jobs' progress bars and per-step metric dicts; every line is in "
                     "jobs/<id>/job.log, the metrics in jobs/<id>/metrics.jsonl")
-        old = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+        # USR1: a driver that is itself a Slurm job is told its time limit is near (--signal=B:USR1@...)
+        old = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)}
 
         def on_signal(signum, frame):
             if self._stop is not None:  # a second Ctrl-C: stop waiting for the grace period
@@ -309,8 +332,8 @@ class Executor(OutcomeRules, MemoryWatch, DiskSpace, Inventory):
         last_wait_note = 0.0
         try:
             while not self.sched.done():
-                if self._stop is not None:
-                    return self._interrupt(t0)
+                if self._stop is not None and (summary := self._interrupt(t0)) is not None:
+                    return summary
                 now = time.time()
                 try:
                     if now - last_refresh >= self.s.memory_refresh_s:
@@ -380,7 +403,7 @@ class Executor(OutcomeRules, MemoryWatch, DiskSpace, Inventory):
         self.sampled_peak.pop(job_id, None)
         self._apply_oom_batch(job_id)
         launch = self._launch_for(job_id, ordinals, n)
-        self.pump.add(job_id, jp.log, launch.tag)
+        self.pump.add(job_id, self.backend.log_path(launch), launch.tag)
         self.started_at[job_id] = time.time()
         where = ", ".join(f"{d.label} ({d.uuid})" for d in devs) or "host"
         planned = job.resources.memory_bytes

@@ -123,15 +123,23 @@ class LogPump:
     """Follows job logs and appends their new complete lines to run.log with a prefix, leaving out
     progress bars and metric dicts (:func:`keep_line`; the job's log keeps them)."""
 
-    def __init__(self, run_log: Path):
+    def __init__(self, run_log: Path, min_interval_s: float = 0.0):
         self.out = open(run_log, "ab", buffering=0)
         self.follow: dict[str, tuple[Path, int, bytes]] = {}  # job -> (path, offset, prefix)
+        self.min_interval_s = min_interval_s  # pump() over every job at most this often
+        self._last = 0.0
 
     def add(self, job_id: str, path: Path, tag: str) -> None:
         offset = path.stat().st_size if path.exists() else 0
         self.follow[job_id] = (path, offset, f"[{tag}] ".encode())
 
     def pump(self, job_id: str | None = None, final: bool = False) -> None:
+        if job_id is None and self.min_interval_s:
+            import time
+
+            if time.monotonic() - self._last < self.min_interval_s:
+                return
+            self._last = time.monotonic()
         for jid in [job_id] if job_id else list(self.follow):
             if jid not in self.follow:
                 continue

@@ -196,7 +196,8 @@ class RunPaths:
     STAMP = "%Y-%m-%d_%H-%M-%S"
 
     def __init__(self, root: Path | str):
-        self.root = Path(root)
+        # absolute: a later driver (resume_from=, a requeued one) matches its jobs' paths on it
+        self.root = Path(root).absolute()
 
     @property
     def run_log(self) -> Path:

@@ -29,7 +29,7 @@ import time
 import traceback
 from pathlib import Path
 
-EXIT_OK, EXIT_ERROR, EXIT_OOM, EXIT_NOSPACE = 0, 1, 3, 4
+EXIT_OK, EXIT_ERROR, EXIT_OOM, EXIT_NOSPACE, EXIT_REQUEUE = 0, 1, 3, 4, 5
 
 
 def is_oom(exc: BaseException) -> bool:
@@ -133,6 +133,14 @@ def execute(launch: dict, logger: logging.Logger) -> dict:
         paths.write_done(attempt)
         outcome = {"status": "ok"}
     except BaseException as e:  # the job's failure is data for the parent, not a crash of the worker
+        from pita.core.preempt import Requeue
+
+        if isinstance(e, Requeue):  # saved on a signal: run again from the save
+            logger.warning("job %s stops to run again: %s", job.id, e)
+            outcome = {"status": "requeue", "error": str(e)}
+            outcome.update(attempt=attempt, duration_s=time.time() - t0,
+                           **_peak_memory(getattr(ctx, "declared_peak_bytes", None)), platform=_platform())
+            return outcome
         tb = traceback.format_exc()
         logger.error("job %s failed:\n%s", job.id, tb.rstrip())
         if is_oom(e):
@@ -191,6 +199,16 @@ def _platform() -> dict:
         return {"error": f"{type(e).__name__}: {e}"}
 
 
+def _process_started() -> float:
+    """When this process started (the kernel's clock for it), before any import."""
+    try:
+        import psutil
+
+        return psutil.Process().create_time()
+    except Exception:  # noqa: BLE001 - a record
+        return time.time()
+
+
 def _die_with_parent(parent_pid: int) -> None:
     """Ask Linux to SIGKILL this worker when the orchestrator dies (even by SIGKILL): no orphans."""
     try:
@@ -214,10 +232,18 @@ def main(argv: list[str] | None = None, parent_pid: int | None = None) -> int:
     if parent:
         _die_with_parent(int(parent))
     _own_descendants()
+    from pita.core.paths import JobPaths
+
+    try:  # Slurm may run an attempt again (requeued on preemption): its earlier outcome is not this one's
+        JobPaths(launch_path.parent).attempt(launch["attempt"]).unlink()
+    except OSError:
+        pass
     logging.basicConfig(level=logging.INFO, stream=sys.stdout, force=True,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logger = logging.getLogger("pita.job")
     outcome = execute(launch, logger)
+    # the process's own span (a queued backend learns run time from it, not from the wait in its queue)
+    outcome.update(process_started=_process_started(), process_ended=time.time())
     from pita.core.paths import JobPaths, atomic_write_json
 
     from pita.core.proctree import end_descendants
@@ -231,7 +257,7 @@ def main(argv: list[str] | None = None, parent_pid: int | None = None) -> int:
         print(f"pita worker: cannot write the attempt's outcome: {e}", flush=True)
         return EXIT_NOSPACE if e.errno in (errno.ENOSPC, errno.EDQUOT) else EXIT_ERROR
     sys.stdout.flush()
-    return {"ok": EXIT_OK, "oom": EXIT_OOM}.get(outcome["status"], EXIT_ERROR)
+    return {"ok": EXIT_OK, "oom": EXIT_OOM, "requeue": EXIT_REQUEUE}.get(outcome["status"], EXIT_ERROR)
 
 
 def _own_descendants() -> None:
@@ -246,7 +272,12 @@ def _own_descendants() -> None:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         os.kill(os.getpid(), signal.SIGTERM)
 
-    signal.signal(signal.SIGTERM, on_term)
+    from pita.core import preempt
+
+    if preempt.enabled():  # a Slurm attempt: USR1 and TERM ask a training job to save first
+        preempt.install(on_term)
+    else:
+        signal.signal(signal.SIGTERM, on_term)
 
 
 def _cuda_unsafe_after_fork() -> bool:

@@ -3,6 +3,7 @@ policy saved whole by rank 0 when it ends (``train_and_save``)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 from pathlib import Path
@@ -239,10 +240,17 @@ def train_and_save(ctx, trainer, tok, p: dict, key: str) -> tuple[dict, list[dic
     last, resumed = point if point else (None, None)
     if last:
         ctx.log.info("resuming from %s (step %d; an earlier attempt of this job wrote it)", last, resumed)
-    with warnings.catch_warnings():
+    from pita.core import preempt
+
+    if preempt.enabled() and p.get("save_steps", "auto") != 0:  # under Slurm: save on USR1/TERM, then stop
+        trainer.add_callback(preempt.save_on_signal_callback())
+    with warnings.catch_warnings(), (preempt.saving() if preempt.enabled() else contextlib.nullcontext()):
         # TRL's own use of a transformers 5.x deprecated property, once per job: nothing the user can change
         warnings.filterwarnings("ignore", message=r"`is_gradient_checkpointing` is deprecated", category=FutureWarning)
         out = trainer.train(resume_from_checkpoint=last)
+    if preempt.requested() is not None and trainer.state.global_step < trainer.state.max_steps:
+        raise preempt.Requeue(f"{preempt.requested()} received: saved a checkpoint at step {trainer.state.global_step} "
+                              f"of {trainer.state.max_steps}; the next attempt resumes from it")
     hist = trainer.state.log_history
     if is_rank0():
         ctx.paths.write_metrics(hist)

@@ -82,6 +82,28 @@ class Backend(abc.ABC):
     def running(self) -> list[str]:
         return []
 
+    def log_path(self, launch: Launch):
+        """The file an attempt's output goes to while it runs (the job's ``job.log`` unless the
+        backend gives each attempt its own)."""
+        return launch.paths.log
+
+    def driver_leaving(self, signum: int) -> str | None:
+        """On a signal to the driver: why its attempts should go on without it (a requeued driver
+        takes them over), or None to end them as the driver stops."""
+        return None
+
+    def detach(self) -> list[str]:
+        """The driver leaves its attempts running (``driver_leaving``): the jobs left."""
+        return []
+
+    def ended_unwatched(self, job_paths, attempt: int, handle: dict) -> dict:
+        """An attempt that ended while no driver ran (``handle`` from the state): what the backend
+        adds to its record."""
+        return dict(handle)
+
+    def after_detach(self, signum: int) -> None:
+        """Once the run state is saved after ``detach``: what the driver does before it exits."""
+
     # An attempt that outlives its driver (a Slurm job) is found again by a resumed one: the
     # executor keeps ``handle`` in the job's state while it runs and offers it to ``adopt``.
     def handle(self, job_id: str) -> dict:

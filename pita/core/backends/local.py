@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from pita.core.backends.base import Backend, Finished, Launch
 from pita.core.paths import atomic_write_json
 from pita.core.proctree import ProcessTree, record_all
-from pita.core.worker import EXIT_ERROR, EXIT_NOSPACE, EXIT_OK, EXIT_OOM
+from pita.core.worker import EXIT_ERROR, EXIT_NOSPACE, EXIT_OK, EXIT_OOM, EXIT_REQUEUE
 
 
 WORKER_STARTS = ("forkserver", "exec")
@@ -233,6 +233,8 @@ def finished_from(launch: Launch, rc: int | None, started: float, forced_status:
     if rc == EXIT_NOSPACE:
         return Finished(job_id, launch.attempt, "nospace", rc, "No space left on device (the worker could not "
                         "write its outcome)", extra=more)
+    if rc == EXIT_REQUEUE and outcome.get("status") == "requeue":
+        return Finished(job_id, launch.attempt, "requeue", rc, outcome.get("error", ""), extra=more)
     if rc in (EXIT_ERROR, EXIT_OOM) and outcome.get("status") in ("error", "oom", "cancelled", "nospace"):
         return Finished(job_id, launch.attempt, outcome["status"], rc, outcome.get("error", ""),
                         outcome.get("traceback", ""), more)

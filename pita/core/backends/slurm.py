@@ -32,9 +32,11 @@ Slurm (its GRES plugin sets it to the allocation); CPU jobs keep the driver's em
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import shlex
+import signal
 import subprocess
 import sys
 import time
@@ -130,12 +132,62 @@ class SlurmSettings:
     cpus_per_job: int = 1  # per device job (merges: 1)
     time_margin: float = 2.0  # time limit = expected seconds x this
     min_minutes: int = 10
-    poll_interval_s: float = 2.0  # squeue at most this often
+    poll_interval_s: float = 5.0  # squeue at most this often after a change; doubles while nothing does
+    max_poll_interval_s: float = 60.0
     # --mem when the plan gives a GPU job no host estimate (CPU devices: their reservation); never
     # left out: without --mem a cluster with no DefMemPerNode gives a job the whole node's memory
     mem_gb: float = 4.0
     pending_report_s: float = 300.0  # a job queued longer than this is reported with Slurm's reason
     max_time_s: float | None = None  # the partition's MaxTime (read at start): no --time beyond it
+    max_jobs: int | None = None  # jobs in flight at most (None: the association's and QoS's limits)
+    oom_mem_factor: float = 1.5
+    oom_mem_retries: int = 2
+    signal_margin_s: int = 120
+    outcome_wait_s: float = 60.0
+    max_node_mem_mb: int | None = None  # the partition's largest node (read at start): --mem stops there
+    unknown_s: float = 900.0  # a job no Slurm command knows, with no outcome file, for this long: lost
+
+
+# sbatch refusals that name a limit on how many jobs you have queued: they clear as your jobs end
+SUBMIT_LIMIT_REASONS = ("MaxSubmitJob", "MaxSubmitJobs", "GrpSubmitJob", "job submit limit")
+OUTCOME_LOOK_S = 2.0  # running attempts' outcome files are looked for this often (a stat each)
+# pending reasons that never clear by waiting: the attempt is cancelled and fails with the reason
+NEVER_CLEARS = ("BadConstraints", "PartitionNodeLimit", "InvalidAccount", "InvalidQOS", "DependencyNeverSatisfied",
+                "QOSMaxWallDurationPerJobLimit", "AssocMaxWallDurationPerJobLimit", "QOSMaxGRESPerJob",
+                "QOSMaxCpuPerJobLimit", "QOSMaxMemoryPerJob", "AssocMaxGRESPerJob", "AssocMaxCpuPerJobLimit",
+                "AssocMaxMemPerJob", "QOSMinGRES", "AccountNotAllowed")
+NEVER_CLEARS_AFTER_S = 60.0  # seen this long first (a reason can be transient while the scheduler looks)
+# sbatch refusals that waiting cannot change (anything else, a limit or a timeout, is retried)
+_FINAL_REFUSALS = ("invalid", "unrecognized option", "requested node configuration is not available",
+                   "unable to allocate resources: requested partition configuration not available")
+
+
+QUERY_TIMEOUT_S = 30.0  # a Slurm query slower than this counts as no answer
+
+
+def _try(args: list[str], timeout: float | None = None) -> subprocess.CompletedProcess | None:
+    """A Slurm query; None when it could not answer (not found, timed out, refused). Never raises:
+    a controller away for minutes is a slow answer, never a verdict on a job."""
+    try:
+        out = subprocess.run(args, capture_output=True, text=True, env=submit_env(),
+                             timeout=QUERY_TIMEOUT_S if timeout is None else min(timeout, QUERY_TIMEOUT_S))
+    except (subprocess.TimeoutExpired, OSError):
+        return None
+    return out if out.returncode == 0 else None
+
+
+def _wait_status(code: str) -> int | None:
+    """An exit code from squeue's ``exit_code`` (a wait status: code << 8, or the signal) or
+    scontrol's/sacct's ``code:signal``; negative for a signal."""
+    code = (code or "").strip()
+    try:
+        if ":" in code:
+            a, sig = code.split(":")[:2]
+            return -int(sig) if int(sig or 0) else int(a)
+        st = int(code)
+    except ValueError:
+        return None
+    return -(st & 0x7F) if st & 0x7F else st >> 8
 
 
 @dataclass
@@ -152,6 +204,26 @@ class _Sub:
     state_reason: str = ""
     started: float | None = None  # when squeue first showed it running
     time_limit: str = ""  # the --time it was submitted with
+    mem_gb: float = 0.0  # the --mem it was submitted with
+    end: tuple[str, int | None] | None = None  # Slurm's end state, once read
+    ended_seen: float | None = None  # when Slurm first said it ended (its outcome file may lag: NFS)
+    unknown_since: float | None = None  # since when no Slurm command knows it
+    never_since: float | None = None  # since when it pends for a reason that cannot clear
+    requeues: int = 0  # times Slurm put it back in the queue after it ran (preemption)
+    outcome_seen: float | None = None  # when its outcome file was first seen (it is ending)
+
+
+@dataclass
+class _Held:
+    """An attempt pita has not submitted yet: the run's limit of jobs in flight is reached, or
+    sbatch refused it for now (a submit limit, a timeout); tried again with backoff."""
+    launch: Launch
+    args: list[str]
+    script: str
+    since: float
+    next_try: float = 0.0
+    tries: int = 0
+    why: str = ""
 
 
 class SlurmBackend(Backend):
@@ -164,10 +236,20 @@ class SlurmBackend(Backend):
         self.kill_grace_s = kill_grace_s
         self.python = python or sys.executable
         self.subs: dict[str, _Sub] = {}
+        self.held: dict[str, _Held] = {}
         self.time_factor: dict[str, float] = {}  # a job that hit its limit: twice the limit next time
-        self._last_query = 0.0
+        self.mem_factor: dict[str, float] = {}  # a job that ran out of host memory: more --mem next time
+        self.host_ooms: dict[str, int] = {}
+        self.cap: int | None = self.s.max_jobs  # jobs in flight at most (set_limits: the user's limits)
+        self.cap_why = "executor.slurm.max_jobs" if self.s.max_jobs else ""
+        self._interval = self.s.poll_interval_s
+        self._next_query = 0.0
+        self._last_look = 0.0  # outcome files last looked for
+        self._outage: float | None = None  # since when squeue has not answered
+        self._outage_note = 0.0
         self._listing: list[list[str]] | None = None  # squeue, read once while a resume adopts
         self._ended: list[Finished] = []
+        self.stats = {"squeue": 0, "sacct": 0, "scontrol": 0, "sbatch": 0, "refused": 0, "failed_queries": 0}
         from pita.core.backends.local import LocalBackend
 
         self.local = LocalBackend(python=self.python, kill_grace_s=kill_grace_s, worker_start="exec")  # merges
@@ -182,12 +264,16 @@ class SlurmBackend(Backend):
         mem_gb = float(res.get("host_gb") or 0.0)
         if not mem_gb:  # CPU devices: the job's reservation is host memory
             mem_gb = float(res.get("memory_gb") or 0.0) * devices if not gpus else self.s.mem_gb
+        mem_gb = (mem_gb or self.s.mem_gb) * self.mem_factor.get(launch.job_id, 1.0)
+        if self.s.max_node_mem_mb:
+            mem_gb = min(mem_gb, self.s.max_node_mem_mb / 1024)
         expected = float(job.get("duration_hint") or 60.0)
-        args = ["-J", f"pita:{launch.job_id}", "-o", str(launch.paths.log), "--open-mode=append", "-N", "1", "-n", "1",
-                "-c", str(self.s.cpus_per_job * devices if launch.devices else 1),
+        args = ["-J", f"pita:{launch.job_id}", "-o", str(attempt_log(launch)), "--open-mode=append", "-N", "1",
+                "-n", "1", "-c", str(self.s.cpus_per_job * devices if launch.devices else 1),
                 "--time=" + time_limit(expected, self.s.time_margin, self.s.min_minutes, self.s.max_time_s,
-                                       self.time_factor.get(launch.job_id, 1.0))]
-        args.append(f"--mem={max(1, math.ceil(mem_gb or self.s.mem_gb))}G")
+                                       self.time_factor.get(launch.job_id, 1.0)),
+                f"--signal=B:USR1@{self.signal_margin(job)}"]
+        args.append(f"--mem={max(1, math.ceil(mem_gb))}G")
         if gpus:
             args.append(f"--gres=gpu:{gpus}")
         for flag, value in (("-p", self.s.partition), ("-A", self.s.account), ("-q", self.s.qos),
@@ -196,11 +282,20 @@ class SlurmBackend(Backend):
                 args += [flag, str(value)]
         return args + list(self.s.sbatch_args)
 
+    def signal_margin(self, job: dict) -> int:
+        """Seconds before its time limit that an attempt is told (USR1) to save and ask to run
+        again: executor.slurm.signal_margin_s, or twice the job's planned checkpoint write."""
+        return int(max(self.s.signal_margin_s, 2 * float((job.get("params") or {}).get("checkpoint_s") or 0)))
+
     def script(self, launch: Launch, gpus: int, args: list[str] | None = None) -> str:
         env = dict(launch.env)
         if gpus:
             env.pop("CUDA_VISIBLE_DEVICES", None)  # Slurm's GRES plugin sets it to the allocation
         env["PYTHONUNBUFFERED"] = "1"
+        env["PITA_SLURM_SIGNALS"] = "1"  # the worker saves on USR1/TERM and asks to run again
+        cpus = _flag(args or [], "-c")
+        if cpus:  # the job's own CPUs, not the driver's machine's
+            env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(cpus)
         exports = "".join(f"export {k}={shlex.quote(str(v))}\n" for k, v in sorted(env.items()))
         return ("#!/bin/bash\n"
                 f"# pita job {launch.job_id}, attempt {launch.attempt}\n"
@@ -224,13 +319,94 @@ class SlurmBackend(Backend):
         script = p.dir / f"slurm-{launch.attempt}.sh"
         args = self.request(launch)
         script.write_text(self.script(launch, gpus, args))
-        out = subprocess.run(["sbatch", "--parsable", *args, str(script)], capture_output=True,
-                             text=True, timeout=60, env=submit_env())
-        if out.returncode != 0:
-            raise RuntimeError(f"sbatch refused {launch.job_id}: {out.stderr.strip() or out.stdout.strip()}")
-        sid = out.stdout.strip().split(";")[0]
-        self.subs[launch.job_id] = _Sub(launch, sid, time.time(), gpus, grace_s=self.kill_grace_s,
-                                        time_limit=next(a.split("=", 1)[1] for a in args if a.startswith("--time=")))
+        held = _Held(launch, args, str(script), time.time())
+        if self._at_cap():
+            held.why = self._cap_text()
+            self.held[launch.job_id] = held
+            return
+        if not self._submit(held):
+            self.held[launch.job_id] = held
+
+    def _at_cap(self) -> bool:
+        return self.cap is not None and len(self.subs) >= self.cap
+
+    def _cap_text(self) -> str:
+        return f"held by pita: {len(self.subs)} of your jobs are in flight, the limit ({self.cap_why}: {self.cap})"
+
+    def _submit(self, held: _Held) -> bool:
+        """sbatch one held attempt: True when Slurm took it; False when it refused for now (tried
+        again with backoff); RuntimeError when the refusal is final (the job fails)."""
+        launch = held.launch
+        self.stats["sbatch"] += 1
+        try:
+            out = subprocess.run(["sbatch", "--parsable", *held.args, held.script], capture_output=True,
+                                 text=True, timeout=60, env=submit_env())
+            msg, ok = (out.stderr.strip() or out.stdout.strip()), out.returncode == 0
+        except (subprocess.TimeoutExpired, OSError) as e:
+            # a timed-out sbatch may still have queued the job: it would run twice if submitted again
+            msg, ok = f"{type(e).__name__}: {e}", False
+            if isinstance(e, subprocess.TimeoutExpired) and self._find_submitted(launch):
+                return True
+        if ok:
+            sid = out.stdout.strip().split(";")[0]
+            gpus = sum(1 for d in launch.devices if d.get("kind") == "cuda")
+            self.subs[launch.job_id] = _Sub(launch, sid, time.time(), gpus, grace_s=self.kill_grace_s,
+                                            time_limit=_flag(held.args, "--time") or "",
+                                            mem_gb=float((_flag(held.args, "--mem") or "0G").rstrip("G")))
+            self._changed()
+            return True
+        self.stats["refused"] += 1
+        if any(w in msg.lower() for w in _FINAL_REFUSALS):
+            raise RuntimeError(f"sbatch refused {launch.job_id}: {msg}")
+        held.tries += 1
+        backoff = min(300.0, 10.0 * 2 ** (held.tries - 1))
+        held.next_try = time.time() + backoff
+        held.why = f"sbatch refused it ({msg}); trying again in {backoff:.0f}s (attempt {held.tries})"
+        import logging
+
+        logging.getLogger("pita.executor").warning("%s: %s", launch.job_id, held.why)
+        return False
+
+    def _find_submitted(self, launch: Launch) -> bool:
+        """After an sbatch that timed out: the job it may have queued, found by its script."""
+        out = _try(["squeue", "-h", "-u", _user(), "-o", "%i|%j|%o"])
+        if out is None:
+            return False
+        script = str(launch.paths.dir / f"slurm-{launch.attempt}.sh")
+        for line in out.stdout.splitlines():
+            parts = line.split("|", 2)
+            if len(parts) == 3 and parts[2] == script:
+                gpus = sum(1 for d in launch.devices if d.get("kind") == "cuda")
+                self.subs[launch.job_id] = _Sub(launch, parts[0], time.time(), gpus, grace_s=self.kill_grace_s)
+                self._changed()
+                return True
+        return False
+
+    def _submit_held(self) -> None:
+        now = time.time()
+        for job_id, held in list(self.held.items()):
+            if self._at_cap():
+                for h in self.held.values():
+                    if h.next_try <= now:
+                        h.why = self._cap_text()
+                return
+            if held.next_try > now:
+                continue
+            try:
+                taken = self._submit(held)
+            except RuntimeError as e:
+                del self.held[job_id]
+                from pita.core.backends.local import finished_from
+
+                self._ended.append(finished_from(held.launch, None, held.since, "died", str(e)))
+                continue
+            if taken:
+                del self.held[job_id]
+
+    def set_limits(self, cap: int | None, why: str) -> None:
+        """The most jobs this run keeps in flight (queued or running), and what sets it."""
+        if cap is not None and (self.cap is None or cap < self.cap):
+            self.cap, self.cap_why = cap, why
 
     # ------------------------------------------------------------------ a later driver of the run
     def handle(self, job_id: str) -> dict:
@@ -241,9 +417,15 @@ class SlurmBackend(Backend):
     def _queued(self) -> list[list[str]]:
         """This user's Slurm jobs as [id, state, reason, name, command], read once per resume."""
         if self._listing is None:
-            import getpass
-
-            out = _run(["squeue", "-h", "-u", getpass.getuser(), "-o", "%i|%T|%r|%j|%o"])
+            out = None
+            for pause in (0, 2, 5, 10, 20):  # a resume needs the answer: wait for the controller a while
+                time.sleep(pause)
+                out = _try(["squeue", "-h", "-u", _user(), "-o", "%i|%T|%r|%j|%o"])
+                if out is not None:
+                    break
+            if out is None:
+                raise RuntimeError("squeue did not answer for 37 s: cannot tell which of the run's Slurm jobs are "
+                                   "still queued; resume again once the controller answers")
             self._listing = [line.split("|", 4) for line in out.stdout.splitlines() if line.count("|") >= 4]
         return self._listing
 
@@ -277,96 +459,291 @@ class SlurmBackend(Backend):
         lines = []
         for sid, state, _, name, command in self._queued():
             if command.startswith(root) and sid not in ours and state in ACTIVE_STATES:
-                _run(["scancel", sid])
+                _try(["scancel", sid])
                 lines.append(f"cancelled Slurm job {sid} ({name}, {state}): an earlier driver's attempt not taken over")
         self._listing = None
         return lines
 
     # ------------------------------------------------------------------ what Slurm says
-    def _query(self) -> dict[str, tuple[str, str]]:
-        """Slurm job id -> (state, reason) of the jobs squeue still lists."""
-        ids = ",".join(s.slurm_id for s in self.subs.values())
-        if not ids:
-            return {}
-        out = _run(["squeue", "-h", "-t", "all", "-j", ids, "-o", "%i|%T|%r"])
+    def _query(self) -> dict[str, tuple[str, str, int | None]] | None:
+        """Slurm job id -> (state, reason, exit code) of this user's jobs squeue lists (one call
+        for all of them); None when squeue did not answer."""
+        self.stats["squeue"] += 1
+        out = _try(["squeue", "-h", "-t", "all", "-u", _user(), "-O", "JobID:|,State:|,Reason:|,exit_code:"])
+        if out is None:
+            self.stats["failed_queries"] += 1
+            return None
         states = {}
         for line in out.stdout.splitlines():
-            parts = line.strip().split("|")
-            if len(parts) == 3:
-                states[parts[0]] = (parts[1], parts[2])
+            parts = [x.strip() for x in line.split("|")]
+            if len(parts) >= 4:
+                states[parts[0]] = (parts[1], parts[2], _wait_status(parts[3]))
         return states
+
+    def _forgotten(self, ids: list[str]) -> dict[str, tuple[str, int | None]]:
+        """End states of jobs squeue no longer lists: one sacct for all of them where accounting
+        runs, else scontrol (while the controller remembers them); missing: unknown now."""
+        out = {}
+        self.stats["sacct"] += 1
+        acct = _try(["sacct", "-n", "-X", "-P", "-j", ",".join(ids), "-o", "JobID,State,ExitCode"])
+        if acct is not None:
+            for line in acct.stdout.splitlines():
+                parts = line.split("|")
+                if len(parts) >= 3 and parts[0] in ids:
+                    out[parts[0]] = (parts[1].split()[0], _wait_status(parts[2]))
+        for sid in ids:
+            if sid not in out:
+                self.stats["scontrol"] += 1
+                sc = _try(["scontrol", "-o", "show", "job", sid])
+                if sc is not None:
+                    fields = dict(kv.split("=", 1) for kv in sc.stdout.split() if "=" in kv)
+                    if fields.get("JobState"):
+                        out[sid] = (fields["JobState"], _wait_status(fields.get("ExitCode", "")))
+        return out
 
     @staticmethod
     def end_state(slurm_id: str) -> tuple[str, int | None]:
         """(state, exit code) of a job that left squeue: scontrol while it remembers the job
         (MinJobAge), then sacct; ("UNKNOWN", None) when neither does."""
-        out = _run(["scontrol", "-o", "show", "job", slurm_id])
-        fields = dict(kv.split("=", 1) for kv in out.stdout.split() if "=" in kv)
+        out = _try(["scontrol", "-o", "show", "job", slurm_id])
+        fields = dict(kv.split("=", 1) for kv in (out.stdout if out else "").split() if "=" in kv)
         state, code = fields.get("JobState"), fields.get("ExitCode")
         if not state:
-            acct = _run(["sacct", "-n", "-X", "-P", "-j", slurm_id, "-o", "State,ExitCode"])
-            line = acct.stdout.strip().splitlines()[:1]
+            acct = _try(["sacct", "-n", "-X", "-P", "-j", slurm_id, "-o", "State,ExitCode"])
+            line = acct.stdout.strip().splitlines()[:1] if acct else []
             if line and "|" in line[0]:
                 state, code = line[0].split("|")[:2]
                 state = state.split()[0]
         if not state:
             return "UNKNOWN", None
-        rc = None
-        if code and ":" in code:
-            a, sig = code.split(":")[:2]
-            rc = -int(sig) if int(sig or 0) else int(a)
-        return state, rc
+        return state, _wait_status(code or "")
+
+    def log_path(self, launch: Launch):
+        return attempt_log(launch)
+
+    def ended_unwatched(self, job_paths, attempt: int, handle: dict) -> dict:
+        sid = str(handle.get("slurm_job") or "")
+        state = self._forgotten([sid]).get(sid, ("COMPLETED", 0))[0] if sid else "COMPLETED"
+        launch = SimpleLaunch(job_paths, attempt)
+        self._gather_log(_Sub(launch, sid, 0.0, 0), state)
+        return {"slurm_job": sid, "slurm_state": state, "log": str(attempt_log(launch))}
+
+    @staticmethod
+    def _gather_log(sub: _Sub, state: str) -> None:
+        """The attempt's own log, appended to ``job.log`` with a header once it is over: the job's
+        whole history in one file, each attempt's output in its own."""
+        src = attempt_log(sub.launch)
+        try:
+            data = src.read_bytes() if src.exists() else b""
+            with open(sub.launch.paths.log, "ab") as f:
+                f.write(f"=== attempt {sub.launch.attempt}: Slurm job {sub.slurm_id}, {state} ({src.name}) ===\n"
+                        .encode() + data + (b"" if not data or data.endswith(b"\n") else b"\n"))
+        except OSError:  # a full disk: the attempt's own log keeps it
+            pass
 
     def _ended_sub(self, job_id: str, sub: _Sub, state: str, rc: int | None) -> Finished:
         from pita.core.backends.local import finished_from
 
-        extra = {"slurm_job": sub.slurm_id, "slurm_state": state}
+        self._gather_log(sub, state)
+
+        extra = {"slurm_job": sub.slurm_id, "slurm_state": state, "log": str(attempt_log(sub.launch))}
         if sub.time_limit:
             extra["slurm_time"] = sub.time_limit
+        if sub.mem_gb:
+            extra["slurm_mem_gb"] = sub.mem_gb
+        if sub.started is not None:
+            extra["queued_s"] = round(sub.started - sub.submitted, 1)
+        if sub.requeues:
+            extra["slurm_requeues"] = sub.requeues
         if sub.forced:
             return finished_from(sub.launch, rc, sub.submitted, sub.forced, sub.reason, extra)
-        if state in LOST_STATES:
+        if state == "OUT_OF_MEMORY":
+            n = self.host_ooms[job_id] = self.host_ooms.get(job_id, 0) + 1
+            top = (self.s.max_node_mem_mb or 0) / 1024
+            if n <= self.s.oom_mem_retries and not (top and sub.mem_gb >= top - 1):
+                self.mem_factor[job_id] = self.mem_factor.get(job_id, 1.0) * self.s.oom_mem_factor
+                return finished_from(sub.launch, rc, sub.submitted, "lost",
+                                     f"Slurm job {sub.slurm_id} ran out of host memory at --mem={sub.mem_gb:g}G "
+                                     f"(OUT_OF_MEMORY): the next attempt asks for {self.s.oom_mem_factor:g}x "
+                                     f"({n} of executor.slurm.oom_mem_retries={self.s.oom_mem_retries})", extra)
+            return finished_from(sub.launch, rc, sub.submitted, "error",
+                                 f"Slurm job {sub.slurm_id} ran out of host memory at --mem={sub.mem_gb:g}G "
+                                 f"(OUT_OF_MEMORY, {n} time(s){', the largest node' if top and sub.mem_gb >= top - 1 else ''}): "
+                                 f"raise executor.slurm.oom_mem_retries or executor.slurm.mem_gb, or lower the job's "
+                                 f"batch", extra)
+        if state in LOST_STATES or state in ("SPECIAL_EXIT", "REVOKED"):
             if state == "TIMEOUT":
                 self.time_factor[job_id] = self.time_factor.get(job_id, 1.0) * 2
             why = {"CANCELLED": "cancelled outside pita (scancel)", "TIMEOUT": "it hit its Slurm time limit (the next "
-                   "submission asks for twice as long)", "PREEMPTED": "preempted", "NODE_FAIL": "its node failed"}
+                   "submission asks for twice as long)", "PREEMPTED": "preempted", "NODE_FAIL": "its node failed",
+                   "BOOT_FAIL": "its node failed to boot", "DEADLINE": "it reached its deadline before it could run",
+                   "SPECIAL_EXIT": "Slurm held it after a special exit", "REVOKED": "a sibling cluster ran it"}
+            if state in ("SPECIAL_EXIT", "PREEMPTED", "NODE_FAIL", "BOOT_FAIL"):
+                # Slurm may hold or requeue it itself: pita submits it again instead, so it never runs twice
+                _try(["scancel", sub.slurm_id])
             return finished_from(sub.launch, rc, sub.submitted, "lost",
                                  f"Slurm job {sub.slurm_id} ended {state}: {why.get(state, state.lower())}", extra)
         return finished_from(sub.launch, rc, sub.submitted, extra=extra)
 
     def poll(self, timeout: float = 0.0) -> list[Finished]:
         self._ended += self.local.poll(0.0)
-        now = time.time()
-        wait = self.s.poll_interval_s - (now - self._last_query)
-        if wait > 0:
+        self._look_for_outcomes()
+        if time.time() < self._next_query:
             if timeout > 0 and not self._ended:
-                time.sleep(min(timeout, wait, 0.2 if self.local.running() else wait))
+                time.sleep(min(timeout, self._next_query - time.time(), 0.2 if self.local.running() else timeout))
             self._ended += self.local.poll(0.0)
-            if time.time() - self._last_query < self.s.poll_interval_s:
+            if time.time() < self._next_query:
                 return self._take()
-        self._last_query = time.time()
-        for sub in self.subs.values():  # KILL after the grace period
-            if sub.term_sent is not None and time.time() - sub.term_sent > sub.grace_s and sub.state != "KILLED":
-                _run(["scancel", sub.slurm_id])
-                sub.state = "KILLED"
-        listed = self._query()
-        for job_id, sub in list(self.subs.items()):
-            if sub.slurm_id in listed:
-                state, reason = listed[sub.slurm_id]
-                sub.state_reason = reason if state == "PENDING" else ""
-                if state in ACTIVE_STATES:
-                    if state == "RUNNING" and sub.started is None:
-                        sub.started = time.time()
-                    sub.state = state
-                    continue
-                _, rc = self.end_state(sub.slurm_id)
-            else:
-                state, rc = self.end_state(sub.slurm_id)
-                if state in ACTIVE_STATES:
-                    continue
-            del self.subs[job_id]
-            self._ended.append(self._ended_sub(job_id, sub, state, rc))
+        self._poll_slurm()
         return self._take()
+
+    def _look_for_outcomes(self) -> None:
+        """A worker writes its outcome file as it ends: one stat per running attempt every few
+        seconds (no Slurm call) tells the driver to ask Slurm now rather than at its next poll."""
+        now = time.time()
+        if now - self._last_look < OUTCOME_LOOK_S:
+            return
+        self._last_look = now
+        for sub in self.subs.values():
+            if sub.end is None and not sub.outcome_seen and sub.launch.paths.attempt(sub.launch.attempt).exists():
+                sub.outcome_seen = now
+                self._next_query = min(self._next_query, now + 0.5)  # COMPLETING lasts a moment
+
+    def _changed(self) -> None:
+        """Something moved (a submission, an end, a kill): look again soon."""
+        self._interval = self.s.poll_interval_s
+        self._next_query = min(self._next_query, time.time() + self._interval)
+
+    def _poll_slurm(self) -> None:
+        now = time.time()
+        self._submit_held()
+        for sub in self.subs.values():  # KILL after the grace period
+            if sub.term_sent is not None and now - sub.term_sent > sub.grace_s and sub.state != "KILLED":
+                if _try(["scancel", sub.slurm_id]) is not None:
+                    sub.state = "KILLED"
+        if not self.subs:
+            self._schedule(now, changed=False)
+            return
+        listed = self._query()
+        if listed is None:
+            self._query_failed(now)
+            return
+        if self._outage is not None:
+            import logging
+
+            logging.getLogger("pita.executor").warning("squeue answers again after %.0fs; every job kept its state",
+                                                       now - self._outage)
+            self._outage = None
+        changed = False
+        missing = []
+        for job_id, sub in self.subs.items():
+            row = listed.get(sub.slurm_id)
+            if row is None:
+                if sub.end is None:
+                    missing.append(sub.slurm_id)
+                continue
+            state, reason, rc = row
+            sub.unknown_since = None
+            if state in ACTIVE_STATES:
+                if state != sub.state:
+                    changed = True
+                    if state in ("PENDING", "REQUEUED") and sub.started is not None:
+                        sub.requeues += 1  # Slurm put it back (preemption with requeue): it starts again
+                        sub.started = sub.outcome_seen = None
+                if state == "RUNNING" and sub.started is None:
+                    sub.started = now
+                sub.state, sub.state_reason = state, (reason if state == "PENDING" else "")
+                self._check_reason(job_id, sub, now)
+                continue
+            sub.end = (state, rc)
+        if missing:
+            known = self._forgotten(missing)
+            for sub in self.subs.values():
+                if sub.slurm_id in known:
+                    sub.end, sub.unknown_since = known[sub.slurm_id], None
+                elif sub.slurm_id in missing:
+                    sub.unknown_since = sub.unknown_since or now
+        for job_id, sub in list(self.subs.items()):
+            done = self._is_over(sub, now)
+            if done is None:
+                continue
+            del self.subs[job_id]
+            changed = True
+            self._ended.append(self._ended_sub(job_id, sub, *done))
+        self._submit_held()
+        self._schedule(now, changed)
+
+    def _is_over(self, sub: _Sub, now: float) -> tuple[str, int | None] | None:
+        """(state, exit code) once an attempt is over and its outcome can be read; None while it
+        runs, or while its outcome file is still on its way."""
+        outcome = sub.launch.paths.attempt(sub.launch.attempt)
+        if sub.end is None:
+            if sub.unknown_since is None:
+                return None
+            if outcome.exists():  # no Slurm command knows it any more; the worker said how it ended
+                try:
+                    status = json.loads(outcome.read_text()).get("status")
+                except (OSError, ValueError):
+                    status = None
+                if status:
+                    return ("COMPLETED" if status == "ok" else "FAILED",
+                            {"ok": 0, "oom": 3, "requeue": 5}.get(status, 1))
+            if now - sub.unknown_since < self.s.unknown_s:
+                return None
+            return "UNKNOWN", None
+        state, rc = sub.end
+        if sub.forced or state not in ("COMPLETED", "FAILED") or outcome.exists():
+            return state, rc
+        sub.ended_seen = sub.ended_seen or now
+        if now - sub.ended_seen < self.s.outcome_wait_s:  # a shared file system may show it late
+            return None
+        return state, rc
+
+    def _check_reason(self, job_id: str, sub: _Sub, now: float) -> None:
+        r = sub.state_reason
+        if sub.state != "PENDING" or not any(r == k or r.startswith(k + ",") for k in NEVER_CLEARS):
+            sub.never_since = None
+            return
+        sub.never_since = sub.never_since or now
+        if now - sub.never_since >= NEVER_CLEARS_AFTER_S and sub.forced is None:
+            sub.forced = "error"
+            sub.reason = (f"Slurm job {sub.slurm_id} pends for a reason that never clears by waiting: "
+                          f"{pending_reason(r)}")
+            _try(["scancel", sub.slurm_id])
+
+    def _query_failed(self, now: float) -> None:
+        """squeue did not answer: every job keeps its state; ask again later, less often."""
+        import logging
+
+        if self._outage is None:
+            self._outage = now
+        if now - self._outage_note >= 300:
+            self._outage_note = now
+            logging.getLogger("pita.executor").warning(
+                "squeue does not answer (for %.0fs): the %d Slurm job(s) in flight keep their state; asking again "
+                "with backoff", now - self._outage, len(self.subs))
+        self._interval = min(self.s.max_poll_interval_s, max(self._interval * 2, self.s.poll_interval_s))
+        self._next_query = now + self._interval
+
+    def _schedule(self, now: float, changed: bool) -> None:
+        """The next query: soon after a change, twice as late each time nothing changed (up to
+        max_poll_interval_s), and not before the earliest expected end of a running attempt; soon
+        while an ended attempt's outcome file is awaited or an attempt is being killed."""
+        if changed:
+            self._interval = self.s.poll_interval_s
+        else:
+            self._interval = min(self.s.max_poll_interval_s, self._interval * 2)
+        wait = self._interval
+        running = [s for s in self.subs.values() if s.started is not None and s.end is None]
+        if running and len(running) == len(self.subs):
+            soonest = min(s.started + float(s.launch.job.get("duration_hint") or 0) for s in running)
+            wait = max(wait, min(soonest - now, self.s.max_poll_interval_s))
+        if any(s.ended_seen is not None or (s.term_sent is not None and s.state != "KILLED")
+               or s.unknown_since is not None or s.outcome_seen is not None for s in self.subs.values()):
+            wait = min(wait, self.s.poll_interval_s)
+        if self.held:
+            wait = min(wait, max(1.0, min(h.next_try for h in self.held.values()) - now))
+        self._next_query = now + wait
 
     def _take(self) -> list[Finished]:
         out, self._ended = self._ended, []
@@ -374,15 +751,23 @@ class SlurmBackend(Backend):
 
     def queued(self) -> dict[str, tuple[str, float]]:
         """pita job id -> (Slurm's reason and what it means, seconds queued) of the attempts still
-        waiting to run."""
+        waiting to run, pita's own held ones included."""
         now = time.time()
-        return {j: (f"Slurm job {s.slurm_id} pending, reason {pending_reason(s.state_reason)}", now - s.submitted)
-                for j, s in self.subs.items() if s.state == "PENDING" and s.started is None}
+        out = {j: (f"Slurm job {s.slurm_id} pending, reason {pending_reason(s.state_reason)}", now - s.submitted)
+               for j, s in self.subs.items() if s.state == "PENDING" and s.started is None}
+        out.update({j: (h.why or "held by pita", now - h.since) for j, h in self.held.items()})
+        return out
 
     # ------------------------------------------------------------------ ending attempts
     def kill(self, job_id: str, status: str = "cancelled", reason: str = "", grace_s: float | None = None) -> None:
         if job_id in self.local.running():
             self.local.kill(job_id, status, reason, grace_s)
+            return
+        if job_id in self.held:  # never submitted: ends at once
+            from pita.core.backends.local import finished_from
+
+            held = self.held.pop(job_id)
+            self._ended.append(finished_from(held.launch, None, held.since, status, reason))
             return
         sub = self.subs.get(job_id)
         if sub is None or sub.term_sent is not None:
@@ -390,20 +775,78 @@ class SlurmBackend(Backend):
         sub.forced, sub.reason = status, reason
         sub.term_sent = time.time()
         sub.grace_s = self.kill_grace_s if grace_s is None else grace_s
-        _run(["scancel", "--signal=TERM", "--full", sub.slurm_id])
+        _try(["scancel", "--signal=TERM", "--full", sub.slurm_id])
         if sub.state == "PENDING":  # nothing runs yet: gone at once
-            _run(["scancel", sub.slurm_id])
+            _try(["scancel", sub.slurm_id])
+        self._changed()
 
     def shutdown(self, grace_s: float = 10.0) -> list[Finished]:
-        for job_id in list(self.subs):
-            self.kill(job_id, grace_s=grace_s)
-        deadline = time.time() + grace_s + 5 * self.s.poll_interval_s + 5
+        """The driver stops: one scancel for every job of the run (Slurm itself gives each its
+        KillWait between TERM and KILL), nothing waited for, so a driver that is itself a Slurm job
+        finishes within its own KillWait. An attempt whose outcome already says it succeeded counts."""
+        from pita.core.backends.local import finished_from
+
         ended: list[Finished] = []
-        while self.subs and time.time() < deadline:
-            ended += self.poll(timeout=self.s.poll_interval_s)
-        for sub in self.subs.values():  # still listed: cancelled for good
-            _run(["scancel", sub.slurm_id])
+        ids = [s.slurm_id for s in self.subs.values()]
+        for i in range(0, len(ids), 200):
+            _try(["scancel", *ids[i:i + 200]])
+        for job_id, sub in list(self.subs.items()):
+            self._gather_log(sub, "cancelled: the driver stopped")
+            f = finished_from(sub.launch, None, sub.submitted)
+            ok = f.status == "ok" or (sub.launch.paths.attempt(sub.launch.attempt).exists() and
+                                      _outcome_status(sub.launch) == "ok")
+            ended.append(Finished(job_id, sub.launch.attempt, "ok", 0, extra=f.extra) if ok else
+                         finished_from(sub.launch, None, sub.submitted, "cancelled", "the driver stopped"))
+        for job_id, held in self.held.items():
+            ended.append(finished_from(held.launch, None, held.since, "cancelled", "the driver stopped"))
+        self.subs.clear()
+        self.held.clear()
         return ended + (self.local.shutdown(grace_s) or []) + self._take()
+
+    def detach(self) -> list[str]:
+        """The driver goes away but its jobs go on (a requeued or preempted driver): nothing is
+        cancelled; the run state keeps each attempt's handle for the next driver. Returns the
+        jobs left running."""
+        left = list(self.subs)
+        self.local.shutdown(self.kill_grace_s)
+        return left
+
+    def driver_leaving(self, signum: int) -> str | None:
+        """A driver that is itself a Slurm job leaves its jobs running when Slurm is about to end
+        it without anyone asking to stop the run: USR1 (its time limit is near: it requeues itself),
+        or TERM while Slurm requeues it (preemption, ``scontrol requeue``: the controller counts one
+        more restart than this process started with) or while the controller does not answer.
+        ``scancel`` of the driver (TERM, no restart counted) and Ctrl-C end its jobs."""
+        jid = os.environ.get("SLURM_JOB_ID")
+        if not jid or signum not in (signal.SIGUSR1, signal.SIGTERM):
+            return None
+        if signum == signal.SIGUSR1:
+            return f"Slurm job {jid} (this driver) nears its time limit; it requeues itself"
+        out = _try(["scontrol", "-o", "show", "job", jid], timeout=3)
+        if out is None:
+            return f"TERM to Slurm job {jid} (this driver) while the controller does not answer"
+        fields = dict(kv.split("=", 1) for kv in out.stdout.split() if "=" in kv)
+        try:
+            restarts, mine = int(fields.get("Restarts", 0)), int(os.environ.get("SLURM_RESTART_COUNT") or 0)
+        except ValueError:
+            return None
+        if restarts > mine or fields.get("JobState") in ("PREEMPTED", "REQUEUED", "REQUEUE_HOLD"):
+            return f"Slurm requeues job {jid} (this driver; restart {restarts})"
+        return None
+
+    def after_detach(self, signum: int) -> None:
+        import logging
+
+        jid = os.environ.get("SLURM_JOB_ID")
+        if signum != signal.SIGUSR1 or not jid:
+            return
+        out = _try(["scontrol", "requeue", jid], timeout=20)
+        lg = logging.getLogger("pita.executor")
+        if out is None:
+            lg.error("could not requeue Slurm job %s (this driver): submit it with --requeue (docs/guide.md), or "
+                     "resume the run with resume_from=<its folder>", jid)
+        else:
+            lg.warning("requeued Slurm job %s (this driver): it continues this run folder when it starts again", jid)
 
     def close(self) -> None:
         self.local.close()
@@ -412,7 +855,34 @@ class SlurmBackend(Backend):
         return self.local.pids(job_id)
 
     def running(self) -> list[str]:
-        return list(self.subs) + self.local.running()
+        return list(self.subs) + list(self.held) + self.local.running()
+
+
+@dataclass
+class SimpleLaunch:
+    """The part of a Launch that names an attempt's files."""
+    paths: object
+    attempt: int
+
+
+def _user() -> str:
+    import getpass
+
+    return getpass.getuser()
+
+
+def _outcome_status(launch: Launch) -> str | None:
+    try:
+        return json.loads(launch.paths.attempt(launch.attempt).read_text()).get("status")
+    except (OSError, ValueError):
+        return None
+
+
+def attempt_log(launch) -> "os.PathLike":
+    """Each attempt's own log (``job.log`` gathers the run's view of it: the executor's pump)."""
+    from pathlib import Path
+
+    return Path(launch.paths.dir) / f"attempt-{launch.attempt}.log"
 
 
 # ---------------------------------------------------------------- the cluster, read before anything runs
@@ -423,7 +893,10 @@ def settings_from(cfg_slurm) -> SlurmSettings:
                          sbatch_args=[str(a) for a in (c.sbatch_args or [])], cpus_per_job=int(c.cpus_per_job),
                          time_margin=float(c.time_margin), min_minutes=int(c.min_minutes),
                          poll_interval_s=float(c.poll_interval_s), pending_report_s=float(c.pending_report_s),
-                         mem_gb=float(c.mem_gb))
+                         mem_gb=float(c.mem_gb), max_poll_interval_s=float(c.max_poll_interval_s),
+                         max_jobs=None if c.max_jobs is None else int(c.max_jobs), oom_mem_factor=float(c.oom_mem_factor),
+                         oom_mem_retries=int(c.oom_mem_retries), signal_margin_s=int(c.signal_margin_s),
+                         outcome_wait_s=float(c.outcome_wait_s))
 
 
 def gres_gpus(gres: str) -> int:
@@ -464,8 +937,19 @@ def cluster(settings: SlurmSettings) -> tuple[list[dict], list[str]]:
     for p, name, cpus, mem, gres, state in rows:
         if p.rstrip("*") == part and name not in {n["name"] for n in nodes}:
             nodes.append({"name": name, "cpus": int(cpus), "mem_mb": int(str(mem).rstrip("+") or 0),
-                          "gpus": gres_gpus(gres), "state": state})
+                          "gpus": gres_gpus(gres), "state": state, "usable": node_usable(state)})
     return nodes, []
+
+
+# sinfo's short node states (%t) of nodes that run no new job until an admin or Slurm returns them
+UNUSABLE_NODE_STATES = ("drain", "drng", "down", "fail", "failg", "maint", "inval", "futr", "boot_fail", "npc",
+                        "plnd", "unk", "pow_dn", "powered_down", "powering_down", "reboot^")
+
+
+def node_usable(state: str) -> bool:
+    """Whether a node in ``state`` (sinfo %t: idle, mix, alloc, drain, down*, ...) takes jobs now."""
+    st = state.rstrip("*~#!%$@^-").lower()
+    return not any(st == u or st.startswith(u) for u in UNUSABLE_NODE_STATES)
 
 
 def slurm_inventory(settings: SlurmSettings, gpu_card: str | None, cpu_devices: int, cpu: bool = False):
@@ -479,6 +963,13 @@ def slurm_inventory(settings: SlurmSettings, gpu_card: str | None, cpu_devices: 
     nodes, problems = cluster(settings)
     if problems:
         raise ConfigError(problems)
+    out = [n for n in nodes if not n["usable"]]
+    every, nodes = nodes, [n for n in nodes if n["usable"]]
+    if not nodes:
+        raise ConfigError(f"executor.slurm.partition={settings.partition or '(default)'}: every node is out of service "
+                          f"({', '.join(n['name'] + ' ' + n['state'] for n in out)}; sinfo -R says why); wait for "
+                          f"them to return or choose another executor.slurm.partition")
+    settings.max_node_mem_mb = max(n["mem_mb"] for n in nodes)
     gpus = 0 if cpu else sum(n["gpus"] for n in nodes)
     if gpus:
         if not gpu_card:
@@ -493,7 +984,7 @@ def slurm_inventory(settings: SlurmSettings, gpu_card: str | None, cpu_devices: 
         for d in mgr.devices:
             d.total_bytes = per
     mgr.source = "slurm"
-    return mgr, nodes
+    return mgr, every
 
 
 # ---------------------------------------------------------------- every request checked before the first sbatch
@@ -554,11 +1045,54 @@ def associations() -> list[dict] | None:
     conf = _run(["scontrol", "show", "config"]).stdout
     if "accounting_storage/slurmdbd" not in conf:
         return None
-    out = _run(["sacctmgr", "-nP", "show", "assoc", f"where user={getpass.getuser()}", "format=Account,Partition,QOS"])
+    out = _run(["sacctmgr", "-nP", "show", "assoc", "where", f"user={getpass.getuser()}", "format=Account,Partition,QOS"])
     if out.returncode != 0:
         return None
     return [dict(zip(("Account", "Partition", "QOS"), line.split("|")))
             for line in out.stdout.splitlines() if line.count("|") == 2]
+
+
+def submit_limit(settings: SlurmSettings) -> tuple[int | None, str]:
+    """How many more jobs you may have queued or running at once through this run's account and
+    QoS (sacctmgr's MaxSubmitJobs and GrpSubmitJobs of the association, MaxSubmitJobsPerUser and
+    GrpSubmitJobs of the QoS), less the jobs of yours already counted against it; (None, "") where
+    the cluster keeps no accounting or sets no such limit."""
+    conf = _try(["scontrol", "show", "config"])
+    if conf is None or "accounting_storage/slurmdbd" not in conf.stdout:
+        return None, ""
+    user = _user()
+    account = settings.account
+    if account is None:
+        out = _try(["sacctmgr", "-nP", "show", "user", user, "format=DefaultAccount"])
+        account = (out.stdout.strip().splitlines() or [""])[0] if out else ""
+    out = _try(["sacctmgr", "-nP", "show", "assoc", "where", f"user={user}", *([f"account={account}"] if account else []),
+                "format=Account,Partition,QOS,DefaultQOS,MaxSubmit,GrpSubmit"])
+    rows = [line.split("|") for line in (out.stdout.splitlines() if out else []) if line.count("|") == 5]
+    rows = [r for r in rows if r[1] in ("", settings.partition or "")] or rows
+    limits: list[tuple[int, str]] = []
+    qos = settings.qos
+    if rows:
+        r = sorted(rows, key=lambda r: r[1] == "")[0]  # the partition's own association first
+        qos = qos or r[3] or ("normal" if "normal" in r[2].split(",") else None)
+        for value, what in ((r[4], "MaxSubmitJobs"), (r[5], "GrpSubmitJobs")):
+            if value.isdigit():
+                limits.append((int(value), f"association {r[0]}'s {what}"))
+    if qos:
+        out = _try(["sacctmgr", "-nP", "show", "qos", "where", f"name={qos}", "format=Name,MaxSubmitPU,GrpSubmit"])
+        for line in (out.stdout.splitlines() if out else []):
+            q = line.split("|")
+            if len(q) == 3 and q[0] == qos:
+                for value, what in ((q[1], "MaxSubmitJobsPerUser"), (q[2], "GrpSubmitJobs")):
+                    if value.isdigit():
+                        limits.append((int(value), f"QoS {qos}'s {what}"))
+    if not limits:
+        return None, ""
+    limit, why = min(limits)
+    mine = _try(["squeue", "-h", "-u", user, "-O", "QOS:|,Account:"])
+    others = sum(1 for line in (mine.stdout.splitlines() if mine else [])
+                 if line.split("|")[0].strip() == (qos or "") or not qos)
+    return max(1, limit - others), (f"{why} = {limit}" + (f", {others} of your jobs already queued or running"
+                                                         if others else ""))
 
 
 def representative(backend: SlurmBackend, jobs, cuda: bool, key=lambda j: j.kind) -> dict[str, tuple[object, list[str]]]:
@@ -573,7 +1107,7 @@ def representative(backend: SlurmBackend, jobs, cuda: bool, key=lambda j: j.kind
             continue
         launch = SimpleNamespace(job=j.to_dict(), job_id=j.id, attempt=1,
                                  devices=[{"kind": "cuda" if cuda else "cpu"}] * j.resources.devices,
-                                 paths=SimpleNamespace(log=f"<run>/jobs/{j.id}/job.log"))
+                                 paths=SimpleNamespace(log=f"<run>/jobs/{j.id}/job.log", dir=f"<run>/jobs/{j.id}"))
         size = (j.resources.devices, j.resources.host_gb or j.resources.memory_gb, j.duration_hint)
         k = key(j)
         if k not in best or size > best[k][0]:
@@ -611,7 +1145,7 @@ def request_problem(job, args: list[str], message: str, nodes: list[dict]) -> st
             return f"{key}: Slurm refuses the requests with it ({message.strip()})"
     cpus, mem = int(_flag(args, "-c") or 1), _flag(args, "--mem")
     gpus = int((_flag(args, "--gres") or "gpu:0").split(":")[-1])
-    most = {k: max((n[k] for n in nodes), default=0) for k in ("cpus", "mem_mb", "gpus")}
+    most = {k: max((n[k] for n in nodes if n.get("usable", True)), default=0) for k in ("cpus", "mem_mb", "gpus")}
     asks = f"{job.id} asks for {' '.join(args)}"
     if gpus > most["gpus"]:
         return (f"{asks}: {gpus} GPUs on one node, and the partition's largest node has {most['gpus']}; lower the "
@@ -641,12 +1175,21 @@ def submission_problems(backend: SlurmBackend, jobs, nodes: list[dict], cuda: bo
     problems = access_problems(s, fields, associations())
     notes: list[str] = []
     s.max_time_s = slurm_seconds(fields.get("MaxTime", ""))
+    cap, why = submit_limit(s)
+    if cap is not None:
+        backend.set_limits(cap, why)
+        notes.append(f"jobs in flight at most {backend.cap} ({backend.cap_why}); the rest wait in pita, not in sbatch "
+                     f"refusals")
     if problems:
         return problems, notes
     for kind, (job, args) in representative(backend, jobs, cuda, key).items():
         out = _run(["sbatch", "--test-only", "-J", "pita:check", "-o", "/dev/null", *args, "--wrap", "true"])
         if out.returncode != 0:
             msg = " ".join(ln.split(":", 1)[-1].strip() for ln in out.stderr.splitlines() if ln.strip()) or out.stdout
+            if any(k in msg for k in SUBMIT_LIMIT_REASONS):  # your jobs fill a submit limit now: they wait in pita
+                notes.append(f"{kind}: Slurm refuses more jobs of yours for now ({msg.strip()}); the run's jobs are "
+                             f"submitted as yours end")
+                continue
             problems.append(request_problem(job, args, msg, nodes))
         elif s.max_time_s and job.duration_hint > s.max_time_s:
             notes.append(f"{kind}: its longest job is expected to take {job.duration_hint / 3600:.1f} h, more than "

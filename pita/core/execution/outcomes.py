@@ -6,6 +6,8 @@
     worker died           retried crash_retries times, then FAILED
     device lost           (a Ray node gone, a Slurm job cancelled, preempted or past its limit)
                           run again, not counted as the job's crash, lost_retries times
+    saved to run again    (a Slurm attempt told its time limit is near, or preempted, saved a
+                          checkpoint) run again from the save, up to REQUEUE_LIMIT times
     cancelled on a stop   back to pending: a resume runs it"""
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from pita.core.execution.disk import DiskFull
 from pita.core.execution.summary import RunSummary
 
 log = logging.getLogger("pita.executor")
+REQUEUE_LIMIT = 100  # a job that saves and asks to run again more often than this fails
 joblog = logging.getLogger("pita.executor.jobs")
 
 
@@ -47,7 +50,11 @@ class OutcomeRules:
         if mem:
             record["memory"] = mem
         if f.status == "ok" and job.planned_s > 0 and self.started_at.get(f.job_id):
-            self._learn_duration(job, record, now - self.started_at[f.job_id])
+            ran = now - self.started_at[f.job_id]
+            span = (f.extra.get("process_started"), f.extra.get("process_ended"))
+            if self.backend.outlives_driver and all(isinstance(t, (int, float)) for t in span):
+                ran = span[1] - span[0]  # a batch queue's wait is not the job's time
+            self._learn_duration(job, record, ran)
         self.pending_attempts.setdefault(f.job_id, []).append(record)
         peak = f.extra.get("peak_gpu_bytes") or f.extra.get("peak_rss_bytes")
         peak_txt = f", peak {'GPU' if f.extra.get('peak_gpu_bytes') else 'RSS'} {peak / 1e9:.2f} GB" if peak else ""
@@ -61,6 +68,16 @@ class OutcomeRules:
             return
         if f.status == "ok":  # reported success but the marker is missing: treat as a crash
             f = Finished(f.job_id, f.attempt, "died", f.exit_code, "worker reported success but wrote no .done marker")
+        if f.status == "requeue":  # it saved on a signal (time limit near, preemption): again from the save
+            self.requeue_count[f.job_id] += 1
+            if self.requeue_count[f.job_id] <= REQUEUE_LIMIT:
+                log.warning("%s on %s (attempt %d): %s; running it again (%d)", f.job_id, where, f.attempt,
+                            f.error, self.requeue_count[f.job_id])
+                self.sched.requeue(f.job_id)
+                self._note(f.job_id, state=JobState.PENDING.value, reason="saved to run again")
+                return
+            f = Finished(f.job_id, f.attempt, "died", f.exit_code, f"{f.error} [asked to run again "
+                         f"{REQUEUE_LIMIT} times: it never got to its end]", f.traceback, f.extra)
         if f.status == "lost":
             self.lost_count[f.job_id] += 1
             if self.lost_count[f.job_id] <= self.s.lost_retries:
@@ -150,6 +167,21 @@ class OutcomeRules:
     def _interrupt(self, t0: float) -> RunSummary:
         name = signal.Signals(self._stop).name
         running = self.backend.running()
+        why = self.backend.driver_leaving(self._stop)
+        if why:  # a driver Slurm requeues: its jobs go on, the next driver of this run takes them over
+            left = self.backend.detach()
+            log.warning("%s received: %s; the driver stops and leaves %d job(s) running for the next driver of this "
+                        "run (it takes them over)", name, why, len(left))
+            for job_id in set(running) - set(left):  # merges on the driver: run again by the next one
+                self.sched.requeue(job_id)
+                self._note(job_id, state=JobState.PENDING.value, reason="interrupted")
+            summary = self._finish(t0, interrupted=True)
+            self.backend.after_detach(self._stop)
+            return summary
+        if self._stop == signal.SIGUSR1:  # not a Slurm driver's warning: nothing to do about it
+            log.warning("USR1 received outside a Slurm job: ignored")
+            self._stop = None
+            return None
         log.warning("%s received: stopping; ending %d running job(s) (grace %.0fs)", name, len(running),
                     self.s.kill_grace_s)
         self._end_running("interrupted")
