@@ -534,15 +534,40 @@ def _wait_gone_or_ended(env, sid: str, timeout: float = 60) -> None:
     raise AssertionError(f"Slurm job {sid} did not end within {timeout:.0f}s")
 
 
+def _return_to_service(env, node: str) -> None:
+    """The drained node back: Slurm 22.05 takes RESUME or UNDRAIN depending on the state it has
+    reached (idle+drain, drained, not responding a moment), so both are tried until sinfo shows it
+    usable."""
+    if subprocess.run(["scontrol", "update", f"nodename={node}", "state=undrain"], env=env,
+                      capture_output=True).returncode != 0:
+        subprocess.run(["scontrol", "update", f"nodename={node}", "state=resume"], env=env, capture_output=True)
+    _wait_node_up(env, node)
+
+
+def _wait_node_up(env, node: str, timeout: float = 120) -> None:
+    """Until sinfo shows the node usable and responding (idle, mix or alloc, no '*')."""
+    deadline = time.time() + timeout
+    state = ""
+    while time.time() < deadline:
+        state = subprocess.run(["sinfo", "-h", "-N", "-o", "%t"], env=env, capture_output=True, text=True).stdout
+        if state.split() and all(s in ("idle", "mix", "alloc") for s in state.split()):
+            return
+        time.sleep(1.0)
+    raise AssertionError(f"node {node} is not in service: sinfo says {state.split()}")
+
+
 @needs_slurm
 def test_a_drained_node_is_not_in_the_inventory(tmp_path):
     env = _slurm_env()
     node = subprocess.run(["sinfo", "-h", "-N", "-o", "%N"], env=env, capture_output=True, text=True).stdout.split()[0]
+    _wait_node_up(env, node)  # a node not responding (a controller just restarted) cannot be drained and undrained
     subprocess.run(["scontrol", "update", f"nodename={node}", "state=drain", "reason=pita-test"], env=env, check=True)
     try:
+        drained = subprocess.run(["sinfo", "-h", "-N", "-o", "%t"], env=env, capture_output=True, text=True).stdout
         r = cli([*SYNTH, "synthetic.job_seconds=1", "experiment.name=drained"], tmp_path, timeout=120)
     finally:
-        subprocess.run(["scontrol", "update", f"nodename={node}", "state=undrain"], env=env, check=True)
+        _return_to_service(env, node)
+    assert "drain" in drained, drained
     assert r.returncode == 2, r.stdout + r.stderr
     assert "every node is out of service" in r.stderr and f"{node} drain" in r.stderr, r.stderr
     assert not (tmp_path / "drained").exists()

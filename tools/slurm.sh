@@ -189,8 +189,12 @@ stop_ctld() {  # the controller away (tests: queries fail while jobs go on)
 
 start_ctld() {  # back, with the jobs it saved (no -c)
     slurmctld -f "$CONF" || die "slurmctld did not start (see $DIR/log/slurmctld.log)"
-    for _ in $(seq 60); do sinfo -h >/dev/null 2>&1 && return 0; sleep 0.5; done
-    die "slurmctld does not answer (see $DIR/log/slurmctld.log)"
+    # answering, and the node registered again (idle*, not responding, until slurmd is heard from)
+    for _ in $(seq 120); do
+        sinfo -h -N -o '%t' 2>/dev/null | grep -qxE '(idle|mix|alloc)' && return 0
+        sleep 0.5
+    done
+    die "slurmctld does not answer or the node did not register (see $DIR/log/slurmctld.log)"
 }
 
 case "${1:-}" in
