@@ -85,6 +85,15 @@ def _poll(be: SlurmBackend, times: int = 1) -> list:
     return out
 
 
+def _two_started(be, fake, tmp_path, first: str, second: str):
+    """Jobs A and B started on ``be``, sbatch answering Slurm job ids ``first`` and ``second``."""
+    launches = _launch(tmp_path, "A.f.d.r0.train"), _launch(tmp_path, "B.f.d.r0.train")
+    for launch, sid in zip(launches, (first, second)):
+        fake.set("sbatch", sid)
+        be.start(launch)
+    return launches
+
+
 def _finish_outcome(launch, status="ok"):
     launch.paths.dir.mkdir(parents=True, exist_ok=True)
     launch.paths.attempt(launch.attempt).write_text(json.dumps({"status": status, "duration_s": 1.0}))
@@ -139,11 +148,7 @@ def test_a_job_no_command_knows_keeps_its_state_until_its_outcome_or_a_long_sile
 
 def test_sacct_reads_the_end_of_every_forgotten_job_in_one_call(tmp_path, fake):
     be = _backend()
-    a, b = _launch(tmp_path, "A.f.d.r0.train"), _launch(tmp_path, "B.f.d.r0.train")
-    fake.set("sbatch", "201")
-    be.start(a)
-    fake.set("sbatch", "202")
-    be.start(b)
+    a, b = _two_started(be, fake, tmp_path, "201", "202")
     fake.set("squeue", "")
     fake.set("sacct", "201|COMPLETED|0:0\n202|FAILED|1:0")
     _finish_outcome(a)
@@ -298,11 +303,7 @@ def test_a_timeout_asks_twice_the_limit_next_time(tmp_path, fake):
 
 def test_a_stopping_driver_cancels_every_job_in_one_call_without_waiting(tmp_path, fake):
     be = _backend()
-    a, b = _launch(tmp_path, "A.f.d.r0.train"), _launch(tmp_path, "B.f.d.r0.train")
-    fake.set("sbatch", "401")
-    be.start(a)
-    fake.set("sbatch", "402")
-    be.start(b)
+    a, b = _two_started(be, fake, tmp_path, "401", "402")
     _finish_outcome(a)  # it finished as the driver stopped: it counts
     ended = {f.job_id: f.status for f in be.shutdown(grace_s=30)}
     assert ended == {"A.f.d.r0.train": "ok", "B.f.d.r0.train": "cancelled"}
