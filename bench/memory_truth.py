@@ -3,6 +3,7 @@
     python -m bench.memory_truth                       # every preset family, paper_math and paper_reward
     python -m bench.memory_truth --families llama,qwen3 --json
     python -m bench.memory_truth --families '' --experiments '' --sharded-families qwen3   # FSDP rows only
+    python -m bench.memory_truth --parts fake --sharded-families ''   # every family's fake-tensor rows (minutes)
 
 No GPU and no memory: the models are built from their shipped config.json (pita/models/shapes.py)
 under torch's ``FakeTensorMode`` (CPU fake tensors, built under the job's dtype), and a dispatch
@@ -21,8 +22,9 @@ What runs, per family (the code the job calls where it can run on fake tensors):
     eval.shard trained  the trained policy sampling as above and the reference beside it running
                         ``LM.path_kl`` over the samples (prompt + completion): the exact KL and the
                         reference's log-probs in one pass, both models' final hidden states held at once
-    value / proxy       one optimizer step of ``pita.guidance.train``: its loss (``_loss``) on a
-    training            token-budget batch of ``micro_batch_size`` rows, backward, AdamW
+    value / proxy       two optimizer steps of ``pita.guidance.train``: its loss (``_loss``) on a
+    training            token-budget batch of ``micro_batch_size`` rows, backward, AdamW (the
+                        second step runs with AdamW's moments resident, as every later one)
     DPO / GRPO          the job's own function and TRL's trainer through Trainer.train, two
     training            optimizer steps at the planned micro-batch and accumulation, on a fake
                         process group of the planned world size where the job is sharded
@@ -268,6 +270,8 @@ def sampling_step(torch, lm, ids, mask, new: int, top_p: float, guide=None):
             guide.advance(tok.unsqueeze(-1), full, pos[:, -1:] + new)
             guide.adjust(torch.log_softmax(res.logits[:, -1, :].float(), -1))
         torch.nn.functional.softmax(res.logits[:, -1, :].float(), -1)
+        if guide is not None:
+            guide.end()  # as LM.generate_ids does when its batch ends
 
 
 def measure(fake: Fake, cfg, paths: dict, job) -> int:
@@ -364,11 +368,16 @@ def measure(fake: Fake, cfg, paths: dict, job) -> int:
         vm.train()
 
         def step():
+            # two optimizer steps: from the second on, AdamW's moments are resident while the
+            # forward and backward run (the job's steady state; the first step makes them last)
             opt = torch.optim.AdamW(vm.parameters(), lr=1e-5, foreach=False)
-            with torch.autocast("cpu", dtype=torch.bfloat16):
-                loss = _loss(vm, ex, clipped, list(range(rows)), pairs, 0, "cpu")
-            loss.backward()
-            opt.step()
+            for _ in range(2):
+                with torch.autocast("cpu", dtype=torch.bfloat16):
+                    loss = _loss(vm, ex, clipped, list(range(rows)), pairs, 0, "cpu")
+                loss.backward()
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+                del loss
         return fake.peak(step, vm)
     raise ValueError(f"{job.kind}: measured through the job's own trainer (measure_training)")
 
@@ -482,7 +491,9 @@ def _run_rows(tasks, workers: int) -> list[dict]:
         return list(pool.map(one, tasks))
 
 
-def run(families: list[str], experiments: list[str], workers: int = 1) -> list[dict]:
+def run(families: list[str], experiments: list[str], workers: int = 1, parts=("fake", "training")) -> list[dict]:
+    """The rows of ``families`` x ``experiments``: ``parts`` "fake" (the steps measured here on
+    fake tensors, seconds each) and "training" (DPO / GRPO through their trainer, minutes each)."""
     import torch
 
     torch.set_num_threads(1)
@@ -492,10 +503,12 @@ def run(families: list[str], experiments: list[str], workers: int = 1) -> list[d
             cfg, jobs, paths = _plan(experiment, family)
             reps = _representatives(jobs)
             # the fake-tensor steps here, one at a time; the training jobs in processes of their own
-            rows += [_row(experiment, family, paths, kind, job, lambda: measure(Fake(), cfg, paths, job))
-                     for kind, job in reps.items() if job.kind not in TRAINING_KINDS]
-            rows += _run_rows([(experiment, family, paths, kind, job, cfg) for kind, job in reps.items()
-                               if job.kind in TRAINING_KINDS], workers)
+            if "fake" in parts:
+                rows += [_row(experiment, family, paths, kind, job, lambda: measure(Fake(), cfg, paths, job))
+                         for kind, job in reps.items() if job.kind not in TRAINING_KINDS]
+            if "training" in parts:
+                rows += _run_rows([(experiment, family, paths, kind, job, cfg) for kind, job in reps.items()
+                                   if job.kind in TRAINING_KINDS], workers)
     return rows
 
 
@@ -508,9 +521,14 @@ def main(argv=None) -> int:
                          "'' for none")
     ap.add_argument("--workers", type=int, default=1, help="training rows measured at once (a process and a "
                     "thread each)")
+    ap.add_argument("--parts", default="fake,training",
+                    help="which rows of --families x --experiments: fake (the steps on fake tensors, seconds each), "
+                         "training (DPO / GRPO through their trainer, minutes each), or both; a session that cannot "
+                         "run the whole bench runs it in parts")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)
-    rows = run([f for f in a.families.split(",") if f], [e for e in a.experiments.split(",") if e], a.workers)
+    rows = run([f for f in a.families.split(",") if f], [e for e in a.experiments.split(",") if e], a.workers,
+               tuple(x for x in a.parts.split(",") if x))
     rows += run_sharded([f for f in a.sharded_families.split(",") if f], workers=a.workers)
     ok = [r for r in rows if r["ratio"] is not None]
     outside = [r for r in ok if not 1.0 <= r["ratio"] <= 1.5]

@@ -68,6 +68,37 @@ def test_candidates_scored_in_one_pass_equal_each_candidate_appended_alone(tiny,
     assert float(got.std()) > 0.1  # the candidates' scores differ: the check is not of constants
 
 
+@pytest.mark.parametrize("window", [4, 64])
+def test_the_candidate_pass_leaves_no_cache_behind_for_the_cyclic_collector(window):
+    """The pass's view of the cache is freed when the pass returns: nothing of it (a layer, the
+    prefix's keys and values) waits for the cyclic garbage collector, which a job's GPU memory
+    cannot wait for (a leaked view held a whole value-model cache beside the grown one)."""
+    import gc
+
+    from transformers.cache_utils import DynamicLayer
+
+    vm = _reference_vm(_gemma3(window))
+    B, L, k = 2, 7, 3
+    ids = torch.randint(3, 200, (B, L), generator=torch.Generator().manual_seed(0))
+    mask = torch.ones(B, L, dtype=torch.long)
+    pos = (mask.cumsum(-1) - 1).clamp(min=0)
+    with torch.no_grad():
+        _, past = vm.hidden(ids, mask, pos, use_cache=True)
+        gc.collect()
+        gc.disable()
+        gc.set_debug(gc.DEBUG_SAVEALL)
+        try:
+            vm.candidate_scores(past, mask, pos[:, -1] + 1, torch.randint(3, 200, (B, k)))
+            gc.collect()
+            cyclic = [o for o in gc.garbage if isinstance(o, DynamicLayer) or
+                      (isinstance(o, torch.Tensor) and any(o.data_ptr() == layer.keys.data_ptr() for layer in past.layers))]
+        finally:
+            gc.set_debug(0)
+            gc.garbage.clear()
+            gc.enable()
+    assert not cyclic, f"{len(cyclic)} objects of the candidate pass's cache view left for the cyclic collector"
+
+
 def test_the_reference_head_saves_loads_and_refuses_another_head(tiny, tmp_path):
     vm = ValueModel.create(tiny["guidance"], loss="mle", num_atoms=5, v_min=0, v_max=1)
     assert vm.spec.head == "reference" and not hasattr(vm, "w_lm")

@@ -46,6 +46,12 @@ def bytes_per_param(dtype: str) -> float:
     return _DTYPE_BYTES[key]
 
 
+# model types (config.model_type) whose attention normalises each head's queries and keys, and
+# those with a norm before and after each attention and MLP block
+QK_NORM_TYPES = ("qwen3", "gemma3", "olmo2", "olmo3")
+SANDWICH_NORM_TYPES = ("gemma2", "gemma3")
+
+
 @dataclass(frozen=True)
 class ModelShape:
     """What memory estimates need to know about a model (its language model's sizes)."""
@@ -58,6 +64,8 @@ class ModelShape:
     vocab: int
     n_heads: int = 0  # 0: unknown (hidden // head_dim is used)
     intermediate: int = 0  # the MLP's width; 0: unknown (4 x hidden is used)
+    qk_norm: bool = False  # an RMSNorm on each head's queries and keys (Qwen3, Gemma 3, OLMo 2)
+    norms: int = 2  # norms per decoder layer (4: Gemma 2 and 3 norm each block's input and output)
 
     @property
     def heads(self) -> int:
@@ -91,7 +99,10 @@ class ModelShape:
         if n_params is None:
             per_layer = hidden * (heads * head_dim) * 2 + hidden * (kv * head_dim) * 2 + 3 * hidden * inter
             n_params = layers * per_layer + vocab * hidden * (1 if getattr(cfg, "tie_word_embeddings", False) else 2)
-        return cls(int(n_params), layers, hidden, kv, head_dim, vocab, heads, inter)
+        kind = str(getattr(cfg, "model_type", "") or "")
+        qk_norm = kind.startswith(QK_NORM_TYPES)
+        norms = 4 if kind.startswith(SANDWICH_NORM_TYPES) else 2
+        return cls(int(n_params), layers, hidden, kv, head_dim, vocab, heads, inter, qk_norm, norms)
 
 
 def fsdp_gather_bytes(shape: ModelShape) -> float:
@@ -187,16 +198,25 @@ def lora_params(shape: ModelShape, r: int, targets) -> int:
     return shape.n_layers * sum(r * (sum(widths[t]) if t in widths else widest) for t in targets)
 
 
-def layer_activation_elements(shape: ModelShape) -> int:
-    """Elements one layer keeps per token for its backward (SwiGLU MLP, SDPA attention): the two
-    norms' inputs and fp32 statistics (6h), queries and attention output (2q), keys and values
-    (2kv), and the MLP's gate, up, activation and product (4 x intermediate). A 4h MLP without
-    grouped queries gives 26h elements, 52h bytes in 16-bit: above the usual 34h, which counts a
-    two-matrix GELU MLP and no fp32 norm statistics; the fake-tensor measurements of
-    bench/memory_truth.py agree with this one."""
+def layer_activation_elements(shape: ModelShape, autocast: bool = False) -> int:
+    """Elements one layer keeps per token for its backward (SwiGLU MLP, SDPA attention), in the
+    activations' dtype: the two norms' inputs and fp32 statistics (6h), queries and attention
+    output (2q), keys and values (2kv), and the MLP's gate, up, activation and product (4 x
+    intermediate). A model that norms each head's queries and keys keeps their fp32 inputs and
+    normed outputs (3q + 3kv); each norm beyond two keeps its fp32 input and output (4h).
+    ``autocast``: 16-bit activations over fp32 weights (value and proxy training): every projection
+    casts its input and keeps the copy (q, k, v, gate, up: 5h) and the residual stream and the
+    norms' outputs stay fp32 (2.5h more). Per-token slopes measured on fake tensors
+    (bench/memory_truth.py) for SmolLM2, Llama 3.2, Qwen3 and Gemma 3 agree with these within 3%."""
     q = shape.heads * shape.head_dim
     kv = shape.n_kv_heads * shape.head_dim
-    return 6 * shape.hidden + 2 * q + 2 * kv + 4 * shape.mlp
+    out = 6 * shape.hidden + 2 * q + 2 * kv + 4 * shape.mlp
+    if shape.qk_norm:
+        out += 3 * q + 3 * kv
+    out += 4 * shape.hidden * max(0, shape.norms - 2)
+    if autocast:
+        out += (15 * shape.hidden) // 2
+    return out
 
 
 def attention_layer_bytes(shape: ModelShape, rows: int, seq_len: int, act_bytes: float, attn_impl: str | None) -> float:
@@ -236,6 +256,7 @@ def training_bytes(
     logits: bool = True,
     shards: int = 1,
     attn_impl: str | None = None,
+    autocast_copies: bool = False,
 ) -> int:
     """Weights + gradients + optimizer states (+ fp32 master) + activations + logits (+ context).
 
@@ -249,7 +270,10 @@ def training_bytes(
     (weights, gradients, optimizer states and master weights split; :func:`fsdp_gather_bytes`
     added; activations and logits per device as before). ``attn_impl``: what the attention keeps
     beyond the layer's own activations for ``batch`` padded rows (:func:`attention_layer_bytes`;
-    ``None``: nothing, as for unpadded or packed rows).
+    ``None``: nothing, as for unpadded or packed rows). ``autocast_copies``: a loop of its own
+    under ``torch.autocast`` over fp32 weights (value and proxy training): what autocast's casts
+    keep (:func:`layer_activation_elements`' ``autocast``, and a 16-bit copy of each layer's
+    weights); the policy trainers' figures were measured through their own trainer without it.
     """
     b = bytes_per_param(dtype)
     ab = bytes_per_param(act_dtype or dtype)
@@ -263,7 +287,8 @@ def training_bytes(
     optim = t * opt_states
     master = t * 4 if (master_fp32 and b < 4) else 0
     tokens = batch * seq_len
-    per_layer = layer_activation_elements(shape)
+    autocast = autocast_copies and ab < b  # 16-bit activations over wider weights
+    per_layer = layer_activation_elements(shape, autocast)
     act = tokens * shape.n_layers * per_layer
     if gradient_checkpointing:  # layer inputs kept, one layer's activations live during recompute
         act = min(act, tokens * shape.n_layers * shape.hidden + tokens * per_layer)
@@ -275,6 +300,9 @@ def training_bytes(
     # position; TRL's trainers do not: logits=False and pita.core.memory.fused_head_bytes)
     lg = batch * seq_len * shape.vocab * (2 * ab + 4 * 3) if logits else 0
     state = weights + grads + optim + master
+    if autocast:  # autocast's 16-bit copy of each decoder layer's weights, kept for the backward
+        # (recomputed per layer under gradient checkpointing: one layer's)
+        state += (1 if gradient_checkpointing else shape.n_layers) * shape.layer_params * ab
     if shards > 1:
         state = state / shards + fsdp_gather_bytes(shape)
     total = (state + act + lg + extra_bytes) * 1.10

@@ -103,6 +103,12 @@ class GuidedDecoder:
         self.h = h[:, -1]
         self.mask, self.next_pos = mask, pos[:, -1] + 1
 
+    def end(self) -> None:
+        """Drop the state of the batch just sampled (the value model's KV cache, its last hidden
+        state): the sampler calls it when a batch ends, so what follows (the reward model scoring
+        the samples, the reference's KL pass) does not run beside a cache nothing reads."""
+        self.past = self.h = self.mask = self.next_pos = None
+
     def selectable(self) -> bool:
         from pita.models.lm import selectable
 

@@ -327,15 +327,22 @@ def _transient(layer):
     attention and then forgets them: the pass holds one layer's concatenation at a time, not a
     copy of the whole cache (at 1,024 tokens a Qwen3-sized value model's fp32 cache is 19 GB at
     71 rows, which the guided shard's peak held until the pass ended)."""
+    import weakref
+
     cls = type(layer)
+    # the function reaches its layer through a weak reference: a strong one (layer -> update ->
+    # layer) is a cycle, which only the cyclic collector frees, and the view's layers kept the
+    # prefix's keys and values (a whole cache) alive after the pass, one copy per guided step
+    ref = weakref.ref(layer)
 
     def update(*args, **kwargs):
-        before = dict(layer.__dict__)
+        lay = ref()
+        before = dict(lay.__dict__)
         try:
-            return cls.update(layer, *args, **kwargs)
+            return cls.update(lay, *args, **kwargs)
         finally:
-            layer.__dict__.clear()
-            layer.__dict__.update(before)
+            lay.__dict__.clear()
+            lay.__dict__.update(before)
 
     layer.update = update
     return layer

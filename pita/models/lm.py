@@ -392,6 +392,9 @@ class LM:
             if guide is not None:
                 guide.advance(feed, mask, next_pos.unsqueeze(-1))
             next_pos = next_pos + 1
+        del past, logits, res
+        if guide is not None and hasattr(guide, "end"):
+            guide.end()  # its cache, like the reference's, is not held past the batch
         lp, lr = logp.tolist(), logp_ref.tolist()
         if kl_out is not None:
             kl_out.extend(kl_path.tolist())

@@ -244,8 +244,12 @@ class JobMemory:
         # the LM prior's log-probabilities at every position: the embedding head's alone (the
         # reference and q heads read no vocabulary-wide tensor per position)
         head = getattr(getattr(algo, "c", None), "head", "reference")
-        b = training_bytes(self.shape("guidance"), "float32", 1, tokens, act_dtype=self.act, cuda=self.cuda,
-                           gradient_checkpointing=gc, logits=not proxy and head == "embedding")
+        # the rows are padded to the longest (pita.guidance.train.pad_right): the attention keeps
+        # what a padding mask costs (attention_layer_bytes), for rows x seq tokens
+        padded = max(1, tokens // seq)
+        b = training_bytes(self.shape("guidance"), "float32", padded, tokens // padded, act_dtype=self.act,
+                           cuda=self.cuda, gradient_checkpointing=gc, logits=not proxy and head == "embedding",
+                           attn_impl=self.attn_impl, autocast_copies=True)
         # a q head's table in fp32 with its gradient and AdamW's two moments, and the rows it
         # gathers per position with their gradient
         q = self.q_head_params(algo)
