@@ -78,3 +78,40 @@ def test_an_oom_on_any_rank_is_the_jobs_oom_and_two_jobs_start_together(tmp_path
     assert res == {"rank": 0, "world": 2, "device": "cpu", "micro_batch_size": 2}
     log = run.job("oom").log.read_text()
     assert "[rank 1] devices: CUDA_VISIBLE_DEVICES=" in log and "LOCAL_RANK=1" in log
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("sig", ["SIGUSR1", "SIGTERM"])
+def test_slurms_warning_to_a_k_device_jobs_worker_reaches_every_rank_which_saves_and_runs_again(tmp_path,
+                                                                                               monkeypatch, sig):
+    """Under Slurm (PITA_SLURM_SIGNALS=1) USR1 or TERM reach the batch process: the worker of a
+    2-rank job. It forwards the signal to both ranks (not to torchrun's agent), each saves and
+    stops; the attempt ends "requeue" with the ranks' word, and the next attempt completes."""
+    import signal
+    import threading
+
+    from tests.helpers import wait_for, workers_of
+
+    monkeypatch.setenv("PITA_SLURM_SIGNALS", "1")
+    from pita.core.paths import RunPaths
+
+    run = RunPaths.create(tmp_path, "t")
+    job = Job("ranks", "synthetic.ranks", params={"devices": 2, "save_on_signal": True}, resources=Resources(2, 0.5))
+    folder = run.job("ranks").dir
+    sent = []
+
+    def signal_when_training():
+        if wait_for(lambda: (folder / "rank0.training").exists() and (folder / "rank1.training").exists(), 180):
+            [w] = workers_of(run.root)
+            w.send_signal(getattr(signal, sig))
+            sent.append(w.pid)
+
+    t = threading.Thread(target=signal_when_training, daemon=True)
+    t.start()
+    summary, state, _ = run_graph([job], tmp_path, devices=2, worker_start="exec", run=run)
+    t.join(5)
+    attempts = state["jobs"]["ranks"]["attempts"]
+    assert sent and [a["status"] for a in attempts] == ["requeue", "ok"], attempts
+    assert f"{sig} received: rank" in attempts[0]["error"] and "saved at step" in attempts[0]["error"]
+    log = run.job("ranks").log.read_text()
+    assert f"{sig} received: forwarded to the job's 2 rank(s)" in log

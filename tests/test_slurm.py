@@ -94,7 +94,8 @@ def _slurm_conf(monkeypatch):
 
 SYNTH = ["experiment.workload=synthetic", "synthetic.algos=[A,B]", "synthetic.families=[f]", "synthetic.datasets=[d]",
          "synthetic.rounds=1", "synthetic.gen_shards=1", "synthetic.eval_shards=1", "executor.backend=slurm",
-         "executor.slurm.gpu_card=H100", "executor.slurm.poll_interval_s=0.5", "executor.slurm.min_minutes=2"]
+         "executor.slurm.gpu_card=H100", "executor.slurm.poll_interval_s=0.5", "executor.slurm.min_minutes=2",
+         "executor.slurm.pack_below_s=0"]  # these tests follow each attempt as a Slurm job of its own
 
 
 @needs_slurm
@@ -304,9 +305,10 @@ def _rows(run):
 
 @needs_slurm
 def test_the_smoke_preset_through_slurm_gives_the_local_backends_results(tmp_path, tiny_cache):
-    """experiment=smoke on CPU devices, once with each job a Slurm job and once with local
-    workers: every column of results.csv but the device seconds is the same (same jobs, same
-    thread budget per job, same seeds)."""
+    """experiment=smoke on CPU devices, once through Slurm (its short attempts in packs: a few
+    Slurm jobs, each importing torch once) and once with local workers: every column of
+    results.csv but the device seconds is the same (same jobs, same thread budget per job, same
+    seeds)."""
     common = ["experiment=smoke", f"system.cache_dir={tiny_cache}", "system.devices=cpu", "executor.progress=plain"]
     t = time.time()
     r = cli([*common, "executor.backend=slurm", "executor.slurm.poll_interval_s=0.5", "experiment.name=viaslurm"],
@@ -322,8 +324,11 @@ def test_the_smoke_preset_through_slurm_gives_the_local_backends_results(tmp_pat
     state = json.loads((via_slurm / "state.json").read_text())
     device = [a for e in state["jobs"].values() for a in e["attempts"] if a.get("devices")]
     assert device and all(a["slurm_state"] == "COMPLETED" and a["slurm_job"] for a in device)
-    print(f"smoke: {len(state['jobs'])} jobs, {len(device)} as Slurm jobs; wall {slurm_s:.0f}s through Slurm, "
-          f"{local_s:.0f}s with local workers")
+    packs = {a["slurm_pack"] for a in device if a.get("slurm_pack")}
+    assert packs and len({a["slurm_job"] for a in device}) < len(device) / 4, packs  # several attempts per pack
+    print(f"smoke: {len(state['jobs'])} jobs, {len(device)} device attempts in {len(packs)} packs "
+          f"({len({a['slurm_job'] for a in device})} Slurm jobs); wall {slurm_s:.0f}s through Slurm, "
+          f"{local_s:.0f}s with local workers ({slurm_s / local_s:.1f}x)")
 
 
 def _loss_lines(path: Path) -> int:
@@ -338,7 +343,7 @@ def _dpo_run(tmp_path, tiny_cache, name: str, epochs: int):
     return subprocess.Popen([os.sys.executable, str(ROOT / "run_parallel.py"), "experiment=smoke",
                              "experiment.algos=[DPO]", f"algos.DPO.epochs={epochs}", f"system.cache_dir={tiny_cache}",
                              "system.devices=cpu", "executor.backend=slurm", "executor.slurm.poll_interval_s=0.5",
-                             "executor.slurm.min_minutes=10", f"experiment.name={name}",
+                             "executor.slurm.min_minutes=10", "executor.slurm.pack_below_s=0", f"experiment.name={name}",
                              f"system.output_dir={tmp_path}", "executor.progress=plain"],
                             cwd=ROOT, env=dict(_slurm_env(), PYTHONPATH=str(ROOT)), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
@@ -590,7 +595,7 @@ def _wait_gone(env, sid: str, timeout: float) -> None:
 
 RECIPE_WORK = ("experiment.workload=synthetic synthetic.algos=[A] synthetic.families=[f] synthetic.datasets=[d] "
                "synthetic.rounds=1 synthetic.gen_shards=1 synthetic.eval_shards=1 executor.slurm.poll_interval_s=0.5 "
-               "executor.slurm.min_minutes=2 executor.progress=plain")
+               "executor.slurm.min_minutes=2 executor.slurm.pack_below_s=0 executor.progress=plain")
 
 
 @needs_slurm

@@ -308,3 +308,35 @@ def test_a_stopping_driver_cancels_every_job_in_one_call_without_waiting(tmp_pat
     ended = {f.job_id: f.status for f in be.shutdown(grace_s=30)}
     assert ended == {"A.f.d.r0.train": "ok", "B.f.d.r0.train": "cancelled"}
     assert fake.calls("scancel") == ["scancel 401 402"] and not be.running()
+
+
+def test_the_inventory_follows_nodes_that_drain_and_return(tmp_path, fake, monkeypatch):
+    """follow_nodes + refresh: one sinfo every partition_refresh_s (none between); a node that
+    drains takes its GPUs out of the inventory with the state named, one that returns adds new
+    GPUs; a sinfo that does not answer changes nothing."""
+    from pita.core.gpu_manager import GPUManager
+
+    sinfo = fake.dir / "sinfo"
+    sinfo.write_text(f"#!/bin/sh\necho \"sinfo $*\" >> {fake.dir}/calls\ncat {fake.dir}/sinfo.out\n"
+                     f"exit \"$(cat {fake.dir}/sinfo.rc 2>/dev/null || echo 0)\"\n")
+    sinfo.chmod(0o755)
+    be = _backend(partition_refresh_s=60)
+    gpus = GPUManager.from_inventory(4, 80e9)
+    be.follow_nodes([{"name": "a", "gpus": 2, "usable": True, "state": "idle"},
+                     {"name": "b", "gpus": 2, "usable": True, "state": "mix"},
+                     {"name": "c", "gpus": 2, "usable": False, "state": "drain"}], gpus.devices)
+    fake.set("sinfo", "a|idle|gpu:2\nb|drng|gpu:h100:2(S:0)\nc|drain|gpu:2")
+    assert be.refresh() == ([], {})  # not yet: read at most every partition_refresh_s
+    be._nodes_read = 0
+    added, lost = be.refresh()
+    assert added == [] and sorted(lost) == [2, 3] and "node b is drng" in lost[2]
+    be._nodes_read = 0
+    fake.set("sinfo", rc=1)
+    assert be.refresh() == ([], {})
+    be._nodes_read = 0
+    fake.set("sinfo", "a|idle|gpu:2\nb|idle|gpu:2\nc|idle|gpu:2")
+    added, lost = be.refresh()
+    assert added == [4, 5, 6, 7] and lost == {}
+    assert [d.ordinal for d in be.devices(ordinals=added)] == added and all(d.total_bytes == 80e9
+                                                                           for d in be.devices(ordinals=added))
+    assert len(fake.calls("sinfo")) == 3

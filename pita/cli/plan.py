@@ -214,7 +214,9 @@ def _slurm_requests(cfg, jobs, cuda: bool) -> dict:
     from pita.plans.fit import job_label
 
     be = SlurmBackend(settings_from(cfg.executor.slurm))
-    return {k: " ".join(args) for k, (_, args) in representative(be, jobs, cuda, job_label).items()}
+    below = float(cfg.executor.slurm.pack_below_s)
+    return {k: " ".join(args) + (" (in packs)" if below > 0 and float(j.duration_hint or 60.0) <= below else "")
+            for k, (j, args) in representative(be, jobs, cuda, job_label).items()}
 
 
 def _vllm_server_devices(cfg) -> int:
@@ -331,7 +333,8 @@ def render(plan: dict) -> str:
 
         lines += render_explain(plan, ms)
     if plan.get("slurm_requests"):
-        lines.append("Slurm requests (executor.backend=slurm; per kind, its largest job; one job per GPU):")
+        lines.append("Slurm requests (executor.backend=slurm; per kind, its largest job; one job per GPU; "
+                     "(in packs): planned under executor.slurm.pack_below_s, run several to a Slurm job):")
         lines += [f"  {k}: sbatch {v}" for k, v in plan["slurm_requests"].items()]
     lines.append(plan["durations"])
     if host:

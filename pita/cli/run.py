@@ -142,9 +142,12 @@ def _run(cfg: DictConfig, overrides: list[str], run_dir: Path | None = None) -> 
         start_note = f"workers: {describe_worker_start(start)} (executor.worker_start={ex.worker_start})"
     elif ex.backend == "slurm":
         backend = make_backend("slurm", settings=slurm_settings, kill_grace_s=ex.kill_grace_s)
+        backend.follow_nodes(slurm_nodes, gpus.devices)
         where = ex.slurm.partition or "the default partition"
         out = [n for n in slurm_nodes if not n["usable"]]
-        start_note = (f"workers: a Slurm job per attempt on {where} "
+        packs = (f", attempts planned under {ex.slurm.pack_below_s:g}s in packs (executor.slurm.pack_below_s)"
+                 if ex.slurm.pack_below_s > 0 else "")
+        start_note = (f"workers: a Slurm job per attempt{packs} on {where} "
                       f"({', '.join(n['name'] + ' ' + str(n['gpus']) + ' GPU(s)' for n in slurm_nodes if n['usable'])})"
                       + (f"; out of service, not counted: {', '.join(n['name'] + ' ' + n['state'] for n in out)}"
                          if out else ""))

@@ -112,6 +112,15 @@ class SlurmConfig:
     # job saves a checkpoint and asks to run again from it; also the save's budget on preemption
     signal_margin_s: int = 120
     outcome_wait_s: float = 60.0  # a job Slurm says ended: wait this long for its outcome file (NFS)
+    # attempts planned shorter than this (seconds) run in packs: one Slurm job that imports torch
+    # once and runs them one after another (forked), instead of a Slurm job and a fresh
+    # interpreter each; 0 = every attempt is a Slurm job of its own
+    pack_below_s: float = 300.0
+    pack_time_s: float = 3600.0  # a pack's --time (capped at the partition's MaxTime)
+    pack_idle_s: float = 60.0  # a pack with nothing to run leaves (frees its allocation) after this long
+    # the partition's nodes are read again this often (one sinfo): a node that drains or goes down
+    # takes its GPUs out of the inventory, one that returns brings them back
+    partition_refresh_s: float = 300.0
     # a job queued longer than this is reported with Slurm's reason (and again every as long)
     pending_report_s: float = 300.0
     # --mem (GB) of a job the plan gives no host-memory estimate (always asked: a cluster without

@@ -82,6 +82,13 @@ def validate_config(cfg: DictConfig, models: bool = False) -> None:
     need(sl.signal_margin_s >= 10, "executor.slurm.signal_margin_s", sl.signal_margin_s,
          "must be >= 10 seconds (the time a job has to save before its limit)")
     need(sl.outcome_wait_s >= 0, "executor.slurm.outcome_wait_s", sl.outcome_wait_s, "must be >= 0 seconds")
+    need(sl.pack_below_s >= 0, "executor.slurm.pack_below_s", sl.pack_below_s,
+         "must be >= 0 seconds (0: no packs, every attempt a Slurm job of its own)")
+    need(sl.pack_time_s >= 120, "executor.slurm.pack_time_s", sl.pack_time_s,
+         "must be >= 120 seconds (a pack's --time)")
+    need(sl.partition_refresh_s >= 10, "executor.slurm.partition_refresh_s", sl.partition_refresh_s,
+         "must be >= 10 seconds (how often the partition's nodes are read again)")
+    need(sl.pack_idle_s >= 0, "executor.slurm.pack_idle_s", sl.pack_idle_s, "must be >= 0 seconds")
     need(sl.pending_report_s > 0, "executor.slurm.pending_report_s", sl.pending_report_s, "must be > 0 seconds")
     need(ex.poll_interval_s > 0, "executor.poll_interval_s", ex.poll_interval_s, "must be > 0")
     need(0 <= ex.memory_margin < 1, "executor.memory_margin", ex.memory_margin, "must be a fraction in [0, 1)")

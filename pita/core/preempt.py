@@ -16,7 +16,7 @@ import os
 import signal
 
 ENV = "PITA_SLURM_SIGNALS"
-_state = {"requested": None, "savers": 0}
+_state = {"requested": None, "savers": 0, "forward": None}
 
 
 class Requeue(Exception):
@@ -38,6 +38,17 @@ def install(on_term) -> None:
 
     def handler(signum, frame):
         name = signal.Signals(signum).name
+        if _state["forward"] is not None:  # a k-device job: its ranks train, and save
+            pids = _state["forward"]()
+            for pid in pids:
+                try:
+                    os.kill(pid, signum)
+                except ProcessLookupError:
+                    pass
+            if _state["requested"] is None:
+                print(f"pita worker: {name} received: forwarded to the job's {len(pids)} rank(s)", flush=True)
+            _state["requested"] = name
+            return
         if _state["savers"] > 0:
             if _state["requested"] is None:
                 print(f"pita worker: {name} received: saving a checkpoint at the end of this step, then stopping "
@@ -52,6 +63,35 @@ def install(on_term) -> None:
 
     signal.signal(signal.SIGUSR1, handler)
     signal.signal(signal.SIGTERM, handler)
+
+
+@contextlib.contextmanager
+def forwarding(pids):
+    """While inside, USR1 and TERM to this process (the worker of a k-device job) go to the
+    processes ``pids()`` names (the job's ranks, each of which saves as a one-device job does)."""
+    _state["forward"] = pids
+    try:
+        yield
+    finally:
+        _state["forward"] = None
+
+
+def rank_pids(root_pid: int) -> list[int]:
+    """The rank processes below ``root_pid`` (torchrun's workers: ``-m pita.core.ranks``), not the
+    agent itself (torchrun has no handler for USR1: it would die of it)."""
+    import psutil
+
+    out = []
+    try:
+        for p in psutil.Process(root_pid).children(recursive=True):
+            try:
+                if "pita.core.ranks" in p.cmdline():
+                    out.append(p.pid)
+            except psutil.Error:
+                pass
+    except psutil.Error:
+        pass
+    return out
 
 
 @contextlib.contextmanager

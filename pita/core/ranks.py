@@ -19,9 +19,11 @@ On CPU devices the job's thread budget (``OMP_NUM_THREADS``) is shared out betwe
 from __future__ import annotations
 
 import collections
+import contextlib
 import json
 import logging
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -32,6 +34,7 @@ from pita.core.errors import DeviceOutOfMemory, JobError
 SPEC, RESULT = "distributed.json", "distributed-result.json"
 OOM_MARKER = "distributed-oom.rank{}.json"  # written by a rank that ran out of device memory
 PEAK_FILE = "distributed-peak.rank{}.json"  # each rank's device-memory peak (CUDA ranks)
+REQUEUE_MARKER = "distributed-requeue.rank{}.json"  # written by a rank that saved on a signal and stopped
 
 
 def world_size() -> int:
@@ -77,12 +80,21 @@ def run_ranks(ctx, kind: str, k: int, deps: dict | None = None, extras: dict | N
     env = dict(os.environ)
     if os.environ.get("OMP_NUM_THREADS"):  # CPU: the job's threads are shared out between its ranks
         env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(max(1, int(os.environ["OMP_NUM_THREADS"]) // k))
+    for old in ctx.paths.dir.glob(REQUEUE_MARKER.format("*")):
+        old.unlink()
+    from pita.core import preempt
+
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     tail: collections.deque = collections.deque(maxlen=400)  # what a rank said last, for its cause of death
-    for line in proc.stdout:  # every rank's output, into the job log
-        ctx.log.info("%s", line.rstrip())
-        tail.append(line)
-    rc = proc.wait()
+    # under Slurm, USR1 and TERM to the worker reach the ranks (they train, and save)
+    with preempt.forwarding(lambda: preempt.rank_pids(proc.pid)) if preempt.enabled() else contextlib.nullcontext():
+        for line in proc.stdout:  # every rank's output, into the job log
+            ctx.log.info("%s", line.rstrip())
+            tail.append(line)
+        rc = proc.wait()
+    requeued = sorted(ctx.paths.dir.glob(REQUEUE_MARKER.format("*")))
+    if requeued:  # the ranks saved on a signal and stopped: the job runs again from the save
+        raise preempt.Requeue(json.loads(requeued[0].read_text())["why"])
     ooms = sorted(ctx.paths.dir.glob(OOM_MARKER.format("*")))
     if ooms:  # one rank out of memory is the job out of memory (torchrun ended the others)
         first = json.loads(ooms[0].read_text())
@@ -134,9 +146,20 @@ def main(spec_file: str) -> int:
     device = set_local_device()
     ctx.log.info("%s", describe_process(spec["params"].get("attn_impl")))
     mod, name = spec["target"].split(":")
+    from pita.core import preempt
+
+    if preempt.enabled():  # the worker forwards Slurm's USR1 / TERM here: save, as a one-device job does
+
+        def on_term(signum, frame):
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGTERM)
+
+        preempt.install(on_term)
     try:
         result = getattr(importlib.import_module(mod), name)(ctx)
     except BaseException as e:
+        if isinstance(e, preempt.Requeue):
+            (Path(spec["dir"]) / REQUEUE_MARKER.format(r)).write_text(json.dumps({"rank": r, "why": str(e)}))
         if is_oom(e):
             marker = Path(spec["dir"]) / OOM_MARKER.format(r)
             marker.write_text(json.dumps({"rank": r, "device": device, "error": f"{type(e).__name__}: {e}"[:2000]}))

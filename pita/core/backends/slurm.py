@@ -146,6 +146,12 @@ class SlurmSettings:
     outcome_wait_s: float = 60.0
     max_node_mem_mb: int | None = None  # the partition's largest node (read at start): --mem stops there
     unknown_s: float = 900.0  # a job no Slurm command knows, with no outcome file, for this long: lost
+    # attempts planned shorter than this run in packs (pita.core.backends.pack: one allocation, one
+    # warm interpreter, several attempts one after another); 0: every attempt is a Slurm job of its own
+    pack_below_s: float = 0.0
+    pack_time_s: float = 3600.0  # a pack's --time (at most the partition's MaxTime)
+    pack_idle_s: float = 60.0  # a pack with nothing to run leaves after this long
+    partition_refresh_s: float = 300.0  # the partition's nodes read again this often (drained, returned)
 
 
 # sbatch refusals that name a limit on how many jobs you have queued: they clear as your jobs end
@@ -226,6 +232,50 @@ class _Held:
     why: str = ""
 
 
+@dataclass
+class _Task:
+    """An attempt that runs in a pack: waiting for one (``pack`` None), handed to one
+    (its task.json written), or running in it (the pack renamed task.json)."""
+    launch: Launch
+    key: tuple
+    since: float
+    mem_gb: float = 0.0
+    pack: "_Pack | None" = None
+    assigned: float | None = None
+    taken: float | None = None
+    forced: str | None = None
+    reason: str = ""
+    lost_since: float | None = None  # its pack ended without a done file: its outcome is waited for
+
+
+@dataclass
+class _Pack:
+    """A Slurm job running ``pita.core.backends.pack``: one allocation of ``args``'s size."""
+    name: str
+    key: tuple
+    args: list[str]
+    dir: "os.PathLike"
+    submitted: float
+    limit_s: float
+    mem_gb: float = 0.0
+    slurm_id: str = ""
+    started: float | None = None  # its started file seen
+    state: str = "PENDING"
+    end: tuple[str, int | None] | None = None
+    unknown_since: float | None = None
+    task: _Task | None = None
+    closed: bool = False
+    surplus_since: float | None = None
+    stopped: bool = False  # told to stop (the run is over)
+
+    def remaining(self, now: float) -> float:
+        return self.limit_s - (now - self.started if self.started is not None else 0.0)
+
+
+PACK_LOOK_S = 0.25  # packs' files (started, running, done, closed) are looked at this often
+PACK_SURPLUS_S = 15.0  # a queued pack no waiting attempt needs for this long is cancelled
+
+
 class SlurmBackend(Backend):
     name = "slurm"
     outlives_driver = True
@@ -249,7 +299,18 @@ class SlurmBackend(Backend):
         self._outage_note = 0.0
         self._listing: list[list[str]] | None = None  # squeue, read once while a resume adopts
         self._ended: list[Finished] = []
-        self.stats = {"squeue": 0, "sacct": 0, "scontrol": 0, "sbatch": 0, "refused": 0, "failed_queries": 0}
+        self.stats = {"squeue": 0, "sacct": 0, "scontrol": 0, "sbatch": 0, "refused": 0, "failed_queries": 0,
+                      "packs": 0, "packed": 0}
+        self.tasks: dict[str, _Task] = {}  # attempts in packs, by job id
+        self.packs: dict[str, _Pack] = {}  # by name
+        self.no_pack: set[str] = set()  # jobs whose pack ended under them: their own Slurm job next time
+        self._pack_look = 0.0
+        self._nodes: dict[str, list[int]] | None = None  # node -> the inventory's ordinals of its GPUs (follow_nodes)
+        self._node_state: dict[str, str] = {}
+        self._template = None  # a device of the inventory: what a returning node's GPUs look like
+        self._next_ordinal = 0
+        self._nodes_read = 0.0
+        self._new_devices: dict[int, object] = {}
         from pita.core.backends.local import LocalBackend
 
         self.local = LocalBackend(python=self.python, kill_grace_s=kill_grace_s, worker_start="exec")  # merges
@@ -287,7 +348,9 @@ class SlurmBackend(Backend):
         again: executor.slurm.signal_margin_s, or twice the job's planned checkpoint write."""
         return int(max(self.s.signal_margin_s, 2 * float((job.get("params") or {}).get("checkpoint_s") or 0)))
 
-    def script(self, launch: Launch, gpus: int, args: list[str] | None = None) -> str:
+    @staticmethod
+    def attempt_env(launch: Launch, gpus: int, args: list[str] | None) -> dict[str, str]:
+        """The environment an attempt runs in on its node (in a Slurm job of its own or a pack)."""
         env = dict(launch.env)
         if gpus:
             env.pop("CUDA_VISIBLE_DEVICES", None)  # Slurm's GRES plugin sets it to the allocation
@@ -296,6 +359,10 @@ class SlurmBackend(Backend):
         cpus = _flag(args or [], "-c")
         if cpus:  # the job's own CPUs, not the driver's machine's
             env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(cpus)
+        return env
+
+    def script(self, launch: Launch, gpus: int, args: list[str] | None = None) -> str:
+        env = self.attempt_env(launch, gpus, args)
         exports = "".join(f"export {k}={shlex.quote(str(v))}\n" for k, v in sorted(env.items()))
         return ("#!/bin/bash\n"
                 f"# pita job {launch.job_id}, attempt {launch.attempt}\n"
@@ -315,6 +382,13 @@ class SlurmBackend(Backend):
             p.attempt(launch.attempt).unlink()
         except FileNotFoundError:
             pass
+        if self.packable(launch):
+            args = self.request(launch)
+            self.tasks[launch.job_id] = _Task(launch, pack_key(args), time.time(),
+                                              mem_gb=float((_flag(args, "--mem") or "0G").rstrip("G")))
+            self.stats["packed"] += 1
+            self._dispatch(time.time())
+            return
         gpus = sum(1 for d in launch.devices if d.get("kind") == "cuda")
         script = p.dir / f"slurm-{launch.attempt}.sh"
         args = self.request(launch)
@@ -327,11 +401,288 @@ class SlurmBackend(Backend):
         if not self._submit(held):
             self.held[launch.job_id] = held
 
+    def _in_flight(self) -> int:
+        return len(self.subs) + sum(1 for pk in self.packs.values() if pk.end is None)
+
     def _at_cap(self) -> bool:
-        return self.cap is not None and len(self.subs) >= self.cap
+        return self.cap is not None and self._in_flight() >= self.cap
 
     def _cap_text(self) -> str:
-        return f"held by pita: {len(self.subs)} of your jobs are in flight, the limit ({self.cap_why}: {self.cap})"
+        return f"held by pita: {self._in_flight()} of your jobs are in flight, the limit ({self.cap_why}: {self.cap})"
+
+    # ------------------------------------------------------------------ the partition's nodes, followed
+    lost_device_note = "finish where Slurm placed them"  # a drained node's jobs run to their end
+
+    def follow_nodes(self, nodes: list[dict], devices: list) -> None:
+        """The inventory's GPUs (``devices``, in the order of ``nodes``' usable ones) follow the
+        partition: every ``partition_refresh_s`` one sinfo call; a node that drains or goes down
+        takes its GPUs out (nothing new is placed for them; what runs there finishes), a node that
+        returns or joins adds its GPUs."""
+        if not devices or devices[0].kind != "cuda" or len(devices) != sum(n["gpus"] for n in nodes if n["usable"]):
+            return  # CPU devices share the largest node (or one device only): nothing to follow per node
+        self._nodes, o = {}, 0
+        for n in nodes:
+            self._node_state[n["name"]] = n["state"]
+            if n["usable"] and n["gpus"]:
+                self._nodes[n["name"]] = list(range(o, o + n["gpus"]))
+                o += n["gpus"]
+        self._template, self._next_ordinal = devices[0], len(devices)
+        self._nodes_read = time.time()
+
+    def refresh(self) -> tuple[list[int], dict[int, str]]:
+        """(ordinals added, {ordinal: why} lost) since the last call: the executor's inventory."""
+        now = time.time()
+        if self._nodes is None or now - self._nodes_read < self.s.partition_refresh_s:
+            return [], {}
+        self._nodes_read = now
+        out = _try(["sinfo", "-h", "-N", *(["-p", self.s.partition] if self.s.partition else []), "-o", "%N|%t|%G"])
+        if out is None:
+            return [], {}  # no answer: nothing changes
+        added, lost = [], {}
+        seen = {}
+        for line in out.stdout.splitlines():
+            parts = line.split("|")
+            if len(parts) == 3 and parts[0] not in seen:
+                seen[parts[0]] = (parts[1], gres_gpus(parts[2]))
+        for name, (state, gpus) in seen.items():
+            before = self._node_state.get(name)
+            self._node_state[name] = state
+            if name in self._nodes and not node_usable(state):
+                for o in self._nodes.pop(name):
+                    lost[o] = (f"node {name} is {state} (sinfo -R says why): nothing new is placed for its GPUs")
+            elif name not in self._nodes and node_usable(state) and gpus:
+                from dataclasses import replace
+
+                ords = list(range(self._next_ordinal, self._next_ordinal + gpus))
+                self._next_ordinal += gpus
+                self._nodes[name] = ords
+                for o in ords:
+                    self._new_devices[o] = replace(self._template, ordinal=o, index=o, uuid=f"SIM-{o}", lost="",
+                                                   used_bytes=0, processes=[])
+                added += ords
+                import logging
+
+                logging.getLogger("pita.executor").info("node %s is %s (was %s): its %d GPU(s) join the inventory",
+                                                        name, state, before or "not in the partition", gpus)
+        return added, lost
+
+    def devices(self, ordinals: list[int] | None = None, **_) -> list:
+        """The devices of ``ordinals`` a refresh added."""
+        return [self._new_devices[o] for o in (ordinals or [])]
+
+    # ------------------------------------------------------------------ packs
+    def packable(self, launch: Launch) -> bool:
+        """Whether ``launch`` runs in a pack: packing is on (executor.slurm.pack_below_s), the job is
+        planned shorter than that, fits a pack's time with its margins, and no pack ended under an
+        earlier attempt of it."""
+        if self.s.pack_below_s <= 0 or launch.job_id in self.no_pack:
+            return False
+        expected = float(launch.job.get("duration_hint") or 60.0)
+        return (expected <= self.s.pack_below_s and
+                expected * self.s.time_margin + self.signal_margin(launch.job) + 30 <= self._pack_limit())
+
+    def _pack_limit(self) -> float:
+        return min(self.s.pack_time_s, self.s.max_time_s or self.s.pack_time_s)
+
+    def _fits(self, pack: _Pack, task: _Task, now: float) -> bool:
+        expected = float(task.launch.job.get("duration_hint") or 60.0)
+        return (task.mem_gb <= pack.mem_gb and
+                pack.remaining(now) >= expected * self.s.time_margin + self.signal_margin(task.launch.job) + 10)
+
+    def _dispatch(self, now: float) -> None:
+        """Packs' files read (a stat each, no Slurm call); ended attempts reported; waiting ones
+        handed to idle packs; new packs submitted for the attempts no pack can take."""
+        from pathlib import Path
+
+        from pita.core.backends.pack import done_name
+
+        self._pack_look = now
+        for name, pk in list(self.packs.items()):
+            d = Path(pk.dir)
+            if pk.started is None and (d / "started").exists():
+                pk.started = now
+            if not pk.closed and (d / "closed").exists():
+                pk.closed = True
+            t = pk.task
+            if t is not None:
+                done = d / done_name(t.launch.job_id, t.launch.attempt)
+                if t.taken is None and (d / "running.json").exists():
+                    t.taken = now
+                if done.exists():
+                    self._task_ended(t, pk, done)
+                elif t.taken is None and (pk.closed or pk.end is not None):
+                    try:  # the pack left without taking it: another pack runs it
+                        (d / "task.json").unlink()
+                        pk.task, t.pack, t.assigned = None, None, None
+                    except FileNotFoundError:  # taken just now
+                        t.taken = now
+                elif pk.end is not None:
+                    self._task_lost(t, pk, now)
+            if pk.end is not None and pk.task is None:
+                del self.packs[name]
+        waiting = sorted((t for t in self.tasks.values() if t.pack is None), key=lambda t: t.since)
+        for t in waiting:
+            pk = next((p for p in self.packs.values() if p.key == t.key and p.task is None and p.started is not None
+                       and not p.closed and p.end is None and not p.stopped and self._fits(p, t, now)), None)
+            if pk is not None:
+                self._hand(t, pk, now)
+        waiting = [t for t in waiting if t.pack is None]
+        if waiting:  # an idle pack of a shape no waiting attempt has holds what theirs may need: it leaves
+            for pk in self.packs.values():
+                if (pk.started is not None and pk.task is None and not pk.closed and not pk.stopped
+                        and pk.end is None and not any(t.key == pk.key for t in waiting)):
+                    (Path(pk.dir) / "stop").write_text("idle, and attempts of another shape wait\n")
+                    pk.stopped = True
+        for key in {t.key for t in waiting}:
+            want = sum(1 for t in waiting if t.key == key)
+            queued = [p for p in self.packs.values() if p.key == key and p.started is None and p.end is None
+                      and not p.closed and not p.stopped]
+            for _ in range(want - len(queued)):
+                if self._at_cap():
+                    break
+                if not self._submit_pack(next(t for t in waiting if t.key == key),
+                                         max(t.mem_gb for t in waiting if t.key == key), now):
+                    break
+        for pk in self.packs.values():  # queued packs no waiting attempt needs: cancelled after a while
+            needed = any(t.key == pk.key for t in waiting)
+            if pk.started is None and pk.end is None and not needed and pk.slurm_id:
+                pk.surplus_since = pk.surplus_since or now
+                if now - pk.surplus_since > PACK_SURPLUS_S:
+                    (Path(pk.dir) / "stop").write_text("not needed\n")
+                    _try(["scancel", pk.slurm_id])
+                    pk.stopped = True
+            else:
+                pk.surplus_since = None
+
+    def _hand(self, t: _Task, pk: _Pack, now: float) -> None:
+        from pathlib import Path
+
+        env = self.attempt_env(t.launch, sum(1 for d in t.launch.devices if d.get("kind") == "cuda"), pk.args)
+        atomic_write_json(Path(pk.dir) / "task.json",
+                          {"job_id": t.launch.job_id, "attempt": t.launch.attempt, "launch": str(t.launch.paths.launch),
+                           "log": str(attempt_log(t.launch)), "env": env, "cwd": os.getcwd()})
+        pk.task, t.pack, t.assigned = t, pk, now
+
+    def _submit_pack(self, t: _Task, mem_gb: float, now: float) -> bool:
+        """sbatch a new pack for attempts of ``t``'s size; False when Slurm refused it for now."""
+        from pathlib import Path
+
+        root = Path(t.launch.run_dir) / "slurm-packs"
+        n = 1 + max([int(p.name.split("-")[1]) for p in root.glob("pack-*") if p.name.split("-")[1].isdigit()] or [0])
+        name = f"pack-{n}"
+        d = root / name
+        d.mkdir(parents=True, exist_ok=True)
+        limit = self._pack_limit()
+        mem = pack_mem_gb(mem_gb, (self.s.max_node_mem_mb or 0) / 1024 or None)
+        args = ["-J", f"pita:{name}", "-o", str(d / "pack.log"), "--open-mode=append", "--no-requeue",
+                f"--time={time_limit(limit, 1.0, 1, self.s.max_time_s)}",
+                f"--signal=B:USR1@{self.s.signal_margin_s}", f"--mem={mem}G", *t.key]
+        cpus = _flag(args, "-c")
+        threads = f"export OMP_NUM_THREADS={cpus} MKL_NUM_THREADS={cpus}\n" if cpus else ""
+        script = d / "pack.sh"
+        script.write_text("#!/bin/bash\n"
+                          f"# pita pack {name}: short attempts of this run, one after another, in one interpreter\n"
+                          f"# submitted as: sbatch {shlex.join(args)}\n"
+                          f"cd {shlex.quote(os.getcwd())}\n"
+                          f"export PYTHONUNBUFFERED=1 PITA_SLURM_SIGNALS=1\n{threads}"
+                          f"exec {shlex.quote(self.python)} -m pita.core.backends.pack {shlex.quote(str(d))} "
+                          f"{self.s.pack_idle_s:g}\n")
+        atomic_write_json(d / "pack.json", {"name": name, "args": args, "submitted": now})
+        self.stats["sbatch"] += 1
+        try:
+            out = subprocess.run(["sbatch", "--parsable", *args, str(script)], capture_output=True, text=True,
+                                 timeout=60, env=submit_env())
+        except (subprocess.TimeoutExpired, OSError) as e:
+            out = None
+            msg = f"{type(e).__name__}: {e}"
+        if out is None or out.returncode != 0:
+            self.stats["refused"] += 1
+            msg = (out.stderr.strip() or out.stdout.strip()) if out is not None else msg
+            import logging
+
+            logging.getLogger("pita.executor").warning("sbatch refused a pack for %s: %s; its attempts wait",
+                                                       t.launch.job_id, msg)
+            if out is not None and any(w in msg.lower() for w in _FINAL_REFUSALS):
+                self.s.pack_below_s = 0.0  # a pack this cluster cannot run: each attempt its own job from now on
+                for task in [x for x in self.tasks.values() if x.pack is None]:
+                    del self.tasks[task.launch.job_id]
+                    self.start(task.launch)
+            return False
+        self.stats["packs"] += 1
+        self.packs[name] = _Pack(name, t.key, args, d, now, limit, mem_gb=float(mem),
+                                 slurm_id=out.stdout.strip().split(";")[0])
+        self._changed()
+        return True
+
+    def _task_ended(self, t: _Task, pk: _Pack, done) -> None:
+        from pita.core.backends.local import finished_from
+
+        try:
+            info = json.loads(done.read_text())
+        except (OSError, ValueError):
+            return  # being written
+        pk.task = None
+        del self.tasks[t.launch.job_id]
+        rc = info.get("rc")
+        self._gather_log(_Sub(t.launch, pk.slurm_id, t.since, 0), f"in {pk.name}, exit {rc}")
+        extra = {"slurm_job": pk.slurm_id, "slurm_state": "COMPLETED" if rc == 0 else "FAILED", "slurm_pack": pk.name,
+                 "log": str(attempt_log(t.launch)), "queued_s": round(float(info.get("started", t.since)) - t.since, 1)}
+        self._ended.append(finished_from(t.launch, rc, t.since, t.forced, t.reason, extra) if t.forced else
+                           finished_from(t.launch, rc, t.since, extra=extra))
+
+    def _task_lost(self, t: _Task, pk: _Pack, now: float) -> None:
+        """The pack ended under a running attempt without writing its done file: the worker's
+        outcome, when it wrote one (waited for as for any attempt), else lost; its next attempt is
+        a Slurm job of its own (TIMEOUT and OUT_OF_MEMORY handled as for one)."""
+        from pita.core.backends.local import finished_from
+
+        outcome = t.launch.paths.attempt(t.launch.attempt)
+        t.lost_since = t.lost_since or now
+        if not outcome.exists() and now - t.lost_since < self.s.outcome_wait_s:
+            return
+        pk.task = None
+        del self.tasks[t.launch.job_id]
+        state = pk.end[0] if pk.end else "UNKNOWN"
+        self._gather_log(_Sub(t.launch, pk.slurm_id, t.since, 0), f"{pk.name} ended {state}")
+        extra = {"slurm_job": pk.slurm_id, "slurm_state": state, "slurm_pack": pk.name,
+                 "log": str(attempt_log(t.launch))}
+        if t.forced:
+            self._ended.append(finished_from(t.launch, None, t.since, t.forced, t.reason, extra))
+            return
+        self.no_pack.add(t.launch.job_id)
+        if outcome.exists() and _outcome_status(t.launch):
+            self._ended.append(finished_from(t.launch, None, t.since, extra=extra))
+            return
+        self._ended.append(finished_from(t.launch, None, t.since, "lost",
+                                         f"its pack ({pk.name}, Slurm job {pk.slurm_id}) ended {state} while it ran; "
+                                         f"it runs again as a Slurm job of its own", extra))
+
+    def _pack_states(self, listed: dict, now: float) -> None:
+        """The packs' Slurm states from this poll's squeue; a pack squeue forgot is read from sacct
+        or scontrol, or counts as ended once it closed (its own word) or after unknown_s."""
+        missing = []
+        for pk in self.packs.values():
+            if pk.end is not None or not pk.slurm_id:
+                continue
+            row = listed.get(pk.slurm_id)
+            if row is None:
+                missing.append(pk.slurm_id)
+                continue
+            state, _reason, rc = row
+            pk.unknown_since = None
+            if state in ACTIVE_STATES:
+                pk.state = state
+            else:
+                pk.end = (state, rc)
+        if missing:
+            known = self._forgotten(missing)
+            for pk in self.packs.values():
+                if pk.slurm_id in known:
+                    pk.end = known[pk.slurm_id]
+                elif pk.slurm_id in missing:
+                    pk.unknown_since = pk.unknown_since or now
+                    if pk.closed or now - pk.unknown_since >= self.s.unknown_s:
+                        pk.end = ("COMPLETED" if pk.closed else "UNKNOWN", None)
 
     def _submit(self, held: _Held) -> bool:
         """sbatch one held attempt: True when Slurm took it; False when it refused for now (tried
@@ -411,6 +762,9 @@ class SlurmBackend(Backend):
     # ------------------------------------------------------------------ a later driver of the run
     def handle(self, job_id: str) -> dict:
         """What the run state keeps of an attempt in flight, so a resumed driver finds it again."""
+        t = self.tasks.get(job_id)
+        if t is not None:  # a packed attempt: the next driver runs it again (its pack is cancelled)
+            return {"slurm_job": t.pack.slurm_id, "slurm_pack": t.pack.name} if t.pack is not None else {}
         sub = self.subs.get(job_id)
         return {"slurm_job": sub.slurm_id, "submitted": round(sub.submitted, 3)} if sub else {}
 
@@ -434,6 +788,8 @@ class SlurmBackend(Backend):
         its Slurm job is still queued or running (it is followed from now on as if submitted here),
         else why not (the job runs again). The job is found by the id the state recorded, or, when
         that driver was stopped before it recorded one, by its batch script in this job's folder."""
+        if handle.get("slurm_pack"):
+            return f"it ran in {handle['slurm_pack']} (a pack's attempts are short: they run again)"
         sid = str(handle.get("slurm_job") or "")
         mine = str(launch.paths.dir / "slurm-")
         row = next((r for r in self._queued() if (r[0] == sid if sid else r[4].startswith(mine))), None)
@@ -522,6 +878,10 @@ class SlurmBackend(Backend):
         return attempt_log(launch)
 
     def ended_unwatched(self, job_paths, attempt: int, handle: dict) -> dict:
+        if handle.get("slurm_pack"):
+            launch = SimpleLaunch(job_paths, attempt)
+            self._gather_log(_Sub(launch, str(handle.get("slurm_job") or ""), 0.0, 0), f"in {handle['slurm_pack']}")
+            return {**handle, "slurm_state": "COMPLETED", "log": str(attempt_log(launch))}
         sid = str(handle.get("slurm_job") or "")
         state = self._forgotten([sid]).get(sid, ("COMPLETED", 0))[0] if sid else "COMPLETED"
         launch = SimpleLaunch(job_paths, attempt)
@@ -588,10 +948,15 @@ class SlurmBackend(Backend):
     def poll(self, timeout: float = 0.0) -> list[Finished]:
         self._ended += self.local.poll(0.0)
         self._look_for_outcomes()
+        if self.tasks or self.packs:
+            self._dispatch(time.time())
         if time.time() < self._next_query:
             if timeout > 0 and not self._ended:
-                time.sleep(min(timeout, self._next_query - time.time(), 0.2 if self.local.running() else timeout))
+                short = 0.2 if self.local.running() else (PACK_LOOK_S if self.tasks or self.packs else timeout)
+                time.sleep(max(0.0, min(timeout, self._next_query - time.time(), short)))
             self._ended += self.local.poll(0.0)
+            if self.tasks or self.packs:
+                self._dispatch(time.time())
             if time.time() < self._next_query:
                 return self._take()
         self._poll_slurm()
@@ -621,13 +986,14 @@ class SlurmBackend(Backend):
             if sub.term_sent is not None and now - sub.term_sent > sub.grace_s and sub.state != "KILLED":
                 if _try(["scancel", sub.slurm_id]) is not None:
                     sub.state = "KILLED"
-        if not self.subs:
+        if not self.subs and not any(pk.end is None and pk.slurm_id for pk in self.packs.values()):
             self._schedule(now, changed=False)
             return
         listed = self._query()
         if listed is None:
             self._query_failed(now)
             return
+        self._pack_states(listed, now)
         if self._outage is not None:
             import logging
 
@@ -756,12 +1122,23 @@ class SlurmBackend(Backend):
         out = {j: (f"Slurm job {s.slurm_id} pending, reason {pending_reason(s.state_reason)}", now - s.submitted)
                for j, s in self.subs.items() if s.state == "PENDING" and s.started is None}
         out.update({j: (h.why or "held by pita", now - h.since) for j, h in self.held.items()})
+        for j, t in self.tasks.items():
+            if t.taken is not None:
+                continue
+            queued = [pk for pk in self.packs.values() if pk.key == t.key and pk.started is None and pk.end is None]
+            why = (f"waiting for a pack: Slurm job {queued[0].slurm_id} pending" if queued
+                   else self._cap_text() if self._at_cap() else "waiting for a pack")
+            out[j] = (why, now - t.since)
         return out
 
     # ------------------------------------------------------------------ ending attempts
     def kill(self, job_id: str, status: str = "cancelled", reason: str = "", grace_s: float | None = None) -> None:
         if job_id in self.local.running():
             self.local.kill(job_id, status, reason, grace_s)
+            return
+        task = self.tasks.get(job_id)
+        if task is not None:
+            self._kill_task(task, status, reason, grace_s)
             return
         if job_id in self.held:  # never submitted: ends at once
             from pita.core.backends.local import finished_from
@@ -780,6 +1157,30 @@ class SlurmBackend(Backend):
             _try(["scancel", sub.slurm_id])
         self._changed()
 
+    def _kill_task(self, t: _Task, status: str, reason: str, grace_s: float | None) -> None:
+        """A packed attempt: gone at once while no pack took it; else its pack TERMs it (KILL
+        after the grace) and writes its done file as for any end."""
+        from pathlib import Path
+
+        from pita.core.backends.local import finished_from
+
+        if t.forced is not None:
+            return
+        t.forced, t.reason = status, reason
+        pk = t.pack
+        if pk is not None and t.taken is None:
+            try:
+                (Path(pk.dir) / "task.json").unlink()
+                pk.task, t.pack = None, None
+            except FileNotFoundError:
+                t.taken = time.time()
+        if t.pack is None:
+            del self.tasks[t.launch.job_id]
+            self._ended.append(finished_from(t.launch, None, t.since, status, reason))
+            return
+        atomic_write_json(Path(pk.dir) / "kill.json", {"job_id": t.launch.job_id, "attempt": t.launch.attempt,
+                                                       "grace_s": self.kill_grace_s if grace_s is None else grace_s})
+
     def shutdown(self, grace_s: float = 10.0) -> list[Finished]:
         """The driver stops: one scancel for every job of the run (Slurm itself gives each its
         KillWait between TERM and KILL), nothing waited for, so a driver that is itself a Slurm job
@@ -787,9 +1188,19 @@ class SlurmBackend(Backend):
         from pita.core.backends.local import finished_from
 
         ended: list[Finished] = []
-        ids = [s.slurm_id for s in self.subs.values()]
+        ids = [s.slurm_id for s in self.subs.values()] + [pk.slurm_id for pk in self.packs.values()
+                                                         if pk.slurm_id and pk.end is None]
         for i in range(0, len(ids), 200):
             _try(["scancel", *ids[i:i + 200]])
+        for t in list(self.tasks.values()):
+            ok = t.launch.paths.attempt(t.launch.attempt).exists() and _outcome_status(t.launch) == "ok"
+            if t.pack is not None:
+                self._gather_log(_Sub(t.launch, t.pack.slurm_id, t.since, 0), "cancelled: the driver stopped")
+            f = finished_from(t.launch, None, t.since)
+            ended.append(Finished(t.launch.job_id, t.launch.attempt, "ok", 0, extra=f.extra) if ok else
+                         finished_from(t.launch, None, t.since, "cancelled", "the driver stopped"))
+        self.tasks.clear()
+        self.packs.clear()
         for job_id, sub in list(self.subs.items()):
             self._gather_log(sub, "cancelled: the driver stopped")
             f = finished_from(sub.launch, None, sub.submitted)
@@ -807,7 +1218,7 @@ class SlurmBackend(Backend):
         """The driver goes away but its jobs go on (a requeued or preempted driver): nothing is
         cancelled; the run state keeps each attempt's handle for the next driver. Returns the
         jobs left running."""
-        left = list(self.subs)
+        left = list(self.subs) + list(self.tasks)  # a pack runs its attempt to its end, then leaves idle
         self.local.shutdown(self.kill_grace_s)
         return left
 
@@ -849,13 +1260,27 @@ class SlurmBackend(Backend):
             lg.warning("requeued Slurm job %s (this driver): it continues this run folder when it starts again", jid)
 
     def close(self) -> None:
+        """The run is over: every pack is told to stop and cancelled (none runs an attempt now)."""
+        from pathlib import Path
+
+        ids = []
+        for pk in self.packs.values():
+            try:
+                (Path(pk.dir) / "stop").write_text("the run is over\n")
+            except OSError:
+                pass
+            if pk.slurm_id and pk.end is None:
+                ids.append(pk.slurm_id)
+        if ids:
+            _try(["scancel", *ids])
+        self.packs.clear()
         self.local.close()
 
     def pids(self, job_id: str) -> set[int]:
         return self.local.pids(job_id)
 
     def running(self) -> list[str]:
-        return list(self.subs) + list(self.held) + self.local.running()
+        return list(self.subs) + list(self.held) + list(self.tasks) + self.local.running()
 
 
 @dataclass
@@ -896,7 +1321,9 @@ def settings_from(cfg_slurm) -> SlurmSettings:
                          mem_gb=float(c.mem_gb), max_poll_interval_s=float(c.max_poll_interval_s),
                          max_jobs=None if c.max_jobs is None else int(c.max_jobs), oom_mem_factor=float(c.oom_mem_factor),
                          oom_mem_retries=int(c.oom_mem_retries), signal_margin_s=int(c.signal_margin_s),
-                         outcome_wait_s=float(c.outcome_wait_s))
+                         outcome_wait_s=float(c.outcome_wait_s), pack_below_s=float(c.pack_below_s),
+                         pack_time_s=float(c.pack_time_s), pack_idle_s=float(c.pack_idle_s),
+                         partition_refresh_s=float(c.partition_refresh_s))
 
 
 def gres_gpus(gres: str) -> int:
@@ -1124,6 +1551,38 @@ def representative(backend: SlurmBackend, jobs, cuda: bool, key=lambda j: j.kind
                 shown.append(a)
         out[key] = (j, shown)
     return out
+
+
+_PER_ATTEMPT = ("-J", "-o", "--time", "--signal", "--open-mode", "--mem")  # what packs do not share by key
+
+
+def _without(args: list[str], flags) -> list[str]:
+    """``args`` less ``flags`` (``-J name``, ``--time=...``) and their values."""
+    out, skip = [], False
+    for a in args:
+        if skip:
+            skip = False
+            continue
+        if a in flags:
+            skip = True
+            continue
+        if any(a.startswith(f + "=") for f in flags):
+            continue
+        out.append(a)
+    return out
+
+
+def pack_key(args: list[str]) -> tuple:
+    """The shape of an attempt's allocation (its sbatch options less its name, log, time, signal
+    and memory): attempts of one shape share packs, each in a pack with at least its --mem."""
+    return tuple(_without(args, _PER_ATTEMPT))
+
+
+def pack_mem_gb(mem_gb: float, cap_gb: float | None = None) -> int:
+    """A pack's --mem: the attempts' largest, rounded up to a power of two GB (a pack then takes
+    the next attempts of its shape whose memory differs a little), at most ``cap_gb``."""
+    out = 1 << max(0, math.ceil(math.log2(max(1.0, mem_gb))))
+    return int(min(out, math.floor(cap_gb))) if cap_gb and cap_gb >= mem_gb else out
 
 
 def _flag(args: list[str], prefix: str) -> str | None:

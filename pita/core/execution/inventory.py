@@ -28,7 +28,8 @@ class Inventory:
             d.lost = why
             running = self.sched.remove_device(o)
             log.warning("%s (%s) left the inventory: %s%s", d.label, d.name, why,
-                        f"; its running job(s) {', '.join(running)} run again elsewhere" if running else "")
+                        f"; its running job(s) {', '.join(running)} "
+                        f"{getattr(self.backend, 'lost_device_note', 'run again elsewhere')}" if running else "")
         for d in (self.backend.devices(ordinals=added) if added else []):
             assert d.ordinal == len(self.gpus.devices), (d.ordinal, len(self.gpus.devices))
             self.gpus.devices.append(d)
