@@ -339,11 +339,12 @@ def _loss_lines(path: Path) -> int:
         return 0
 
 
-def _dpo_run(tmp_path, tiny_cache, name: str, epochs: int):
+def _dpo_run(tmp_path, tiny_cache, name: str, epochs: int, packs: bool = False):
     return subprocess.Popen([os.sys.executable, str(ROOT / "run_parallel.py"), "experiment=smoke",
                              "experiment.algos=[DPO]", f"algos.DPO.epochs={epochs}", f"system.cache_dir={tiny_cache}",
                              "system.devices=cpu", "executor.backend=slurm", "executor.slurm.poll_interval_s=0.5",
-                             "executor.slurm.min_minutes=10", "executor.slurm.pack_below_s=0", f"experiment.name={name}",
+                             "executor.slurm.min_minutes=10",
+                             f"executor.slurm.pack_below_s={1500 if packs else 0}", f"experiment.name={name}",
                              f"system.output_dir={tmp_path}", "executor.progress=plain"],
                             cwd=ROOT, env=dict(_slurm_env(), PYTHONPATH=str(ROOT)), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
@@ -438,6 +439,50 @@ def test_a_preempted_training_job_saves_and_resumes_and_the_run_completes(tmp_pa
                          capture_output=True, text=True)
     print(f"preempted job {attempts[0]['slurm_job']}: sacct {out.stdout.split()}, saved and resumed at step "
           f"{saved.group(1)} of {result['steps']}")
+
+
+@needs_slurm
+def test_a_preempted_pack_passes_term_to_its_training_job_which_saves_and_resumes(tmp_path, tiny_cache):
+    """Every job in packs (pack_below_s=1500): once the DPO job has trained a few steps in its
+    pack, a job on urgent preempts the pack. The pack forwards TERM to the attempt, whose worker
+    saves and stops ("requeue"); the pack (--no-requeue) ends, and the next attempt, in a new pack,
+    resumes from that save. The run completes with DPO's rows."""
+    import csv
+    import re
+
+    env = _slurm_env()
+    job = "DPO.tiny.arith.r0.train"
+    proc = _dpo_run(tmp_path, tiny_cache, "packpre", 150, packs=True)
+    urgent = None
+    deadline = time.time() + 600
+    try:
+        while time.time() < deadline and proc.poll() is None and urgent is None:
+            folder = next((tmp_path / "packpre").glob("*/jobs/" + job), None) if (tmp_path / "packpre").exists() else None
+            if folder is not None and _loss_lines(folder / "attempt-1.log") >= 3:
+                out = subprocess.run(["sbatch", "--parsable", "-p", "urgent", "-J", "urgent", "-c", "2", "--mem=1G",
+                                      "-o", "/dev/null", "--wrap", "sleep 5"], env=env, capture_output=True, text=True)
+                assert out.returncode == 0, out.stderr
+                urgent = out.stdout.strip()
+            time.sleep(0.5)
+        text, _ = proc.communicate(timeout=900)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert urgent, text[-3000:]
+    assert proc.returncode == 0, text[-3000:]
+    run = only_run(tmp_path, "packpre")
+    attempts = json.loads((run / "state.json").read_text())["jobs"][job]["attempts"]
+    assert [a["status"] for a in attempts] == ["requeue", "ok"], attempts
+    assert all(a.get("slurm_pack") for a in attempts) and attempts[0]["slurm_pack"] != attempts[1]["slurm_pack"]
+    saved = re.search(r"SIGTERM received: saved a checkpoint at step (\d+)", attempts[0]["error"])
+    resumed = re.search(r"resuming from \S+checkpoint-(\d+)", (run / "jobs" / job / "attempt-2.log").read_text())
+    assert saved and resumed and saved.group(1) == resumed.group(1), (attempts[0]["error"], resumed)
+    pack_log = (run / "slurm-packs" / attempts[0]["slurm_pack"] / "pack.log").read_text()
+    assert f"SIGTERM received: forwarded to {job}" in pack_log, pack_log[-2000:]
+    with open(run / "results" / "results.csv") as f:
+        assert [r for r in csv.DictReader(f) if r.get("algorithm") == "DPO"]
+    print(f"packed DPO job preempted in {attempts[0]['slurm_pack']} at step {saved.group(1)}, resumed in "
+          f"{attempts[1]['slurm_pack']}")
 
 
 @needs_slurm
