@@ -10,6 +10,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import pytest
+import torch
 
 from pita.core.memory import (
     CUDA_CONTEXT_BYTES,
@@ -269,3 +270,55 @@ def test_lora_trains_only_its_adapters():
     lora = training_bytes(s, "fp32", 1, 4, cuda=False, trainable_params=n)
     # frozen base: no gradient or AdamW state for it; the adapters add weights, gradients, states
     assert abs((full - lora) - ((10**6 - n) * (4 + 8) - n * 4) * 1.10) < 2
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen3", "gemma3"])
+def test_a_layers_kept_activations_per_token_match_the_formula_under_autocast(kind):
+    """What one decoder layer keeps for its backward per token, measured on a small model built
+    here (the saved tensors' bytes, under autocast to bf16 over fp32 weights as value training
+    runs; the difference between 4 and 2 layers and between 128 and 64 tokens removes the weights'
+    casts, the embeddings and the shared mask), against ``layer_activation_elements(autocast=True)``
+    plus the padded attention's own: within 10% for Llama (SwiGLU, GQA), Qwen3 (per-head q/k norms)
+    and Gemma 3 (q/k norms, a norm before and after each block)."""
+    import transformers as tf
+
+    from pita.core.memory import ModelShape, attention_layer_bytes, layer_activation_elements
+
+    def build(layers):
+        common = dict(vocab_size=300, hidden_size=64, intermediate_size=160, num_hidden_layers=layers,
+                      num_attention_heads=4, num_key_value_heads=2, head_dim=32, max_position_embeddings=512)
+        torch.manual_seed(0)
+        if kind == "llama":
+            cfg = tf.LlamaConfig(**common)
+            return tf.LlamaForCausalLM(cfg).train(), cfg
+        if kind == "qwen3":
+            cfg = tf.Qwen3Config(**common)
+            return tf.Qwen3ForCausalLM(cfg).train(), cfg
+        cfg = tf.Gemma3TextConfig(**common, sliding_window=1024, layer_types=["full_attention"] * layers)
+        return tf.Gemma3ForCausalLM(cfg).train(), cfg
+
+    def kept(model, B, T):
+        seen = {}
+
+        def pack(t):
+            st = t.untyped_storage()
+            seen.setdefault(st._cdata, st.nbytes())
+            return t
+
+        ids = torch.randint(3, 300, (B, T), generator=torch.Generator().manual_seed(1))
+        mask = torch.ones(B, T, dtype=torch.long)
+        mask[0, :3] = 0  # padded rows, as value training's batches are
+        params = {p.untyped_storage()._cdata for p in model.parameters()}
+        with torch.autocast("cpu", dtype=torch.bfloat16), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            model.model(input_ids=ids, attention_mask=mask)
+        return sum(v for k, v in seen.items() if k not in params)
+
+    (m2, cfg), (m4, _) = build(2), build(4)
+    B, T1, T2 = 2, 64, 128
+    per = ((kept(m4, B, T2) - kept(m4, B, T1)) - (kept(m2, B, T2) - kept(m2, B, T1))) / 2 / (B * (T2 - T1)) / 2
+    shape = ModelShape.from_hf_config(cfg)
+    assert shape.qk_norm == (kind != "llama") and shape.norms == (4 if kind == "gemma3" else 2)
+    attention = (attention_layer_bytes(shape, B, T2, 2, "sdpa") - attention_layer_bytes(shape, B, T1, 2, "sdpa")) \
+        / (B * (T2 - T1)) / 2
+    want = layer_activation_elements(shape, autocast=True) + attention
+    assert abs(per - want) <= 0.10 * per, (kind, per, want)
