@@ -41,6 +41,7 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from pita.core.backends.base import Backend, Finished, Launch
 from pita.core.paths import atomic_write_json
@@ -492,8 +493,6 @@ class SlurmBackend(Backend):
     def _dispatch(self, now: float) -> None:
         """Packs' files read (a stat each, no Slurm call); ended attempts reported; waiting ones
         handed to idle packs; new packs submitted for the attempts no pack can take."""
-        from pathlib import Path
-
         from pita.core.backends.pack import done_name
 
         self._pack_look = now
@@ -555,8 +554,6 @@ class SlurmBackend(Backend):
                 pk.surplus_since = None
 
     def _hand(self, t: _Task, pk: _Pack, now: float) -> None:
-        from pathlib import Path
-
         env = self.attempt_env(t.launch, sum(1 for d in t.launch.devices if d.get("kind") == "cuda"), pk.args)
         atomic_write_json(Path(pk.dir) / "task.json",
                           {"job_id": t.launch.job_id, "attempt": t.launch.attempt, "launch": str(t.launch.paths.launch),
@@ -565,8 +562,6 @@ class SlurmBackend(Backend):
 
     def _submit_pack(self, t: _Task, mem_gb: float, now: float) -> bool:
         """sbatch a new pack for attempts of ``t``'s size; False when Slurm refused it for now."""
-        from pathlib import Path
-
         root = Path(t.launch.run_dir) / "slurm-packs"
         n = 1 + max([int(p.name.split("-")[1]) for p in root.glob("pack-*") if p.name.split("-")[1].isdigit()] or [0])
         name = f"pack-{n}"
@@ -1160,8 +1155,6 @@ class SlurmBackend(Backend):
     def _kill_task(self, t: _Task, status: str, reason: str, grace_s: float | None) -> None:
         """A packed attempt: gone at once while no pack took it; else its pack TERMs it (KILL
         after the grace) and writes its done file as for any end."""
-        from pathlib import Path
-
         from pita.core.backends.local import finished_from
 
         if t.forced is not None:
@@ -1261,8 +1254,6 @@ class SlurmBackend(Backend):
 
     def close(self) -> None:
         """The run is over: every pack is told to stop and cancelled (none runs an attempt now)."""
-        from pathlib import Path
-
         ids = []
         for pk in self.packs.values():
             try:
@@ -1305,8 +1296,6 @@ def _outcome_status(launch: Launch) -> str | None:
 
 def attempt_log(launch) -> "os.PathLike":
     """Each attempt's own log (``job.log`` gathers the run's view of it: the executor's pump)."""
-    from pathlib import Path
-
     return Path(launch.paths.dir) / f"attempt-{launch.attempt}.log"
 
 
