@@ -350,6 +350,30 @@ def _dpo_run(tmp_path, tiny_cache, name: str, epochs: int, packs: bool = False):
                             stderr=subprocess.STDOUT, text=True)
 
 
+def _preempted_dpo_run(tmp_path, tiny_cache, name: str, job: str, packs: bool) -> None:
+    """A DPO run through Slurm whose training job, once it has trained a few steps, is preempted
+    by a job on partition urgent (which takes the node's CPUs); the run must then end 0."""
+    env = _slurm_env()
+    proc = _dpo_run(tmp_path, tiny_cache, name, 150, packs=packs)
+    urgent = None
+    deadline = time.time() + 600
+    try:
+        while time.time() < deadline and proc.poll() is None and urgent is None:
+            folder = next((tmp_path / name).glob("*/jobs/" + job), None) if (tmp_path / name).exists() else None
+            if folder is not None and _loss_lines(folder / "attempt-1.log") >= 3:
+                out = subprocess.run(["sbatch", "--parsable", "-p", "urgent", "-J", "urgent", "-c", "2", "--mem=1G",
+                                      "-o", "/dev/null", "--wrap", "sleep 5"], env=env, capture_output=True, text=True)
+                assert out.returncode == 0, out.stderr
+                urgent = out.stdout.strip()
+            time.sleep(0.5)
+        text, _ = proc.communicate(timeout=900)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert urgent, text[-3000:]
+    assert proc.returncode == 0, text[-3000:]
+
+
 @needs_slurm
 def test_a_training_job_told_its_limit_is_near_saves_and_runs_again_from_the_save(tmp_path, tiny_cache):
     """Every attempt asks --signal=B:USR1@<margin>. USR1 reaches the DPO job's worker once it has
@@ -401,26 +425,8 @@ def test_a_preempted_training_job_saves_and_resumes_and_the_run_completes(tmp_pa
     import csv
     import re
 
-    env = _slurm_env()
     job = "DPO.tiny.arith.r0.train"
-    proc = _dpo_run(tmp_path, tiny_cache, "preempt", 150)
-    urgent = None
-    deadline = time.time() + 600
-    try:
-        while time.time() < deadline and proc.poll() is None and urgent is None:
-            folder = next((tmp_path / "preempt").glob("*/jobs/" + job), None) if (tmp_path / "preempt").exists() else None
-            if folder is not None and _loss_lines(folder / "attempt-1.log") >= 3:
-                out = subprocess.run(["sbatch", "--parsable", "-p", "urgent", "-J", "urgent", "-c", "2", "--mem=1G",
-                                      "-o", "/dev/null", "--wrap", "sleep 5"], env=env, capture_output=True, text=True)
-                assert out.returncode == 0, out.stderr
-                urgent = out.stdout.strip()
-            time.sleep(0.5)
-        text, _ = proc.communicate(timeout=900)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert urgent, text[-3000:]
-    assert proc.returncode == 0, text[-3000:]
+    _preempted_dpo_run(tmp_path, tiny_cache, "preempt", job, packs=False)
     run = only_run(tmp_path, "preempt")
     folder = run / "jobs" / job
     log = (folder / "attempt-1.log").read_text(errors="replace")
@@ -435,7 +441,7 @@ def test_a_preempted_training_job_saves_and_resumes_and_the_run_completes(tmp_pa
     assert rows, (run / "results" / "results.csv").read_text()
     attempts = json.loads((run / "state.json").read_text())["jobs"][job]["attempts"]
     assert [a["status"] for a in attempts] == ["ok"]  # one attempt, run twice by Slurm: not a failure
-    out = subprocess.run(["sacct", "-n", "-X", "-P", "-j", attempts[0]["slurm_job"], "-o", "State"], env=env,
+    out = subprocess.run(["sacct", "-n", "-X", "-P", "-j", attempts[0]["slurm_job"], "-o", "State"], env=_slurm_env(),
                          capture_output=True, text=True)
     print(f"preempted job {attempts[0]['slurm_job']}: sacct {out.stdout.split()}, saved and resumed at step "
           f"{saved.group(1)} of {result['steps']}")
@@ -450,26 +456,8 @@ def test_a_preempted_pack_passes_term_to_its_training_job_which_saves_and_resume
     import csv
     import re
 
-    env = _slurm_env()
     job = "DPO.tiny.arith.r0.train"
-    proc = _dpo_run(tmp_path, tiny_cache, "packpre", 150, packs=True)
-    urgent = None
-    deadline = time.time() + 600
-    try:
-        while time.time() < deadline and proc.poll() is None and urgent is None:
-            folder = next((tmp_path / "packpre").glob("*/jobs/" + job), None) if (tmp_path / "packpre").exists() else None
-            if folder is not None and _loss_lines(folder / "attempt-1.log") >= 3:
-                out = subprocess.run(["sbatch", "--parsable", "-p", "urgent", "-J", "urgent", "-c", "2", "--mem=1G",
-                                      "-o", "/dev/null", "--wrap", "sleep 5"], env=env, capture_output=True, text=True)
-                assert out.returncode == 0, out.stderr
-                urgent = out.stdout.strip()
-            time.sleep(0.5)
-        text, _ = proc.communicate(timeout=900)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert urgent, text[-3000:]
-    assert proc.returncode == 0, text[-3000:]
+    _preempted_dpo_run(tmp_path, tiny_cache, "packpre", job, packs=True)
     run = only_run(tmp_path, "packpre")
     attempts = json.loads((run / "state.json").read_text())["jobs"][job]["attempts"]
     assert [a["status"] for a in attempts] == ["requeue", "ok"], attempts
