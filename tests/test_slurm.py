@@ -13,9 +13,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from pita.core.backends.slurm import (SlurmBackend, SlurmSettings, access_problems, gres_gpus, pending_reason,
-                                      slurm_seconds, time_limit)
-from tests.helpers import ROOT, cli, only_run
+from pita.core.backends.slurm import (SlurmBackend, SlurmSettings, access_problems, attempt_log, gres_gpus,
+                                      pending_reason, slurm_seconds, time_limit)
+from tests.helpers import ROOT, cli, only_run, wait_for
 
 SLURM_CONF = os.environ.get("PITA_SLURM_CONF", "/var/tmp/pita-slurm/slurm.conf")
 
@@ -39,7 +39,8 @@ _skip_without_cluster = pytest.mark.skipif(bool(_cluster_up()), reason=_cluster_
 
 def needs_slurm(test):
     """A test against the real cluster: the long tier (``make test-long``), skipped, saying why,
-    where the cluster is not up."""
+    where the cluster is not up. They share one cluster, so this file's tests run one after
+    another on one pytest-xdist worker (``--dist loadfile``), beside the long tier's other tests."""
     return pytest.mark.slow(_skip_without_cluster(test))
 
 
@@ -274,22 +275,37 @@ def test_a_driver_killed_and_resumed_takes_over_its_slurm_jobs_and_submits_the_r
 @needs_slurm
 def test_a_job_kept_in_the_queue_is_reported_with_slurms_reason(tmp_path):
     """Both GPUs held by another user's job: pita's jobs wait in Slurm's queue, and the run says
-    why (squeue's reason and what it means) once they have waited executor.slurm.pending_report_s."""
+    why (squeue's reason and what it means) once they have waited executor.slurm.pending_report_s.
+    The other job holds the GPUs until the run has said it (not for a fixed time: on a loaded
+    machine pita's start alone took longer than a 12 s job), then it is cancelled and the run ends."""
     import re
+    import sys
 
     env = _slurm_env()
     hog = subprocess.run(["sbatch", "--parsable", "-J", "other", "--gres=gpu:2", "-o", "/dev/null", "--wrap",
-                          "sleep 12"], env=env, capture_output=True, text=True)
+                          "sleep 600"], env=env, capture_output=True, text=True)
     assert hog.returncode == 0, hog.stderr
+    said = "in the cluster's queue: Slurm job"
+    args = [*SYNTH, "synthetic.algos=[A]", "synthetic.job_seconds=1", "executor.slurm.pending_report_s=3",
+            "experiment.name=wait", f"system.output_dir={tmp_path}", "executor.progress=plain"]
+    with open(tmp_path / "stdout.txt", "w") as outf, open(tmp_path / "stderr.txt", "w") as errf:
+        p = subprocess.Popen([sys.executable, str(ROOT / "run_parallel.py"), *args], cwd=ROOT,
+                             env=dict(os.environ, PYTHONPATH=str(ROOT)), stdout=outf, stderr=errf, text=True)
     try:
-        r = cli([*SYNTH, "synthetic.algos=[A]", "synthetic.job_seconds=1", "executor.slurm.pending_report_s=3",
-                 "experiment.name=wait", "executor.progress=plain"], tmp_path, timeout=300)
+        wait_for(lambda: p.poll() is not None or any(said in f.read_text() for f in tmp_path.glob("wait/*/run.log")),
+                 timeout=240, step=0.5)
     finally:
         subprocess.run(["scancel", hog.stdout.strip()], env=env)
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    try:
+        p.wait(timeout=300)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    out, err = (tmp_path / "stdout.txt").read_text(), (tmp_path / "stderr.txt").read_text()
+    assert p.returncode == 0, out[-3000:] + err[-3000:]
     log = (only_run(tmp_path, "wait") / "run.log").read_text()
     # Resources while the other job runs (Priority if it was still queued itself when pita's came)
-    assert "in the cluster's queue: Slurm job" in log and re.search(
+    assert said in log and re.search(
         r"pending, reason (Resources \(the partition's nodes are busy|Priority \(jobs of higher priority)", log), log[-3000:]
 
 
@@ -414,6 +430,43 @@ def test_a_training_job_told_its_limit_is_near_saves_and_runs_again_from_the_sav
     log = (run / "jobs" / job / "job.log").read_text(errors="replace")
     assert "=== attempt 1: Slurm job" in log and "=== attempt 2: Slurm job" in log  # each attempt's own log, gathered
     assert not _ours(env, tmp_path)
+
+
+@needs_slurm
+def test_a_time_limit_barely_above_the_margin_warns_running_attempts_which_run_on(tmp_path):
+    """executor.slurm.signal_margin_s=110 under 2-minute limits: asked as it is, Slurm would warn
+    every attempt in its first seconds (it may send the signal up to a minute early). The margin
+    is held to a quarter of the limit (30 s), and the attempts, which cannot save and outlast the
+    warning (one a Slurm job of its own, one in a pack that planned it at 5 s and finds it runs for
+    90), hear it while they run, run on, and end ok with their child processes; the pack takes
+    nothing more after it."""
+    from tests.test_slurm_pack import _launch as launch_of
+
+    be = SlurmBackend(SlurmSettings(min_minutes=2, signal_margin_s=110, pack_below_s=10, pack_time_s=120,
+                                    pack_idle_s=30, poll_interval_s=0.5, max_poll_interval_s=2.0))
+    own = launch_of(tmp_path, "A.f.d.r0.eval.s0", kind="children", children=1, seconds=90.0)
+    own.job["duration_hint"] = 30.0  # over pack_below_s: a Slurm job of its own (limit: min_minutes)
+    packed = launch_of(tmp_path, "B.f.d.r0.eval.s0", kind="children", children=1, seconds=90.0)
+    be.start(own)
+    be.start(packed)
+    assert own.job_id in be.subs and packed.job_id in be.tasks
+    out, t0 = [], time.time()
+    try:
+        while len(out) < 2 and time.time() - t0 < 400:
+            out += be.poll(0.5)
+    finally:
+        be.shutdown(1.0)
+    assert sorted((f.job_id, f.status) for f in out) == [(own.job_id, "ok"), (packed.job_id, "ok")], \
+        [(f.job_id, f.status, f.error) for f in out]
+    script = (own.paths.dir / "slurm-1.sh").read_text()
+    assert "--time=0-00:02:00" in script and "--signal=B:USR1@30" in script
+    pack = tmp_path / "run" / "slurm-packs" / "pack-1"
+    assert "--signal=B:USR1@30" in (pack / "pack.sh").read_text()
+    for launch in (own, packed):
+        log = attempt_log(launch).read_text()
+        assert "SIGUSR1 received (the time limit is near)" in log and "it runs on" in log, log[-2000:]
+        assert json.loads(launch.paths.result.read_text())["codes"] == [0]
+    assert (pack / "closed").read_text().startswith("SIGUSR1 received")
 
 
 @needs_slurm
@@ -743,6 +796,7 @@ def _requeue_the_driver(tmp_path, job_seconds: int, more: str = ""):
     return run, running
 
 
+@pytest.mark.solo  # its job takes the whole node, and its `ray stop` ends every Ray process here
 @needs_slurm
 def test_the_guides_ray_in_slurm_script_runs_as_written(tmp_path):
     """docs/guide.md's batch script for Ray inside a Slurm allocation, submitted on one node with the

@@ -94,8 +94,9 @@ def test_a_pack_runs_attempts_one_after_another_forked_from_one_interpreter_then
 def test_a_kill_request_ends_the_running_attempt_and_usr1_is_forwarded_then_the_pack_leaves(tmp_path):
     """kill.json: the hanging attempt gets TERM (its worker ends its children and dies of it), its
     done file records the signal, and the pack takes the next attempt. USR1 to the pack (Slurm's
-    warning before its limit) reaches the running attempt (here without pita's save handler,
-    so USR1 ends it), and the pack takes nothing more: a task handed after it is left untaken."""
+    warning before its limit) is passed to the running attempt, which runs on (no process of an
+    attempt dies of the warning: tests/test_slurm_warning.py), and the pack takes nothing more: a
+    task handed after it is left untaken, and the pack leaves once the attempt ends."""
     folder = tmp_path / "pack-1"
     proc = _pack(folder, idle_s=60.0)
     try:
@@ -111,11 +112,15 @@ def test_a_kill_request_ends_the_running_attempt_and_usr1_is_forwarded_then_the_
         assert wait_for((folder / "running.json").exists, timeout=30)
         time.sleep(1.0)
         proc.send_signal(signal.SIGUSR1)
-        assert _done(folder, second)["rc"] == -signal.SIGUSR1
-        assert proc.wait(timeout=30) == 0
+        assert wait_for((folder / "closed").exists, timeout=1) is False  # leaves only once the attempt ends
+        assert wait_for(lambda: "SIGUSR1 received" in (folder / "pack.log").read_text(), timeout=10)
+        time.sleep(1.0)
+        assert not (folder / done_name(second.job_id, 1)).exists()  # it runs on
         third = _launch(tmp_path, "C.f.d.r0.gen.s0")
         _hand(folder, third)
-        time.sleep(0.5)
+        (folder / "kill.json").write_text(json.dumps({"job_id": second.job_id, "attempt": 1, "grace_s": 5}))
+        assert _done(folder, second)["rc"] == -signal.SIGTERM
+        assert proc.wait(timeout=30) == 0
         assert (folder / "task.json").exists() and not (folder / done_name(third.job_id, 1)).exists()
     finally:
         if proc.poll() is None:

@@ -132,6 +132,10 @@ def report_rank_peaks(ctx, k: int) -> None:
 def main(spec_file: str) -> int:
     import importlib
 
+    from pita.core import preempt
+
+    if preempt.enabled():  # a Slurm attempt's rank: the warning stays held (it arrives blocked from the worker)
+        preempt.hold()
     from pita.core.paths import JobPaths
 
     spec = json.loads(Path(spec_file).read_text())
@@ -146,8 +150,6 @@ def main(spec_file: str) -> int:
     device = set_local_device()
     ctx.log.info("%s", describe_process(spec["params"].get("attn_impl")))
     mod, name = spec["target"].split(":")
-    from pita.core import preempt
-
     if preempt.enabled():  # the worker forwards Slurm's USR1 / TERM here: save, as a one-device job does
 
         def on_term(signum, frame):

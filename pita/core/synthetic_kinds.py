@@ -16,6 +16,9 @@
     synthetic.stubborn  ignore SIGTERM and hang; params.stop=True stops itself (SIGSTOP) instead
     synthetic.spawn  start a child in a session of its own (setsid), write its pid, then
                      params.then: "return" | "hang" | "die" (SIGKILL itself after 1.5 s)
+    synthetic.children  start params.children Python processes that each sleep params.seconds
+                     (their pids in artifacts/children.pid), wait for them, and fail unless every
+                     one exited 0 (a child that a signal ended says so)
     synthetic.env    report CUDA_VISIBLE_DEVICES and what torch sees (test_parallel_setup.py)
     synthetic.share  sum a slice of numbers (a small parallel work distribution)
     synthetic.alloc  hold batch_size * gb_per_item GB of GPU memory (real CUDA OOM when too big)
@@ -118,6 +121,21 @@ def stubborn(ctx):
         os.kill(os.getpid(), signal.SIGSTOP)
     while True:
         time.sleep(1)
+
+
+@job_kind("synthetic.children")
+def children(ctx):
+    import subprocess
+
+    seconds = float(ctx.params.get("seconds", 1.0))
+    procs = [subprocess.Popen([sys.executable, "-c", f"import time; time.sleep({seconds})"])
+             for _ in range(int(ctx.params.get("children", 2)))]
+    ctx.paths.artifacts.mkdir(parents=True, exist_ok=True)
+    (ctx.paths.artifacts / "children.pid").write_text(" ".join(str(c.pid) for c in procs))
+    codes = [c.wait() for c in procs]
+    if any(codes):
+        raise JobError(f"children ended with {codes} (negative: the signal that ended them)")
+    return {"children": len(procs), "codes": codes}
 
 
 @job_kind("synthetic.spawn")

@@ -224,6 +224,10 @@ def _die_with_parent(parent_pid: int) -> None:
 
 
 def main(argv: list[str] | None = None, parent_pid: int | None = None) -> int:
+    from pita.core import preempt
+
+    if preempt.enabled():  # a Slurm attempt: its warning signal is held before anything else happens
+        preempt.hold()
     argv = sys.argv[1:] if argv is None else argv
     launch_path = Path(argv[0])
     launch = json.loads(launch_path.read_text())
@@ -278,6 +282,7 @@ def _own_descendants() -> None:
         preempt.install(on_term)
     else:
         signal.signal(signal.SIGTERM, on_term)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})  # a pack's child gets it blocked
 
 
 def _cuda_unsafe_after_fork() -> bool:

@@ -24,6 +24,11 @@ limit is near: ``--signal=B:USR1@<margin>``) or TERM (preemption, scancel), whic
 to the running attempt first: a training job saves and asks to run again, as it does in a Slurm
 job of its own. Each attempt runs in a session of its own (the worker's ``forked_main``), dies
 with the pack (PR_SET_PDEATHSIG), and writes its log and outcome where an unpacked attempt does.
+
+The pack never installs a signal handler: USR1, TERM and INT are blocked from its first line and
+taken by its loop (``sigtimedwait``), so none arrives in the middle of a hand-over, and the
+attempt it forks starts with them blocked, pending until its worker is ready for them
+(:mod:`pita.core.preempt`).
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ import time
 from pathlib import Path
 
 LOOK_S = 0.1  # how often the pack looks for a task, a kill or a child that ended
+HELD = {signal.SIGUSR1, signal.SIGTERM, signal.SIGINT}  # taken by the pack's loop, never by a handler
 
 
 def done_name(job_id: str, attempt: int) -> str:
@@ -51,16 +57,33 @@ class Pack:
         self.draining = ""  # why the pack takes nothing more
         self.term_at: float | None = None  # when the running attempt was sent TERM by a kill.json
         self.kill_grace = 10.0
-        self.notes: list[str] = []
 
     # ------------------------------------------------------------------ signals
-    def _forward(self, signum, frame) -> None:
+    def _forward(self, signum: int) -> None:
+        """USR1 (the pack's limit is near) or TERM/INT (preempted, cancelled): the running attempt
+        hears it as in a Slurm job of its own, and the pack takes nothing more. USR1 goes to the
+        attempt's worker alone, as ``--signal=B:`` sends it to a batch script alone; TERM goes to its
+        whole session, as Slurm's TERM reaches every process of a job."""
         name = signal.Signals(signum).name
         self.draining = self.draining or f"{name} received"
         if self.child is not None:
-            self._signal_child(signum)
-        self.notes.append(f"pita pack: {name} received: {'forwarded to ' + self.task['job_id'] if self.task else 'idle'}"
-                          f"; taking nothing more")  # printed by the loop: never from a handler
+            if signum == signal.SIGUSR1:
+                try:
+                    os.kill(self.child, signum)
+                except ProcessLookupError:
+                    pass
+            else:
+                self._signal_child(signum)
+        print(f"pita pack: {name} received: {'forwarded to ' + self.task['job_id'] if self.task else 'idle'}"
+              f"; taking nothing more", flush=True)
+
+    def _wait(self, seconds: float) -> None:
+        """Sleep up to ``seconds``, acting on any signal that came (they are blocked in the pack:
+        :func:`main`), so none is ever acted on by default or in the middle of a hand-over."""
+        got = signal.sigtimedwait(HELD, seconds)
+        while got is not None:
+            self._forward(got.si_signo)
+            got = signal.sigtimedwait(HELD, 0)
 
     def _signal_child(self, signum: int) -> None:
         try:
@@ -85,8 +108,8 @@ class Pack:
         self.task, self.started = task, time.time()
         pid = os.fork()
         if pid == 0:  # the attempt: the worker's own entry, as the local backend's fork server runs it
-            for s in (signal.SIGUSR1, signal.SIGTERM, signal.SIGINT):
-                signal.signal(s, signal.SIG_DFL)
+            # it starts with USR1, TERM and INT blocked (the pack's mask): one sent before the worker
+            # is ready waits, pending, for the worker's own handling (preempt.install unblocks them)
             from pita.core.worker import forked_entry
 
             forked_entry(task["launch"], env, task.get("cwd") or os.getcwd(), task["log"])
@@ -132,16 +155,12 @@ class Pack:
 
     # ------------------------------------------------------------------ the loop
     def run(self) -> int:
-        for s in (signal.SIGUSR1, signal.SIGTERM, signal.SIGINT):
-            signal.signal(s, self._forward)
         from pita.core.paths import atomic_write_json
 
         atomic_write_json(self.dir / "started", {"pid": os.getpid(), "host": socket.gethostname(),
                                                  "slurm_job": os.environ.get("SLURM_JOB_ID"), "time": time.time()})
         self.idle_since = time.time()
         while True:
-            while self.notes:
-                print(self.notes.pop(0), flush=True)
             if self.child is not None:
                 self._reap()
             if self.child is None:
@@ -153,7 +172,7 @@ class Pack:
                     break
                 if self._take():
                     continue
-            time.sleep(LOOK_S)
+            self._wait(LOOK_S)
         # closed first, then nothing is taken: a task.json written meanwhile goes back to the driver
         (self.dir / "closed").write_text(self.draining + "\n")
         print(f"pita pack: leaving ({self.draining})", flush=True)
@@ -163,6 +182,9 @@ class Pack:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     folder, idle_s = Path(argv[0]), float(argv[1]) if len(argv) > 1 else 60.0
+    # blocked before the imports start any thread: the signals wait for the loop (Pack._wait), and
+    # every attempt forked from here starts with them blocked, until its worker is ready for them
+    signal.pthread_sigmask(signal.SIG_BLOCK, HELD)
     import pita.core.preload  # noqa: F401 - what every attempt imports, once (no CUDA is touched)
 
     return Pack(folder, idle_s).run()

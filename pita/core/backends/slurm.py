@@ -110,17 +110,37 @@ def submit_env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if not k.startswith("SLURM_") or k == "SLURM_CONF"}
 
 
-def time_limit(seconds: float, margin: float, min_minutes: int, max_s: float | None = None, factor: float = 1.0) -> str:
-    """A Slurm time limit (``D-HH:MM:SS``): ``seconds`` x ``margin``, at least ``min_minutes``, times
+def limit_seconds(seconds: float, margin: float, min_minutes: int, max_s: float | None = None,
+                  factor: float = 1.0) -> int:
+    """A Slurm time limit in seconds: ``seconds`` x ``margin``, at least ``min_minutes``, times
     ``factor`` (2 after one TIMEOUT, 4 after two), at most ``max_s`` (the partition's MaxTime: a
     longer request would wait in the queue forever)."""
     s = int(math.ceil(max(min_minutes * 60, math.ceil(seconds * margin)) * factor))
-    if max_s:
-        s = min(s, int(max_s))
-    d, rem = divmod(s, 86400)
+    return min(s, int(max_s)) if max_s else s
+
+
+def slurm_time(s: int) -> str:
+    """Seconds as Slurm writes a duration (``D-HH:MM:SS``)."""
+    d, rem = divmod(int(s), 86400)
     h, rem = divmod(rem, 3600)
     m, sec = divmod(rem, 60)
     return f"{d}-{h:02d}:{m:02d}:{sec:02d}"
+
+
+def time_limit(seconds: float, margin: float, min_minutes: int, max_s: float | None = None, factor: float = 1.0) -> str:
+    """:func:`limit_seconds` as ``--time`` takes it."""
+    return slurm_time(limit_seconds(seconds, margin, min_minutes, max_s, factor))
+
+
+def warning_margin(limit_s: float, wanted_s: float) -> int | None:
+    """Seconds before a ``limit_s`` time limit that Slurm warns the attempt (``--signal=B:USR1@``):
+    ``wanted_s``, at most a quarter of the limit (a margin as long as the limit would warn at the
+    start); None, no warning at all, where even that could come in the limit's first quarter,
+    since Slurm may send it up to a minute early (limits under 2 minutes)."""
+    margin = int(min(wanted_s, WARNING_SHARE * limit_s))
+    if margin < 1 or limit_s - margin - WARNING_EARLY_S < WARNING_SHARE * limit_s:
+        return None
+    return margin
 
 
 @dataclass
@@ -170,6 +190,14 @@ _FINAL_REFUSALS = ("invalid", "unrecognized option", "requested node configurati
 
 
 QUERY_TIMEOUT_S = 30.0  # a Slurm query slower than this counts as no answer
+# a batch script's first command: Slurm's warning ignored from there, through the ``exec`` into the
+# worker (or the pack) and the interpreter's start-up (an ignored signal stays ignored across exec),
+# until the process holds it itself (pita.core.preempt.hold); by default USR1 would end it
+HOLD_WARNING = "trap '' USR1\n"
+# sbatch(1): "the signal may be sent up to 60 seconds earlier than specified" (the controller
+# looks at time limits periodically)
+WARNING_EARLY_S = 60
+WARNING_SHARE = 0.25  # the warning margin is at most this share of the attempt's time limit
 
 
 def _try(args: list[str], timeout: float | None = None) -> subprocess.CompletedProcess | None:
@@ -330,11 +358,14 @@ class SlurmBackend(Backend):
         if self.s.max_node_mem_mb:
             mem_gb = min(mem_gb, self.s.max_node_mem_mb / 1024)
         expected = float(job.get("duration_hint") or 60.0)
+        limit = limit_seconds(expected, self.s.time_margin, self.s.min_minutes, self.s.max_time_s,
+                              self.time_factor.get(launch.job_id, 1.0))
         args = ["-J", f"pita:{launch.job_id}", "-o", str(attempt_log(launch)), "--open-mode=append", "-N", "1",
                 "-n", "1", "-c", str(self.s.cpus_per_job * devices if launch.devices else 1),
-                "--time=" + time_limit(expected, self.s.time_margin, self.s.min_minutes, self.s.max_time_s,
-                                       self.time_factor.get(launch.job_id, 1.0)),
-                f"--signal=B:USR1@{self.signal_margin(job)}"]
+                "--time=" + slurm_time(limit)]
+        margin = self.signal_margin(job, limit)
+        if margin:
+            args.append(f"--signal=B:USR1@{margin}")
         args.append(f"--mem={max(1, math.ceil(mem_gb))}G")
         if gpus:
             args.append(f"--gres=gpu:{gpus}")
@@ -344,10 +375,12 @@ class SlurmBackend(Backend):
                 args += [flag, str(value)]
         return args + list(self.s.sbatch_args)
 
-    def signal_margin(self, job: dict) -> int:
-        """Seconds before its time limit that an attempt is told (USR1) to save and ask to run
-        again: executor.slurm.signal_margin_s, or twice the job's planned checkpoint write."""
-        return int(max(self.s.signal_margin_s, 2 * float((job.get("params") or {}).get("checkpoint_s") or 0)))
+    def signal_margin(self, job: dict | None, limit_s: float) -> int | None:
+        """Seconds before its ``limit_s`` time limit that an attempt is told (USR1) to save and ask
+        to run again: executor.slurm.signal_margin_s, or twice the job's planned checkpoint write,
+        within a share of the limit (:func:`warning_margin`); None: the limit is too short to warn."""
+        wanted = max(self.s.signal_margin_s, 2 * float(((job or {}).get("params") or {}).get("checkpoint_s") or 0))
+        return warning_margin(limit_s, wanted)
 
     @staticmethod
     def attempt_env(launch: Launch, gpus: int, args: list[str] | None) -> dict[str, str]:
@@ -365,7 +398,7 @@ class SlurmBackend(Backend):
     def script(self, launch: Launch, gpus: int, args: list[str] | None = None) -> str:
         env = self.attempt_env(launch, gpus, args)
         exports = "".join(f"export {k}={shlex.quote(str(v))}\n" for k, v in sorted(env.items()))
-        return ("#!/bin/bash\n"
+        return ("#!/bin/bash\n" + HOLD_WARNING +
                 f"# pita job {launch.job_id}, attempt {launch.attempt}\n"
                 + (f"# submitted as: sbatch {shlex.join(args)}\n" if args else "") +
                 f"cd {shlex.quote(os.getcwd())}\n"
@@ -479,8 +512,9 @@ class SlurmBackend(Backend):
         if self.s.pack_below_s <= 0 or launch.job_id in self.no_pack:
             return False
         expected = float(launch.job.get("duration_hint") or 60.0)
+        limit = self._pack_limit()
         return (expected <= self.s.pack_below_s and
-                expected * self.s.time_margin + self.signal_margin(launch.job) + 30 <= self._pack_limit())
+                expected * self.s.time_margin + (self.signal_margin(launch.job, limit) or 0) + 30 <= limit)
 
     def _pack_limit(self) -> float:
         return min(self.s.pack_time_s, self.s.max_time_s or self.s.pack_time_s)
@@ -488,7 +522,8 @@ class SlurmBackend(Backend):
     def _fits(self, pack: _Pack, task: _Task, now: float) -> bool:
         expected = float(task.launch.job.get("duration_hint") or 60.0)
         return (task.mem_gb <= pack.mem_gb and
-                pack.remaining(now) >= expected * self.s.time_margin + self.signal_margin(task.launch.job) + 10)
+                pack.remaining(now) >= expected * self.s.time_margin
+                + (self.signal_margin(task.launch.job, pack.limit_s) or 0) + 10)
 
     def _dispatch(self, now: float) -> None:
         """Packs' files read (a stat each, no Slurm call); ended attempts reported; waiting ones
@@ -569,13 +604,15 @@ class SlurmBackend(Backend):
         d.mkdir(parents=True, exist_ok=True)
         limit = self._pack_limit()
         mem = pack_mem_gb(mem_gb, (self.s.max_node_mem_mb or 0) / 1024 or None)
+        seconds = limit_seconds(limit, 1.0, 1, self.s.max_time_s)
+        margin = self.signal_margin(None, seconds)
         args = ["-J", f"pita:{name}", "-o", str(d / "pack.log"), "--open-mode=append", "--no-requeue",
-                f"--time={time_limit(limit, 1.0, 1, self.s.max_time_s)}",
-                f"--signal=B:USR1@{self.s.signal_margin_s}", f"--mem={mem}G", *t.key]
+                f"--time={slurm_time(seconds)}", *([f"--signal=B:USR1@{margin}"] if margin else []),
+                f"--mem={mem}G", *t.key]
         cpus = _flag(args, "-c")
         threads = f"export OMP_NUM_THREADS={cpus} MKL_NUM_THREADS={cpus}\n" if cpus else ""
         script = d / "pack.sh"
-        script.write_text("#!/bin/bash\n"
+        script.write_text("#!/bin/bash\n" + HOLD_WARNING +
                           f"# pita pack {name}: short attempts of this run, one after another, in one interpreter\n"
                           f"# submitted as: sbatch {shlex.join(args)}\n"
                           f"cd {shlex.quote(os.getcwd())}\n"
