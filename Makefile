@@ -44,10 +44,15 @@ test: install
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist worksteal
 
 # The long tier: Slurm and Ray clusters end to end, runs that take minutes, the benchmark-sized
-# checks; one test at a time: they start clusters (`ray stop --force` ends every Ray process of the
-# machine, another test's cluster too). SmolLM2's tests in it skip without `make install-real`.
+# checks. Two workers, each file's tests on one (--dist loadfile; the largest files first): the
+# Slurm cluster's tests one after another on one, the Ray tests one after another on the other
+# (`ray stop --force` ends every Ray process of the machine), the rest wherever a worker is free;
+# the Slurm tests mostly wait on the cluster, so the other worker fills the cores. Then the `solo`
+# tests alone (Ray inside a Slurm job that takes the whole node). SmolLM2's tests in it skip
+# without `make install-real`.
 test-long: install
-	$(PY) -m pytest -q -m slow -rs
+	@rc=0; $(PY) -m pytest -q -m "slow and not solo" -rs -n 2 --dist loadfile $(LONG_ARGS) || rc=$$?; \
+	$(PY) -m pytest -q -m "slow and solo" -rs $(LONG_ARGS) || rc=$$?; exit $$rc
 
 test-all: install   # every tier; gpu tests skip themselves without CUDA
 	$(PY) -m pytest -q -m "slow or not slow"

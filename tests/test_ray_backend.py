@@ -603,17 +603,24 @@ def test_the_guides_several_nodes_recipe_runs_as_written(tmp_path):
     assert OmegaConf.load(run / "config.yaml").system.cache_dir == str(out / "cache")
 
 
-@pytest.mark.slow  # two smoke runs on simulated clusters (about 5 minutes on 2 cores); the default tier
+@pytest.mark.slow  # two smoke runs on simulated clusters (minutes on 2 cores); the default tier
 # loses a node under the synthetic workload above
 def test_losing_a_node_mid_smoke_run_changes_no_result(tiny_cache):
-    """bench/ray_cluster.py's two runs: experiment=smoke on a head and 3 one-GPU nodes, undisturbed
+    """bench/ray_cluster.py's two runs: experiment=smoke (four methods) on a head and 3 one-GPU nodes, undisturbed
     and with the busiest node killed after 8 jobs. Both end 0 with every job completed, the second
-    records lost attempts, and every results.csv row is identical (timing columns aside)."""
+    records lost attempts, and every results.csv row is identical (timing columns aside). Training
+    jobs write no mid-training checkpoints here (training.save_steps=0), so a lost one runs again
+    from its start: a job resumed from a checkpoint is not bit for bit an uninterrupted one (the
+    DPO resume test holds its losses within 1e-3), and whether the node goes before or after a
+    checkpoint depends on the machine's speed (on a loaded 2-core EPYC 4 of 33 rows differed)."""
     from bench.ray_cluster import run
 
-    out = run(nodes=3, gpus=1, exp="smoke", cache=str(tiny_cache), remove_after=8)
+    # four of the six methods (Q#-HF and GRPO-HF add proxies, not another way for a job to be lost):
+    # the two runs took 612 s together with all six beside the rest of the long tier
+    out = run(nodes=3, gpus=1, exp="smoke", cache=str(tiny_cache), remove_after=8,
+              extra=["training.save_steps=0", "experiment.algos=[PITA,QSharp,DPO,GRPO]"])
     a, b, rows = out["undisturbed"], out["node_lost"], out["rows_node_lost_vs_undisturbed"]
     assert a["exit_code"] == 0 and b["exit_code"] == 0, (a["stderr_tail"], b["stderr_tail"])
     assert a["states"]["COMPLETED"] == a["jobs"] and b["states"]["COMPLETED"] == b["jobs"]
     assert b["removed"] and b["lost_attempts"], b
-    assert rows["rows"] > 0 and rows["identical_rows"] == rows["rows"] == rows["rows_other"], rows
+    assert rows["rows"] > 0 and rows["identical_rows"] == rows["rows"] == rows["rows_other"], (rows["differing"], b)

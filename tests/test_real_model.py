@@ -113,7 +113,7 @@ def test_the_real_arith_preset_is_valid_one_step_additions_with_equal_pair_budge
     assert list(cfg.experiment.algos) == ["PITA", "QSharp", "QSharp-HF", "DPO", "GRPO", "GRPO-HF"]
     ds = cfg.datasets.arith
     test = load_examples(dataset_config("arith", **{k: ds[k] for k in ds if k != "name"}), "test")
-    assert len(test) == 64
+    assert len(test) == 48
     for e in test:
         a, b = map(int, re.search(r"has (\d+) \w+\. \w+ gets (\d+) more", e.prompt).groups())
         assert 1 <= a <= 9 and 1 <= b <= 9 and int(e.answer) == a + b
@@ -121,6 +121,8 @@ def test_the_real_arith_preset_is_valid_one_step_additions_with_equal_pair_budge
     assert cfg.data_collection.pairs_per_prompt == 2 and cfg.algos.PITA.cut_points == 2  # greedy vs sampled per cut
     assert min(cfg.eval.kl_budgets) < 0.05  # one round of the trained baselines moves them by hundredths
     assert cfg.algos.QSharp.continuations == 4 and cfg.algos["QSharp-HF"].continuations == 4
+    assert {cfg.algos[a].epochs for a in ("PITA", "QSharp", "QSharp-HF")} == {1}  # the value learners alike
+    assert [len(cfg.algos[a].lr_grid) for a in ("DPO", "GRPO", "GRPO-HF")] == [1, 1, 1]  # sized for 2 cores
 
 
 # ------------------------------------------------------------------ tokenizer (default tier)
@@ -305,4 +307,9 @@ def test_the_real_smoke_preset_runs_all_six_algorithms(tmp_path, smol_dir):
     from pita.report.results import read_results
 
     rows = read_results(run / "results" / "final_results.json")[0]
-    assert {x["algorithm"] for x in rows} == {"base", "PITA", "QSharp", "QSharp-HF", "DPO", "GRPO", "GRPO-HF"}
+    methods = {x["algorithm"] for x in rows if not x.get("control")}
+    assert methods == {"base", "PITA", "QSharp", "QSharp-HF", "DPO", "GRPO", "GRPO-HF"}, methods
+    # the default controls beside them (eval.controls: temperature, best_of_n), rows of their own
+    controls = {x["algorithm"] for x in rows if x.get("control")}
+    assert "control: temperature" in controls and any(c.startswith("control: best-of-n") for c in controls), controls
+    assert "### Headline: every method at equal KL" in (run / "results" / "report.md").read_text()
