@@ -32,7 +32,11 @@ What runs, per family (the code the job calls where it can run on fake tensors):
                         for what cannot run on fake tensors are named in each row)
     control.best_of_n   the pool's merge on a verifier task: the proxy (fp32 guidance backbone)
                         scoring the samples, ``micro_batch_size`` sequences at a time (on a reward
-                        task it reads the rewards the samples carry: no model, no row)
+                        task it reads the rewards the samples carry: no model, no row; ranked by
+                        log-probability or majority vote: no model either); ranked by the
+                        dataset's reward model: that classifier (fp32) scoring a
+                        ``reward_batch_size`` batch at full length
+    eval.scorer_quality  a learned scorer on the validation pool: measured as the proxy's merge
 
     DPO / GRPO          the jobs gpu=auto shards (full fine-tuning, FSDP over k devices; families
     sharded             SHARDED_FAMILIES, paper_math), through their own trainer as above
@@ -92,8 +96,12 @@ def _representatives(jobs) -> dict:
             k = "algo.grpo_train (GRPO-HF)" if j.id.startswith("GRPO-HF") else "algo.grpo_train (GRPO)"
         if j.kind in ("generation.merge", "eval.merge", "model.build_tiny"):
             continue
-        if j.kind == "control.best_of_n" and not (j.params.get("proxy") or j.params.get("value")):
-            continue  # a reward task's merge reads the rewards its samples carry: no model, no device memory
+        if j.kind == "control.best_of_n" and not (j.params.get("proxy") or j.params.get("value")
+                                                  or j.params.get("rank") == "reward_model"):
+            continue  # a reward task's merge reads the rewards its samples carry (log-prob, majority: what the
+            # samples carry too): no model, no device memory
+        if j.kind == "control.best_of_n" and j.params.get("rank") == "reward_model":
+            k = "control.best_of_n (reward model)"
         if k not in out or j.resources.memory_gb > out[k].resources.memory_gb:
             out[k] = j
     return out
@@ -285,7 +293,19 @@ def measure(fake: Fake, cfg, paths: dict, job) -> int:
     p = job.params
     dtype = cfg.model.dtype
     tok = SimpleNamespace(eos_token_id=2, pad_token_id=0, bos_token_id=1)
-    if job.kind == "control.best_of_n":  # the pool's merge: the proxy (fp32) scores the samples in batches
+    if job.kind == "control.best_of_n" and p.get("rank") == "reward_model":  # the dataset's reward model (fp32)
+        sc = p["scoring"]
+        rm = fake.model(sc["reward_model"], "float32", "model.reward_models", classifier=True)
+        rows, seq = int(sc["reward_batch_size"]), PROMPT_TOKENS + int(cfg.eval.max_new_tokens)
+        vocab = rm.config.vocab_size
+
+        def score_rm():
+            with fake.mode, torch.no_grad():
+                ids = _ids(torch, rows, seq, vocab)
+                rm(input_ids=ids, attention_mask=torch.ones_like(ids))
+        return fake.peak(score_rm, rm)
+    if job.kind in ("control.best_of_n", "eval.scorer_quality"):  # the proxy (fp32) scores the pool in batches
+        # (a learned scorer's check: a value model or a proxy, the same fp32 backbone and a small head)
         vm = _proxy(fake, paths)
         rows, seq = int(p.get("micro_batch_size") or 64), PROMPT_TOKENS + int(cfg.eval.max_new_tokens)
 

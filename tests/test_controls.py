@@ -123,10 +123,12 @@ def _controls(tiny_cache, *overrides):
 
 
 def test_controls_are_planned_on_test_and_validation_from_the_base_model(tiny_cache):
-    """On a verifier task the best-of-n score is the run's own proxy (Q#-HF's round 0 here), never
-    the gold answer; without a proxy-training method there is no best-of-n on it. On a reward task
-    the reward model scores. Every control job samples the base model (no guidance, no trained
-    policy) and the temperature sweep is measured against the evaluation's temperature."""
+    """On a verifier task the best-of-n scores are ones a user has at test time, never the gold
+    answer: the run's own proxy (Q#-HF's round 0 here), the base model's log-probability, and
+    majority vote ranks nothing; without a proxy-training method the last two remain. On a reward
+    task the reward model scores, and there is no answer to vote on. Every control job samples the
+    base model (no guidance, no trained policy) and the temperature sweep is measured against the
+    evaluation's temperature."""
     jobs = _controls(tiny_cache, "experiment.algos=[QSharp-HF]", "experiment.rounds=1")
     merges = {k: j for k, j in jobs.items() if k.endswith(".merge")}
     assert set(merges) == {"control.temperature.tiny.arith.eval.merge", "control.temperature.tiny.arith.val.merge",
@@ -141,7 +143,13 @@ def test_controls_are_planned_on_test_and_validation_from_the_base_model(tiny_ca
     assert pool.kind == "control.best_of_n" and pool.params["proxy"] == "QSharp-HF.tiny.arith.r0.proxy"
     assert "QSharp-HF.tiny.arith.r0.proxy" in pool.deps and pool.params["ns"] == [2, 4, 8]  # the demo preset's
     assert merges["control.best_of_n.tiny.arith.valpool.merge"].params["labels"]["split"] == "validation"
-    shards = [j for k, j in jobs.items() if not k.endswith(".merge")]
+    for split in ("pool", "valpool"):  # ranked by log-probability and majority vote: no model, no device
+        for rank, algo in (("logprob", controls.BEST_OF_N_LOGP), ("majority", controls.MAJORITY)):
+            j = jobs[f"control.best_of_n.tiny.arith.{split}.{rank}"]
+            assert j.params["rank"] == rank and j.params["labels"]["algorithm"] == algo
+            assert j.resources.devices == 0 and set(j.params["shards"]) == set(pool.params["shards"] if split == "pool"
+                                                                               else j.params["shards"])
+    shards = [j for k, j in jobs.items() if "request" in j.params]
     for j in shards:
         req = j.params["request"]
         assert req["policy"]["guidance"] is None and not req["policy"].get("model_from_job")
@@ -153,11 +161,13 @@ def test_controls_are_planned_on_test_and_validation_from_the_base_model(tiny_ca
             assert req["sweep"] == "temperature" and req["etas"] == [0.85, 0.7, 0.55, 0.4]
             assert req["sampling"]["temperature"] == 1.0
     none = _controls(tiny_cache, "experiment.algos=[PITA]", "experiment.rounds=1")
-    assert not [k for k in none if ".best_of_n." in k] and any(".temperature." in k for k in none)
+    assert "control.best_of_n.tiny.arith.pool.merge" not in none and any(".temperature." in k for k in none)
+    assert {"control.best_of_n.tiny.arith.pool.logprob", "control.best_of_n.tiny.arith.pool.majority"} <= set(none)
     reward = _controls(tiny_cache, "experiment.algos=[PITA]", "experiment.rounds=1", "experiment.datasets=[sentiment]",
                        "datasets.sentiment.toy_train_size=40", "datasets.sentiment.toy_test_size=8")
     pool = reward["control.best_of_n.tiny.sentiment.pool.merge"]
     assert pool.params["proxy"] is None and not [d for d in pool.deps if "proxy" in d]
+    assert not [k for k in reward if k.endswith((".logprob", ".majority", ".rm"))]
     assert _controls(tiny_cache, "eval.controls=[]") == {}
 
 
@@ -233,6 +243,93 @@ def test_a_second_best_of_n_is_ranked_by_qsharps_own_value_model(tiny_cache):
     assert jobs["control.best_of_n.tiny.arith.valpool.value"].params["labels"]["split"] == "validation"
     alone = _controls(tiny_cache, "experiment.algos=[QSharp]", "experiment.rounds=1")
     assert "control.best_of_n.tiny.arith.pool.value" in alone and "control.best_of_n.tiny.arith.pool.merge" not in alone
+
+
+def test_a_verifier_tasks_reward_model_ranks_a_best_of_n_of_its_own_by_its_score_alone(tiny_cache, monkeypatch):
+    """model.reward_models.arith set (as the PITA reference scores math): one more best-of-n, ranked
+    by that model's score (no verifier at test time), on a device with the reward model's memory."""
+    jobs = _controls(tiny_cache, "experiment.algos=[PITA]", "experiment.rounds=1",
+                     "+model.reward_models.arith=${model.reward_models.sentiment}")
+    rm = jobs["control.best_of_n.tiny.arith.pool.rm"]
+    assert rm.params["rank"] == "reward_model" and rm.params["labels"]["algorithm"] == controls.BEST_OF_N_RM
+    assert rm.params["scoring"]["reward_model"] and rm.resources.devices == 1 and rm.resources.memory_gb > 0
+    # the job scores each sample by the model alone and ranks by it
+    from pita.generation import jobs as gen_jobs
+
+    pool = [{"id": f"p{i}", "sample": s, "prompt": "2+2=", "completion": str(s), "finish": "eos",
+             "correct": s == 3, "reward": None, "logp": -1.0, "logp_ref": -1.0, "extracted": str(s)}
+            for i in range(2) for s in range(4)]
+    monkeypatch.setattr(gen_jobs, "gather", lambda ctx: pool)
+    monkeypatch.setattr(gen_jobs, "save_records", lambda ctx, recs: None)
+    monkeypatch.setattr(controls, "_reward_model_scores", lambda ctx, sc, groups:
+                        [[float(s["completion"] == "3") for s in g] for g in groups])
+    ctx = SimpleNamespace(params={**rm.params, "ns": [4]}, log=SimpleNamespace(info=lambda *a, **k: None))
+    [row] = controls.best_of_n_merge(ctx)["results"]
+    assert row["pass@1"] == pytest.approx(1.0) and row["scored_by"].startswith("reward model ")
+
+
+def test_best_of_n_by_log_prob_ranks_by_the_base_models_log_probability_per_token(monkeypatch):
+    """By hand: each prompt's pool is a right answer of 2 tokens at log-prob -1 (-0.33 a step with
+    its EOS) and a wrong one of 9 tokens at -2 (-0.2 a step): per token the wrong one ranks first,
+    so best of 2 is wrong whenever both are drawn: the value is the chance that a 2-subset of the
+    pool (2 right, 2 wrong) holds no wrong answer, 1/6."""
+    from pita.generation import jobs as gen_jobs
+
+    def sample(i, s):
+        right = s < 2
+        return {"id": f"p{i}", "sample": s, "completion": "4" if right else "it is five", "finish": "eos",
+                "correct": right, "reward": None, "logp": -1.0 if right else -2.0, "logp_ref": -1.0 if right else -2.0,
+                "n_tokens": 2 if right else 9, "prompt": "2+2=", "extracted": "4" if right else "5"}
+    pool = [sample(i, s) for i in range(3) for s in range(4)]
+    monkeypatch.setattr(gen_jobs, "gather", lambda ctx: pool)
+    monkeypatch.setattr(gen_jobs, "save_records", lambda ctx, recs: None)
+    ctx = SimpleNamespace(params={"labels": {"algorithm": controls.BEST_OF_N_LOGP, "task": "math", "control": True},
+                                  "ns": [2], "proxy": None, "rank": "logprob"},
+                          log=SimpleNamespace(info=lambda *a, **k: None))
+    [row] = controls.best_of_n_merge(ctx)["results"]
+    assert row["pass@1"] == pytest.approx(1 / 6) and row["scored_by"] == "the base model's log-probability per token"
+    assert row["scorer_agreement"] == 0.0 and row["scorer_chance"]  # it orders every differing pair the wrong way
+
+
+def test_majority_vote_is_the_expected_correctness_of_the_most_given_answer_and_its_answer_level_kl():
+    """A pool of 4 samples: answers 4, 4, 5 and none (no vote), right = 4. Worked by hand over the
+    6 pairs (n = 2): {4,4} 4; {4,5} x2 a tie, 4 half the time; {4,-} x2 4; {5,-} 5: right
+    (1 + 1 + 2) / 6 = 2/3; the vote's answers 4 with 2/3, 5 with 1/3 against the pool's 1/2, 1/4
+    and 1/4 for no answer: KL = 2/3 log(4/3) + 1/3 log(4/3) = log(4/3). The estimate averages
+    random pairs: within 0.03 of both over 4,000 of them."""
+    classes = [0, 0, 1, None]
+    v, picked = controls.majority_value(classes, [True, True, False, False], 2, 4000, "p0/2")
+    assert v == pytest.approx(2 / 3, abs=0.03)
+    assert controls.majority_kl(classes, picked) == pytest.approx(math.log(4 / 3), abs=0.03)
+    # n = the whole pool: always answer 4 (two votes of three), KL = log(1 / 0.5)
+    v, picked = controls.majority_value(classes, [True, True, False, False], 4, 50, "p0/4")
+    assert v == 1.0 and picked == {0: 1.0} and controls.majority_kl(classes, picked) == pytest.approx(math.log(2))
+    # nobody answers: wrong, and the vote is the policy itself (KL 0)
+    v, picked = controls.majority_value([None] * 3, [False] * 3, 2, 50, "p1/2")
+    assert v == 0.0 and controls.majority_kl([None] * 3, picked) == 0.0
+
+
+def test_every_learned_scorer_is_checked_on_the_validation_pool(tiny_cache, monkeypatch):
+    """Each value model (every round of PITA, Q#, Q#-HF) and each proxy (Q#-HF's, GRPO-HF's)
+    scores the validation pool: one job each, whose result says how well it orders one prompt's
+    completions and how well it orders the prompts."""
+    jobs = _controls(tiny_cache, "experiment.algos=[PITA,QSharp-HF,GRPO-HF]", "experiment.rounds=2")
+    got = sorted(j.params["model_job"] for j in jobs.values() if j.kind == "eval.scorer_quality")
+    assert got == ["GRPO-HF.tiny.arith.r0.proxy", "GRPO-HF.tiny.arith.r1.proxy", "PITA.tiny.arith.r0.train",
+                   "PITA.tiny.arith.r1.train", "QSharp-HF.tiny.arith.r0.proxy", "QSharp-HF.tiny.arith.r0.train",
+                   "QSharp-HF.tiny.arith.r1.proxy", "QSharp-HF.tiny.arith.r1.train"]
+    j = jobs["control.best_of_n.tiny.arith.valpool.scorer.PITA.tiny.arith.r1.train"]
+    assert j.params["value"] is True and j.params["labels"]["round"] == 1 and "PITA.tiny.arith.r1.train" in j.deps
+    from pita.generation import jobs as gen_jobs
+
+    pool = [{"id": f"p{i}", "sample": s, "prompt": "q", "completion": "a", "finish": "eos", "correct": s % 2 == 0}
+            for i in range(4) for s in range(4)]
+    monkeypatch.setattr(gen_jobs, "gather", lambda ctx: pool)
+    monkeypatch.setattr(controls, "_model_scores", lambda ctx, job, p, groups, value=False:
+                        [[1.0 if s["correct"] else 0.0 for s in g] for g in groups])
+    ctx = SimpleNamespace(params=j.params, log=SimpleNamespace(info=lambda *a, **k: None))
+    sc = controls.scorer_quality(ctx)["scorer"]
+    assert sc["agreement"] == 1.0 and not sc["chance"] and sc["pairs"] == 16 and sc["job"] == "PITA.tiny.arith.r1.train"
 
 
 def test_a_value_model_ranks_whole_sequences_by_its_predicted_value(tiny):

@@ -153,6 +153,7 @@ def test_the_testing_notes_name_benchmarks_and_targets_that_exist():
     for block in re.findall(r"```bash\n(.*?)```", text, re.S):
         for line in block.splitlines():
             c = line.split("  #")[0].split(" #")[0].strip()
+            c = re.sub(r"^(\w+=\S+\s+)+", "", c)  # leading VAR=value settings
             if not c or c.startswith("#"):
                 continue
             seen += 1

@@ -318,7 +318,7 @@ def test_each_validation_choice_reports_its_margin_and_standard_error():
     assert u["margin_se"] == pytest.approx(math.sqrt(2) * 0.15) and u["se_kind"] == "unpaired"
     text = "\n".join(choice_section([c]))
     assert "0 of 1 choices are within 2 standard errors" not in text and "1 of 1 choices" in text
-    assert "| PITA | tiny | arith | 0 | η=2 | 0.750 | η=1 (0.500) | +0.250 | 0.144 | 1.7 | paired over prompts |" in text
+    assert "| PITA | tiny | arith | 0 | η=2 | 0.750 | η=1 (0.500) | +0.250 | 0.144 | 1.7 | 0.283 | paired over prompts |" in text
 
 
 def test_the_baselines_are_evaluated_along_training_at_their_snapshots(tiny_cache):

@@ -365,3 +365,23 @@ def test_mle_offset_atom_count_must_match():
         mle_offset(torch.tensor([0.5, 0.5]), torch.tensor([0.0, 0.5, 1.0]), 1.0)
     with pytest.raises(ValueError, match="needs atom_values"):
         offset("mle", 1.0, torch.zeros(1, 3))
+
+
+def test_per_sequence_weights_average_each_rows_mean_then_the_rows():
+    """Row A scores one position with loss 0.25 ((sigmoid 0 - 1)^2), row B three with loss 0
+    (target 0.5). Over tokens: 0.25 / 4 = 0.0625; each row's mean, then the rows' (both
+    reference implementations): (0.25 + 0) / 2 = 0.125. Weights are 1 / a row's kept positions."""
+    import torch
+
+    from pita.losses.value import bce_loss, mse_loss
+
+    logits = torch.zeros(2, 3)
+    targets = torch.tensor([[1.0, 9.0, 9.0], [0.5, 0.5, 0.5]])  # 9: padding, never read
+    mask = torch.tensor([[1, 0, 0], [1, 1, 1]])
+    w = mask / mask.sum(1, keepdim=True)
+    assert float(mse_loss(logits, targets, mask)) == pytest.approx(0.0625)
+    assert float(mse_loss(logits, targets, mask, w)) == pytest.approx(0.125)
+    # all-equal lengths: the two averages agree
+    full = torch.ones(2, 3)
+    t = torch.tensor([[1.0, 0.0, 1.0], [0.0, 0.0, 1.0]])
+    assert float(bce_loss(logits, t, full, full / 3)) == pytest.approx(float(bce_loss(logits, t, full)))

@@ -596,3 +596,31 @@ def test_share_prefixes_is_a_value_guided_key_that_reaches_the_training_job(tiny
     jobs = {j.id: j for j in build_plan(cfg, [int(8e9)])}
     assert jobs["QSharp.tiny.arith.r0.train"].params["share_prefixes"] is True
     assert jobs["PITA.tiny.arith.r0.train"].params["share_prefixes"] is False
+
+
+def test_q_sharp_leaves_out_prompts_whose_roll_outs_all_score_the_same_as_its_reference_does():
+    """The Q# reference's --drop_no_variation 1 (its default): a prompt whose returns have one
+    value teaches difficulty, not which continuation is better. By hand: prompt a (1, 0, 1) stays,
+    b (all 0) and c (all 1) go, d (one roll-out) goes; the counts say so."""
+    from pita.algos.value_guided import drop_no_variation
+    from pita.guidance.train import SeqExample
+
+    ex = [SeqExample([1, 2], 1, t, (p, 0)) for p, ts in (("a", (1, 0, 1)), ("b", (0, 0, 0)), ("c", (1, 1)), ("d", (1,)))
+          for t in ts]
+    kept, count = drop_no_variation(ex)
+    assert [e.group[0] for e in kept] == ["a", "a", "a"]
+    assert count == {"prompts": 4, "prompts_dropped": 3, "rollouts_dropped": 6, "rule": "drop_no_variation"}
+    # the same prompt in two rounds is two groups: each round's roll-outs judged on their own
+    two, c2 = drop_no_variation([SeqExample([1], 0, 1.0, ("a", 0)), SeqExample([1], 0, 1.0, ("a", 1))])
+    assert two == [] and c2["prompts"] == 2
+
+
+def test_drop_no_variation_is_q_sharps_key_on_by_default_and_reaches_its_training_jobs(tiny_cache):
+    from pita.plans import build_plan
+
+    jobs = {j.id: j for j in build_plan(compose(tiny_cache), [int(8e9)])}
+    assert jobs["QSharp.tiny.arith.r0.train"].params["drop_no_variation"] is True
+    assert jobs["QSharp-HF.tiny.arith.r0.train"].params["drop_no_variation"] is True
+    assert "drop_no_variation" not in jobs["PITA.tiny.arith.r0.train"].params  # PITA's pairs drop ties instead
+    off = {j.id: j for j in build_plan(compose(tiny_cache, "algos.QSharp.drop_no_variation=false"), [int(8e9)])}
+    assert off["QSharp.tiny.arith.r0.train"].params["drop_no_variation"] is False

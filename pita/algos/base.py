@@ -291,8 +291,7 @@ class PlanContext:
         validation prompts, then every evaluation dataset's test rows at the etas it added."""
         ev = self.cfg.eval
         search = f"{self.prefix(algo)}.r{r}.eta_search"
-        req = self.eval_request(self.ds)
-        req["split"] = "held_out"
+        req = self.eval_request(self.ds, "held_out")
         req["policy"].update(policy)
         labels = dict(val_merge.params["labels"])
         jobs = [Job(id=search, kind="eval.eta_search", deps=[train, val_merge.id], group=f"round {r}",
@@ -326,8 +325,7 @@ class PlanContext:
         every method's frontier are chosen on."""
         name = f"{self.prefix(algo)}.r{r}.val"
         sampled = [e for e in etas if e != 0.0] if etas is not None else None
-        ereq = self.eval_request(self.ds)
-        ereq["split"] = "held_out"
+        ereq = self.eval_request(self.ds, "held_out")
         ereq["policy"].update(policy)
         if sampled is not None:
             ereq["etas"] = sampled

@@ -41,7 +41,8 @@ class GRPOHF(GRPO):
                           batch_size=self.proxy_batch_size, token_budget=8192, head_dim=128, memory_gb=p.mem[f"proxy.{self.name}"],
                           group=f"round {r}", tokenizer=p.paths["reference"],
                           training=training_settings(p.cfg, self.c, whole=self.proxy_batch_size),
-                          heldout=self.c.proxy_heldout)
+                          heldout=self.c.proxy_heldout, weight_decay=self.c.proxy_weight_decay,
+                          head_lr_scale=self.c.proxy_head_lr_scale)
         train = self.train_job(p, r, ([prev] if prev else []) + [proxy.id],
                                {**base, "policy_from": prev, "proxy": proxy.id, "seed": p.seed(r)})
         if r == 0 and ("planned", shared_id) in p.shared:

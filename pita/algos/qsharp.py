@@ -6,7 +6,9 @@ as the PITA reference code does. The loss per task kind follows the PITA referen
 bernoulli guidance on math (0/1 targets), mle over atoms spanning the data with mle guidance on
 reward tasks. Roll-ins are sampled from the round's policy and every cut is continued by the
 frozen reference (``continue_from=reference``): the targets are the reference's returns, the
-quantity Q# estimates; ``algos.QSharp.rollin`` / ``continue_from`` switch either.
+quantity Q# estimates; ``algos.QSharp.rollin`` / ``continue_from`` switch either. Prompts whose
+roll-outs all score the same are left out of training (``drop_no_variation``, on as in the Q#
+reference).
 """
 
 from __future__ import annotations
@@ -14,11 +16,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pita.algos.base import register_algorithm
-from pita.algos.value_guided import ValueGuidedAlgorithm, ValueGuidedConfig, returns_examples
+from pita.algos.value_guided import ReturnsFilterKey, ValueGuidedAlgorithm, ValueGuidedConfig, returns_examples
 
 
 @dataclass
-class QSharpConfig(ValueGuidedConfig):
+class QSharpConfig(ReturnsFilterKey, ValueGuidedConfig):
     pass
 
 

@@ -11,13 +11,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pita.algos.base import preference_labels, register_algorithm, training_settings
-from pita.algos.value_guided import ValueGuidedAlgorithm, ValueGuidedConfig, returns_examples
+from pita.algos.value_guided import ReturnsFilterKey, ValueGuidedAlgorithm, ValueGuidedConfig, returns_examples
 from pita.core.job import Job
 from pita.guidance.proxy import ProxyKeys, check_proxy_keys, proxy_job
 
 
 @dataclass
-class QSharpHFConfig(ProxyKeys, ValueGuidedConfig):
+class QSharpHFConfig(ProxyKeys, ReturnsFilterKey, ValueGuidedConfig):
     pass
 
 
@@ -40,7 +40,8 @@ class QSharpHF(ValueGuidedAlgorithm):
                         lr=c.proxy_lr, labels=preference_labels(p.cfg), seed=p.cfg.system.seed + r, batch_size=c.batch_size,
                         token_budget=c.token_budget, head_dim=c.head_dim, memory_gb=p.mem[f"proxy.{self.name}"],
                         group=f"round {r}", training=training_settings(p.cfg, c, whole=c.batch_size),
-                        heldout=c.proxy_heldout, head=c.head)
+                        heldout=c.proxy_heldout, head=c.head, weight_decay=c.proxy_weight_decay,
+                        head_lr_scale=c.proxy_head_lr_scale)
         return [job], {"proxy": job.id}
 
     @classmethod

@@ -77,10 +77,33 @@ class ValueGuidedConfig(AlgoConfig):
     head: str = "reference"
     head_dim: int = 128  # embedding head: its hidden width
     lm_prior: float = 1.0  # embedding head: initial weight of the backbone's LM log-prob; 0 = none
+    # AdamW's weight decay of the value model (both reference implementations: 0.01; pita's
+    # value models were tuned without it, bench/results/pita_defaults_2026-11-26.txt)
+    weight_decay: float = 0.0
+    # the new head's learning rate as a multiple of lr (the backbone's): the head starts from
+    # nothing while the backbone is pre-trained; both references train one rate for all (1)
+    head_lr_scale: float = 10.0
+    # how a batch's per-position losses are averaged: token (every scored position alike: a long
+    # continuation weighs more) | sequence (each roll-out's mean, then the mean over roll-outs, as
+    # both reference implementations do)
+    loss_weighting: str = "token"
     # batch each prompt's rows together and run the prefix they share (prompt and roll-in) once
     # per batch: the same loss and gradients per batch, fewer tokens (pita/guidance/train.py);
     # off by default so the batches, and so the trained values, stay those of earlier runs
     share_prefixes: bool = False
+
+
+@dataclass
+class ReturnsFilterKey:
+    """The key of the value-guided methods that learn returns (Q#, Q#-HF)."""
+
+    # leave out every prompt whose roll-outs all have the same return (every continuation right, or
+    # every one wrong), as the Q# reference trains its classifier (math_reasoning/train_classifier.py,
+    # --drop_no_variation 1, its default and its README's command): such a prompt says how hard the
+    # prompt is, never which continuation is better, and a value model fed them learns the former.
+    # Exact equality: real-valued returns (a reward model's, a proxy's) rarely tie, so on reward tasks
+    # and for Q#-HF's proxy scores it seldom drops anything. The count is in the job's result
+    drop_no_variation: bool = True
 
 
 NORMALIZATIONS = ("minmax", "none")
@@ -177,6 +200,14 @@ class ValueGuidedAlgorithm(Algorithm):
 
         if c.head not in HEADS:
             p.append(unknown_name(f"{k}.head", c.head, HEADS))
+        from pita.guidance.train import LOSS_WEIGHTINGS
+
+        if c.loss_weighting not in LOSS_WEIGHTINGS:
+            p.append(unknown_name(f"{k}.loss_weighting", c.loss_weighting, LOSS_WEIGHTINGS))
+        if not c.weight_decay >= 0:
+            p.append(f"{k}.weight_decay={c.weight_decay} must be >= 0 (the references: 0.01)")
+        if not c.head_lr_scale > 0:
+            p.append(f"{k}.head_lr_scale={c.head_lr_scale} must be > 0 (1: the head learns at lr, as the backbone)")
         return p
 
     def guidance_problems(self, loss: str, mode: str, where: str) -> list[str]:
@@ -217,6 +248,12 @@ class ValueGuidedAlgorithm(Algorithm):
         """Jobs round r's value training also waits for, and params it adds (none here)."""
         return [], {}
 
+    def train_extras(self) -> dict:
+        """Params of the value-training job that only some methods have (their keys' values)."""
+        if hasattr(self.c, "drop_no_variation"):
+            return {"drop_no_variation": bool(self.c.drop_no_variation)}
+        return {}
+
     def plan(self, p: PlanContext) -> list[Job]:
         c, algo = self.c, self.name
         loss, mode = self.losses(p.task)
@@ -252,7 +289,9 @@ class ValueGuidedAlgorithm(Algorithm):
                                     "batch_size": c.batch_size, "token_budget": c.token_budget,
                                     "lm_prior": c.lm_prior, "head": c.head, "seed": p.cfg.system.seed + r,
                                     "share_prefixes": c.share_prefixes,
-                                    "normalize_targets": self.normalization(),
+                                    "normalize_targets": self.normalization(), **self.train_extras(),
+                                    "weight_decay": c.weight_decay, "head_lr_scale": c.head_lr_scale,
+                                    "loss_weighting": c.loss_weighting,
                                     **training_settings(p.cfg, c, whole=c.batch_size), **extra_params},
                             resources=Resources(1, p.mem[f"train.{algo}"]), retry=TRAINING_RETRY,
                             duration_hint=3.0))
@@ -282,6 +321,20 @@ def returns_examples(records: list[dict], targets: list[float] | None = None, ta
             for r, t in zip(recs, targets)]
 
 
+def drop_no_variation(examples: list) -> tuple[list, dict]:
+    """The examples of the prompts whose returns vary (a prompt: its rows' ``group``, the prompt
+    and round), and the count: ``{"prompts", "prompts_dropped", "rollouts_dropped"}``. As the Q#
+    reference's ``create_classifier_data(drop_no_variation=True)``: a prompt goes when the set of
+    its returns has one element."""
+    groups: dict = {}
+    for e in examples:
+        groups.setdefault(e.group, []).append(e)
+    flat = {g for g, es in groups.items() if len({float(x.target) for x in es}) == 1}
+    kept = [e for e in examples if e.group not in flat]
+    return kept, {"prompts": len(groups), "prompts_dropped": len(flat), "rollouts_dropped": len(examples) - len(kept),
+                  "rule": "drop_no_variation"}
+
+
 def minmax_targets(examples: list) -> tuple[list, tuple[float, float]]:
     """The examples with targets mapped to [0, 1] by (t - min) / (max - min), and (min, max).
     All-equal targets carry no information about which continuation is better: they map to 0.5,
@@ -295,13 +348,38 @@ def minmax_targets(examples: list) -> tuple[list, tuple[float, float]]:
             (float(lo), float(hi)))
 
 
+def training_examples(ctx, dev: str) -> tuple[list, dict | None]:
+    """The examples a value-training job (its ``ctx.params``) trains on, as it builds them: its
+    algorithm's examples from the roll-outs of its rounds, the prompts whose returns do not vary
+    left out where ``drop_no_variation`` is set; and that filter's count (None when off)."""
+    from pita.guidance.rollouts import read_rounds
+
+    p = ctx.params
+    algo = p["algo"]
+    cls = ALGORITHMS.get(algo, field="the job's algo")
+    examples = cls.value_examples(ctx, read_rounds(ctx, p["data"]), dev)
+    returns = None
+    if examples and p.get("drop_no_variation"):
+        examples, returns = drop_no_variation(examples)
+        ctx.log.info("%s: %d of %d prompts left out (every roll-out the same return: algos.%s.drop_no_variation), "
+                     "%d roll-outs", algo, returns["prompts_dropped"], returns["prompts"], algo,
+                     returns["rollouts_dropped"])
+        if not examples:
+            raise JobError(f"{algo}: every one of the {returns['prompts']} prompts has roll-outs that all score the "
+                           f"same return, so algos.{algo}.drop_no_variation left nothing to learn from; collect "
+                           f"more continuations per cut (algos.{algo}.continuations) or cuts (cut_points), use "
+                           f"prompts the model sometimes solves, or set algos.{algo}.drop_no_variation=false")
+    if not examples:
+        raise JobError(f"{algo}: the data collection produced no usable training examples")
+    return examples, returns
+
+
 @job_kind("algo.value_train")
 def value_train(ctx):
     import torch
 
-    from pita.guidance.rollouts import read_rounds
     from pita.guidance.train import TrainSettings, calibrate, train
-    from pita.guidance.proxy import shared_settings
+    from pita.guidance.proxy import optimizer_settings, shared_settings
     from pita.guidance.value_model import HeadSpec, ValueModel
     from pita.models.lm import default_device
     from pita.tracking import tracker_settings
@@ -309,10 +387,7 @@ def value_train(ctx):
     p = ctx.params
     dev = default_device()
     algo = p["algo"]
-    cls = ALGORITHMS.get(algo, field="the job's algo")
-    examples = cls.value_examples(ctx, read_rounds(ctx, p["data"]), dev)
-    if not examples:
-        raise JobError(f"{algo}: the data collection produced no usable training examples")
+    examples, returns = training_examples(ctx, dev)
     # a plan written before the key existed trained the embedding head
     spec = HeadSpec(p["loss"], p["num_atoms"], 0.0, 1.0, p["head_dim"], lm_prior=p.get("lm_prior", 1.0),
                     head=p.get("head", "embedding"))
@@ -339,6 +414,7 @@ def value_train(ctx):
         ctx.log.info("head calibrated to the targets: %s", calibrate(vm, examples, device=dev, seed=p["seed"]))
     settings = TrainSettings(epochs=p["epochs"], lr=p["lr"], token_budget=p["token_budget"],
                              batch_size=p["batch_size"], **shared_settings(p), seed=p["seed"],
+                             **optimizer_settings(p),
                              share_prefixes=bool(p.get("share_prefixes", False)),
                              checkpoint=str(ctx.paths.checkpoints / "train-state.pt"))
     ctx.log.info("%s: %d examples (%s loss), targets mean %.3f", algo, len(examples), p["loss"],
@@ -355,4 +431,5 @@ def value_train(ctx):
             "train_flops": 6.0 * trainable * tokens, "loss": p["loss"], "loss_first": curve[0]["loss"],
             "loss_last": curve[-1]["loss"], "v_min": vm.spec.v_min, "v_max": vm.spec.v_max,
             "target_min": vm.spec.target_min, "target_max": vm.spec.target_max,
+            **({"returns_filter": returns} if returns else {}),  # Q#, Q#-HF: the prompts left out
             **getattr(ctx, "label_counts", {})}  # PITA: its labelled pairs and ties

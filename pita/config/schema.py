@@ -109,7 +109,9 @@ class SlurmConfig:
     oom_mem_factor: float = 1.5
     oom_mem_retries: int = 2
     # Slurm signals an attempt this long before its time limit (--signal=B:USR1@...): a training
-    # job saves a checkpoint and asks to run again from it; also the save's budget on preemption
+    # job saves a checkpoint and asks to run again from it; also the save's budget on preemption.
+    # At most a quarter of the attempt's own limit; none under limits of 2 minutes (Slurm may
+    # send it up to a minute early)
     signal_margin_s: int = 120
     outcome_wait_s: float = 60.0  # a job Slurm says ended: wait this long for its outcome file (NFS)
     # attempts planned shorter than this (seconds) run in packs: one Slurm job that imports torch
@@ -239,6 +241,10 @@ class EvalConfig:
     # split; at most a quarter of the training prompts; 0: no validation (eta is not chosen, the
     # equal-KL frontiers are the test envelope, labelled so)
     validation_prompts: int = 32
+    # samples per validation prompt; null: eval.n. With validation_prompts, what sizes what
+    # validation can tell apart (the report states it for each choice it made there); the sizing
+    # rule: docs/guide.md, "Sizing validation"
+    validation_n: Optional[int] = None
     # an equal-KL cell interpolated between two frontier rows more than this factor apart in KL
     # is marked "wide interpolation", with no interval; the eta search closes such gaps
     wide_ratio: float = 4.0
@@ -257,12 +263,14 @@ class EvalConfig:
     # of the frontier along training; [] for the final policy only
     checkpoints: List[float] = field(default_factory=lambda: [0.25, 0.5])
     # rows on every equal-KL frontier computed from the base model with no training
-    # (pita/eval/controls.py): temperature (the base model sampled colder, its KL exact per step)
-    # and best_of_n (the best of n base samples by a score available at test time: the reward
-    # model on reward tasks, the run's Q#-HF / GRPO-HF proxy on verifier tasks, and a second one
-    # ranked by Q#'s value model when Q# runs; its KL measured from the pool, the bound
-    # log n - (n-1)/n beside it); [] for none
-    controls: List[str] = field(default_factory=lambda: ["temperature", "best_of_n"])
+    # (pita/eval/controls.py): temperature (the base model sampled colder, its KL exact per step),
+    # best_of_n (the best of n base samples by a score available at test time: the reward model
+    # on reward tasks; on verifier tasks one ranked by each of the base model's log-probability per
+    # token, the dataset's reward model where one is configured, the run's Q#-HF / GRPO-HF proxy
+    # and Q#'s value model where they run; its KL measured from the pool, the bound
+    # log n - (n-1)/n beside it) and majority_vote (verifier tasks: the answer most of n base
+    # samples give, self-consistency, from the same pool); [] for none
+    controls: List[str] = field(default_factory=lambda: ["temperature", "best_of_n", "majority_vote"])
     # the temperature control's first temperatures, each below eval.temperature; null: 0.85, 0.7,
     # 0.55 and 0.4 x eval.temperature. The control is then searched on the validation prompts as
     # eta is (eval.eta_search_steps rounds), down to control_temperature_min (pita/eval/eta_search.py)

@@ -39,10 +39,27 @@ method, their frontier chosen on validation:
 ``control: best-of-n by value``  on a verifier task with Q# in the run: the same pool ranked by
     Q#'s round-0 value model (its predicted value of each whole sequence), the supervision Q# had.
 
+``control: best-of-n by log-prob``  on a verifier task: the pool ranked by the base model's own
+    log-probability per token (no model to train or load). A learned scorer trained on a few
+    hundred returns may rank at chance; the model's own confidence is the reranker it must beat.
+
+``control: best-of-n by reward model``  on a verifier task whose dataset has a reward model
+    (``model.reward_models.<dataset>``, as the PITA reference scores math): the pool ranked by
+    that model's score alone, without the verifier, as a user would have it at test time.
+
+``control: majority vote``  on a verifier task (``eval.controls`` ``majority_vote``): the answer
+    most of n pool samples give (self-consistency), answers grouped by mathematical equivalence;
+    per prompt and n the expected correctness over ``MAJORITY_DRAWS`` random n-subsets (a tie
+    drawn uniformly), and its KL at the level of the answers: the vote outputs a sample of its
+    winning answer, so its KL is that of the winning answer's distribution against the pool's.
+
+A control whose scorer ranks at chance is shown with its mark in the equal-KL table and left out
+of the table of differences between methods.
+
 Job ids: ``control.temperature.<family>.<dataset>.{eval,val,eval-search}.*``,
 ``control.temperature.<family>.<dataset>.search`` and
 ``control.best_of_n.<family>.<dataset>.{pool,valpool}.*`` (``.merge``: ranked by the reward model
-or the proxy; ``.value``: by Q#'s value model).
+or the proxy; ``.value``: by Q#'s value model; ``.logprob``, ``.rm``, ``.majority``).
 """
 
 from __future__ import annotations
@@ -55,11 +72,15 @@ from pita.core.job import Job, Resources, add_kind_module, job_kind
 add_kind_module("pita.eval.controls")
 add_kind_module("pita.eval.eta_search")  # eval.eta_search: the temperature control's search
 
-CONTROLS = ("temperature", "best_of_n")
+CONTROLS = ("temperature", "best_of_n", "majority_vote")
 SCORE_BATCH = 64  # sequences the best-of-n merge scores with the proxy at once (its micro_batch_size)
 TEMPERATURE = "control: temperature"
 BEST_OF_N = "control: best-of-n"
 BEST_OF_N_VALUE = "control: best-of-n by value"
+BEST_OF_N_RM = "control: best-of-n by reward model"
+BEST_OF_N_LOGP = "control: best-of-n by log-prob"
+MAJORITY = "control: majority vote"
+MAJORITY_DRAWS = 400  # random n-subsets of each prompt's pool that majority vote's estimate averages
 VALUE_OF = "QSharp"  # the algorithm whose round-0 value model scores the second best-of-n on verifier tasks
 KL_ESTIMATOR = "best-of-n over the pool"
 DEFAULT_FACTORS = (0.85, 0.7, 0.55, 0.4)  # of eval.temperature, when eval.control_temperatures is null
@@ -146,7 +167,7 @@ def check(ev) -> list[str]:
                          f"(0, eval.temperature={ev.temperature}): the control is the base model sampled colder; "
                          f"e.g. [{0.7 * ev.temperature:g}, {0.5 * ev.temperature:g}], or null for "
                          f"{', '.join(f'{f:g}' for f in DEFAULT_FACTORS)} x eval.temperature")
-    if "best_of_n" in ev.controls:
+    if "best_of_n" in ev.controls or "majority_vote" in ev.controls:
         ns = list(ev.best_of_n)
         if not ns or any(int(n) != n or n < 2 for n in ns):
             p.append(f"eval.best_of_n={ns} must list integers >= 2 (e.g. [2, 4, 8, 16]); the pool holds 4 x max(n) "
@@ -158,13 +179,18 @@ def check(ev) -> list[str]:
 
 
 def plan(cfg, ds, gen, eval_request, n_test: int, n_val: int, task: str, memory_gb: float,
-         proxies: dict[str, str], score_gb: float | None = None, value: str | None = None) -> list:
+         proxies: dict[str, str], score_gb: float | None = None, value: str | None = None,
+         scoring: dict | None = None, rm_gb: float | None = None, scorers: list | None = None) -> list:
     """The control jobs of one training dataset's own evaluation (``eval_request(ds)``), on its
     test and validation prompts. ``proxies``: algorithm -> its round-0 proxy job id in this run
     (the best-of-n score on a verifier task); ``value``: Q#'s round-0 value-training job id in
     this run (a second best-of-n on a verifier task, ranked by it); ``score_gb``: what a merge
     that scores the pool with a model holds (that model alone; default the pool's shards'
-    ``memory_gb``)."""
+    ``memory_gb``); ``scoring`` / ``rm_gb``: a verifier task's reward model (its scoring settings,
+    what scoring the pool with it holds), which ranks a best-of-n of its own; ``scorers``: the
+    run's learned scorers, (algorithm, round, job id, value model or proxy), each of which scores
+    the validation pool to say how well it orders one prompt's completions
+    (:func:`scorer_quality`)."""
     import logging
 
     ev, fam = cfg.eval, cfg.model.name
@@ -175,9 +201,7 @@ def plan(cfg, ds, gen, eval_request, n_test: int, n_val: int, task: str, memory_
     if "temperature" in ev.controls:
         val_merge = None
         for split, n, held in splits:
-            req = eval_request(ds)
-            if held:
-                req["split"] = held
+            req = eval_request(ds, held)
             req["etas"] = temperatures(ev)  # the sweep's key: each row's temperature
             req["sweep"] = "temperature"
             name = f"control.temperature.{fam}.{ds.name}.{'eval' if split == 'test' else 'val'}"
@@ -190,18 +214,17 @@ def plan(cfg, ds, gen, eval_request, n_test: int, n_val: int, task: str, memory_
             val_merge = sub[-1] if held else val_merge
         if val_merge is not None and int(ev.eta_search_steps) > 0:
             jobs += temperature_search(cfg, ds, gen, eval_request, n_test, n_val, labels, memory_gb, val_merge)
-    if "best_of_n" in ev.controls:
-        proxy = next((proxies[a] for a in PROXY_OF if a in proxies), None) if task != "reward" else None
-        value = value if task != "reward" else None  # a reward task ranks by its reward model
-        if task != "reward" and proxy is None and value is None:
-            logging.getLogger("pita").info(
-                "eval.controls: no best-of-n control on %s: a verifier task is scored by a learned model at test "
-                "time, and no algorithm of the run trains one (add QSharp, QSharp-HF or GRPO-HF)", ds.name)
-            return jobs
+    pooled = "best_of_n" in ev.controls or ("majority_vote" in ev.controls and task != "reward")
+    if "majority_vote" in ev.controls and task == "reward":
+        logging.getLogger("pita").info("eval.controls: no majority vote on %s: a reward task's completions have no "
+                                       "answer to vote on", ds.name)
+    if pooled:
+        best = "best_of_n" in ev.controls
+        proxy = next((proxies[a] for a in PROXY_OF if a in proxies), None) if task != "reward" and best else None
+        value = value if task != "reward" and best else None  # a reward task ranks by its reward model
+        rm = scoring if task != "reward" and best and scoring and scoring.get("reward_model") else None
         for split, n, held in splits:
-            req = eval_request(ds)
-            if held:
-                req["split"] = held
+            req = eval_request(ds, held)
             req["n"] = POOL_FACTOR * max(int(x) for x in ev.best_of_n)
             req["with_prompt"] = True
             name = f"control.best_of_n.{fam}.{ds.name}.{'pool' if split == 'test' else 'valpool'}"
@@ -213,19 +236,39 @@ def plan(cfg, ds, gen, eval_request, n_test: int, n_val: int, task: str, memory_
                           ns=sorted(int(x) for x in ev.best_of_n), reference=req["policy"]["model"],
                           micro_batch_size=SCORE_BATCH)
             score_res = Resources(1, score_gb if score_gb is not None else memory_gb)
-            if task == "reward" or proxy is not None:  # ranked by the reward model, or the run's proxy
+            if best and (task == "reward" or proxy is not None):  # ranked by the reward model, or the run's proxy
                 merge.kind = "control.best_of_n"
                 merge.params = {**params, "labels": {"algorithm": BEST_OF_N, **params["labels"]}, "proxy": proxy}
                 if proxy is not None:  # scored by the proxy on a device (the proxy alone: the pool is sampled)
                     merge.deps.append(proxy)
                     merge.resources = score_res
                 sub.append(merge)
+
+            def ranked(suffix: str, algorithm: str, resources: Resources, deps=(), **extra) -> Job:
+                return Job(id=f"{name}.{suffix}", kind="control.best_of_n", deps=[j.id for j in shards] + list(deps),
+                           group=merge.group, params={**params, "labels": {"algorithm": algorithm, **params["labels"]},
+                                                      "proxy": None, **extra},
+                           resources=resources, duration_hint=merge.duration_hint)
             if value is not None:  # ranked by Q#'s own value model: the control with Q#'s supervision
-                sub.append(Job(id=f"{name}.value", kind="control.best_of_n", deps=[j.id for j in shards] + [value],
-                               group=merge.group, params={**params, "labels": {"algorithm": BEST_OF_N_VALUE,
-                                                                                **params["labels"]},
-                                                          "proxy": None, "value": value},
-                               resources=score_res, duration_hint=merge.duration_hint))
+                sub.append(ranked("value", BEST_OF_N_VALUE, score_res, [value], value=value))
+            if task != "reward":
+                if best:  # ranked by the base model's own log-probability per token: no model to load
+                    sub.append(ranked("logprob", BEST_OF_N_LOGP, Resources(0, 0.0), rank="logprob"))
+                if rm is not None:  # ranked by the dataset's reward model alone (no verifier at test time)
+                    sub.append(ranked("rm", BEST_OF_N_RM, Resources(1, rm_gb if rm_gb is not None else memory_gb),
+                                      rank="reward_model", scoring=dict(rm)))
+                if "majority_vote" in ev.controls:  # the answer most of n samples give (self-consistency)
+                    sub.append(ranked("majority", MAJORITY, Resources(0, 0.0), rank="majority"))
+            if held:  # every learned scorer on the validation pool: does it order one prompt's completions?
+                for algo, rnd, job_id, is_value in scorers or []:
+                    sub.append(Job(id=f"{name}.scorer.{job_id}", kind="eval.scorer_quality",
+                                   deps=[j.id for j in shards] + [job_id], group=merge.group,
+                                   params={"shards": params["shards"], "model_job": job_id, "value": is_value,
+                                           "reference": params["reference"], "micro_batch_size": SCORE_BATCH,
+                                           "labels": {"algorithm": algo, "family": fam, "train_dataset": ds.name,
+                                                      "round": rnd, "task": task,
+                                                      "model": "value model" if is_value else "proxy reward model"}},
+                                   resources=score_res, duration_hint=merge.duration_hint))
             jobs += sub
     return jobs
 
@@ -238,8 +281,7 @@ def temperature_search(cfg, ds, gen, eval_request, n_test: int, n_val: int, labe
     prompts at the temperatures it added (``...eval-search``, nothing when none was)."""
     ev, fam = cfg.eval, cfg.model.name
     search = f"control.temperature.{fam}.{ds.name}.search"
-    req = eval_request(ds)
-    req["split"] = "held_out"
+    req = eval_request(ds, "held_out")
     req["sweep"] = "temperature"
     t0 = float(ev.temperature)
     job = Job(id=search, kind="eval.eta_search", deps=[val_merge.id], group="base",
@@ -376,12 +418,22 @@ def best_of_n_merge(ctx):
     for r in records:
         by_id.setdefault(r["id"], []).append(r)
     groups = [sorted(g, key=lambda x: x["sample"]) for _, g in sorted(by_id.items())]
+    if p.get("rank") == "majority":
+        return majority_merge(ctx, labels, ns, groups)
     if p.get("value"):
         scores = _model_scores(ctx, p["value"], p, groups, value=True)
         scored_by = f"value model of {p['value']}"
     elif p.get("proxy"):
         scores = _model_scores(ctx, p["proxy"], p, groups)
         scored_by = f"proxy reward model of {p['proxy']}"
+    elif p.get("rank") == "logprob":
+        from pita.eval.metrics import kl_steps
+
+        scores = [[float(s["logp"]) / max(1, kl_steps(s)) for s in g] for g in groups]
+        scored_by = "the base model's log-probability per token"
+    elif p.get("rank") == "reward_model":
+        scores = _reward_model_scores(ctx, p["scoring"], groups)
+        scored_by = f"reward model {p['scoring']['reward_model']}"
     else:
         scores = [[float(s["reward"]) for s in g] for g in groups]
         scored_by = "the task's reward model"
@@ -453,3 +505,125 @@ def _model_scores(ctx, job_id: str, p: dict, groups: list[list[dict]], value: bo
         out.append([float(x) for x in got[k:k + len(g)]])
         k += len(g)
     return out
+
+
+def _reward_model_scores(ctx, scoring: dict, groups: list[list[dict]]) -> list[list[float]]:
+    """The dataset's reward model's score of each pool sample (its score alone: at test time there
+    is no verifier), as its data collection scores them."""
+    from pita.models.lm import default_device
+    from pita.rewards.function import reward_scorer
+
+    rm = reward_scorer(scoring["reward_model"], device=default_device(), batch_size=int(scoring["reward_batch_size"]),
+                       inputs=scoring.get("reward_input", "prompt_completion"), score=scoring.get("reward_score", "margin"))
+    flat = [s for g in groups for s in g]
+    got = rm.score([s["prompt"] for s in flat], [s["completion"] for s in flat])
+    out, k = [], 0
+    for g in groups:
+        out.append([float(x) for x in got[k:k + len(g)]])
+        k += len(g)
+    return out
+
+
+def majority_value(classes: list[int | None], correct: list[bool], n: int, draws: int, seed) -> tuple[float, dict]:
+    """(the expected correctness of majority vote over n samples, the distribution of its answer
+    class) from one prompt's pool: ``draws`` random n-subsets (seeded), each voting by answer class
+    (None: no answer, no vote; a tie between classes drawn uniformly; nobody voting: wrong, class
+    None). A class is right when its samples are (its first one's ``correct``)."""
+    import random
+
+    rng = random.Random(str(seed))
+    right = {}
+    for c, ok in zip(classes, correct):
+        if c is not None:
+            right.setdefault(c, bool(ok))
+    total, freq = 0.0, {}
+    idx = range(len(classes))
+    for _ in range(draws):
+        counts: dict = {}
+        for i in rng.sample(idx, n):
+            if classes[i] is not None:
+                counts[classes[i]] = counts.get(classes[i], 0) + 1
+        if counts:
+            top = max(counts.values())
+            winner = rng.choice(sorted(c for c, k in counts.items() if k == top))
+        else:
+            winner = None
+        freq[winner] = freq.get(winner, 0) + 1
+        total += float(right.get(winner, False))
+    return total / draws, {c: k / draws for c, k in freq.items()}
+
+
+def majority_kl(classes: list[int | None], picked: dict) -> float:
+    """KL(majority vote || sampling policy) at the answer level, from the pool: majority vote
+    outputs a sample of its winning class (as the policy spreads its mass within the class), so
+    its KL is that of the classes' distributions, the vote's (``picked``) against the pool's
+    frequencies (no answer counted as one outcome)."""
+    pool: dict = {}
+    for c in classes:
+        pool[c] = pool.get(c, 0) + 1 / len(classes)
+    return max(0.0, math.fsum(q * math.log(q / pool[c]) for c, q in picked.items() if q > 0))
+
+
+def majority_merge(ctx, labels: dict, ns: list[int], groups: list[list[dict]]) -> dict:
+    """Majority vote (self-consistency) at each n from the best-of-n pool: per prompt and n the
+    expected correctness of the answer most of n random samples give, and its KL from the answer
+    classes' distributions (:func:`majority_value`, :func:`majority_kl`); one row per n."""
+    import statistics
+
+    from pita.eval.metrics import answer_classes
+    from pita.generation.jobs import save_records
+
+    if labels.get("task") == "reward":
+        raise JobError("majority vote needs answers to vote on; a reward task has none")
+    out, results = [], []
+    classes = [answer_classes([s.get("extracted") for s in g]) for g in groups]
+    for n in ns:
+        per, kls = [], []
+        for g, cl in zip(groups, classes):
+            v, picked = majority_value(cl, [bool(s["correct"]) for s in g], n, MAJORITY_DRAWS, f"{g[0]['id']}/{n}")
+            kl = majority_kl(cl, picked)
+            per.append(v)
+            kls.append(kl)
+            out.append({"id": g[0]["id"], "eta": float(n), "sample": 0, "correct": v, "n_tokens": None, "finish": None,
+                        "logp": kl, "logp_ref": 0.0, "kl_path": kl})
+        se = statistics.stdev(per) / math.sqrt(len(per)) if len(per) > 1 else 0.0
+        results.append({**labels, "eta": float(n), "variant": f"n={n}", "pass@1": statistics.fmean(per),
+                        "pass@1_stderr": se, "n": n, "pool": len(groups[0]), "prompts": len(groups),
+                        "kl": statistics.fmean(kls), "kl_stderr": statistics.stdev(kls) / math.sqrt(len(kls))
+                        if len(kls) > 1 else 0.0, "kl_estimator": "majority vote: answer classes over the pool",
+                        "scored_by": "majority of the extracted answers"})
+    save_records(ctx, out)
+    ctx.log.info("majority vote over a pool of %d samples x %d prompts: %s", len(groups[0]), len(groups),
+                 ", ".join(f"n={r['n']} {r['pass@1']:.4f} at KL {r['kl']:.3f}" for r in results))
+    return {"labels": labels, "results": results}
+
+
+@job_kind("eval.scorer_quality")
+def scorer_quality(ctx):
+    """How well one learned scorer (a value model's predicted value of each whole completion, or a
+    proxy's reward) orders the validation pool: of each prompt's completions whose outcomes differ,
+    the share it orders as the outcomes are, with its standard error (:func:`ranking_agreement`),
+    beside how well its mean per prompt orders the prompts (:func:`prompt_agreement`). A scorer
+    high on the second and at chance on the first learned which prompts are hard, which guides
+    no choice among one prompt's completions."""
+    from pita.generation.jobs import gather
+
+    p = ctx.params
+    by_id: dict[str, list[dict]] = {}
+    for r in gather(ctx):
+        by_id.setdefault(r["id"], []).append(r)
+    if not by_id:
+        raise JobError("the validation pool produced no samples")
+    groups = [sorted(g, key=lambda x: x["sample"]) for _, g in sorted(by_id.items())]
+    scores = _model_scores(ctx, p["model_job"], p, groups, value=bool(p["value"]))
+    math_task = p["labels"]["task"] == "math"
+    outcomes = [[float(bool(s["correct"])) if math_task else float(s["reward"]) for s in g] for g in groups]
+    q = ranking_agreement(scores, outcomes)
+    ctx.log.info("%s %s of %s: orders %s of %d pairs of one prompt's completions as their outcomes%s; orders the "
+                 "prompts %s", p["labels"]["algorithm"], p["labels"]["model"], p["model_job"],
+                 "-" if q["agreement"] is None else f"{q['agreement']:.3f}", q["pairs"],
+                 " (no better than chance)" if q["chance"] else "",
+                 "-" if q["prompt_agreement"] is None else f"{q['prompt_agreement']:.3f}")
+    return {"labels": p["labels"], "scorer": {**p["labels"], "job": p["model_job"], **q,
+                                              "prompts_with_pairs": q["prompts"], "prompts": len(groups),
+                                              "pool": len(groups[0])}}

@@ -74,39 +74,49 @@ def _check_groups(groups: Groups, what: str) -> None:
             raise ValueError(f"{what}: prompt {i} has no samples; drop it or sample at least one completion")
 
 
-def _vote(answers: Sequence[str | None]) -> int | None:
-    """Index of the first sample carrying the majority answer, or None when nobody voted.
+def answer_classes(answers: Sequence[str | None]) -> list[int | None]:
+    """Each answer's class of mathematically equivalent answers (None: no answer, no vote).
 
-    Answers vote by mathematical equivalence: each one joins the first class whose representative
-    (the class's earliest answer) it is equivalent to (``same_answer``: math-verify, so
-    "\\frac{1}{2}" and "0.5" share a vote), else starts a class of its own. An answer repeated
-    verbatim reuses its class without a comparison, so a prompt costs one comparison per pair of
-    distinct answers and classes at most. Ties go to the class whose first answer comes earliest
-    in sampling order.
-    """
-    reps: list[tuple[str, int]] = []  # per class: (representative, index of its first sample)
-    counts: list[int] = []
+    Answers group by equivalence: each one joins the first class whose representative (the
+    class's earliest answer) it is equivalent to (``same_answer``: math-verify, so "\\frac{1}{2}"
+    and "0.5" share a class), else starts a class of its own; classes are numbered in order of
+    their first answer. An answer repeated verbatim reuses its class without a comparison, so a
+    prompt costs one comparison per pair of distinct answers and classes at most."""
+    reps: list[str] = []  # per class: its representative (normalised)
     class_of: dict[str, int] = {}  # normalised answer -> its class
-    for i, a in enumerate(answers):
-        if a is None:
-            continue
-        key = normalize_answer(a)
-        if not key:  # an answer that normalises to nothing is no answer
+    out: list[int | None] = []
+    for a in answers:
+        key = normalize_answer(a) if a is not None else ""
+        if not key:  # no answer, or one that normalises to nothing: no vote
+            out.append(None)
             continue
         c = class_of.get(key)
         if c is None:
-            c = next((j for j, (rep, _) in enumerate(reps) if same_answer(key, rep)), None)
+            c = next((j for j, rep in enumerate(reps) if same_answer(key, rep)), None)
             if c is None:
-                reps.append((key, i))
-                counts.append(0)
+                reps.append(key)
                 c = len(reps) - 1
             class_of[key] = c
-        counts[c] += 1
+        out.append(c)
+    return out
+
+
+def _vote(answers: Sequence[str | None]) -> int | None:
+    """Index of the first sample carrying the majority answer, or None when nobody voted
+    (classes: :func:`answer_classes`). Ties go to the class whose first answer comes earliest in
+    sampling order."""
+    classes = answer_classes(answers)
+    counts: dict[int, int] = {}
+    first: dict[int, int] = {}
+    for i, c in enumerate(classes):
+        if c is not None:
+            counts[c] = counts.get(c, 0) + 1
+            first.setdefault(c, i)
     if not counts:
         return None
-    # Classes are created in order of first occurrence, and max() keeps the first maximum.
-    winner = max(range(len(counts)), key=counts.__getitem__)
-    return reps[winner][1]
+    # classes are numbered in order of first occurrence, and max() keeps the first maximum
+    winner = max(sorted(counts), key=counts.__getitem__)
+    return first[winner]
 
 
 def math_metrics(groups: Groups) -> dict:

@@ -26,6 +26,8 @@ class ProxyKeys:
 
     proxy_epochs: int = 2  # proxy reward model: passes over the pairs per round
     proxy_lr: float = 5e-4  # learning rate of the proxy reward model
+    proxy_weight_decay: float = 0.0  # AdamW's weight decay of the proxy (the PITA reference: 0.01)
+    proxy_head_lr_scale: float = 10.0  # its head's learning rate as a multiple of proxy_lr (the reference: 1)
     # share of the training prompts whose pairs are held out of the proxy's training to measure
     # its pair accuracy on (results/report.md, "Label quality"); 0 trains on every pair
     proxy_heldout: float = 0.1
@@ -37,6 +39,10 @@ def check_proxy_keys(k: str, c) -> list[str]:
         p.append(f"{k}.proxy_epochs={c.proxy_epochs} must be >= 1")
     if not c.proxy_lr > 0:
         p.append(f"{k}.proxy_lr={c.proxy_lr} must be > 0")
+    if not c.proxy_weight_decay >= 0:
+        p.append(f"{k}.proxy_weight_decay={c.proxy_weight_decay} must be >= 0 (the PITA reference: 0.01)")
+    if not c.proxy_head_lr_scale > 0:
+        p.append(f"{k}.proxy_head_lr_scale={c.proxy_head_lr_scale} must be > 0 (1: the head learns at proxy_lr)")
     h = c.proxy_heldout
     if isinstance(h, bool) or not isinstance(h, (int, float)) or not 0 <= h < 0.5:
         p.append(f"{k}.proxy_heldout={h!r} must be a share of the prompts in [0, 0.5) (0: no held-out pairs; "
@@ -47,13 +53,13 @@ def check_proxy_keys(k: str, c) -> list[str]:
 def proxy_job(job_id: str, data: list[str], backbone: str, epochs: int, lr: float, labels: dict, seed: int,
               batch_size: int, token_budget: int, head_dim: int, memory_gb: float, group: str,
               tokenizer: str | None = None, training: dict | None = None, heldout: float = 0.0,
-              head: str = "reference") -> Job:
+              head: str = "reference", weight_decay: float = 0.0, head_lr_scale: float = 10.0) -> Job:
     """The job training a proxy on the pairs of the merge jobs ``data`` (rounds 0..r); ``labels``:
     how roll-out pairs are labelled (``preference_labels`` of pita/algos/base.py); ``heldout``:
     the share of prompts whose pairs only measure it."""
     params = {"data": list(data), "backbone": backbone, "epochs": epochs, "lr": lr, **labels, "seed": seed,
               "batch_size": batch_size, "token_budget": token_budget, "head_dim": head_dim, "heldout": float(heldout),
-              "head": head}
+              "head": head, "weight_decay": float(weight_decay), "head_lr_scale": float(head_lr_scale)}
     if tokenizer:
         params["tokenizer"] = tokenizer
     params.update(training or {})
@@ -104,6 +110,13 @@ def held_out(prompt_id, share: float, seed: int) -> bool:
     from pita.rewards.preferences import uniform
 
     return share > 0 and uniform(seed, f"proxy-heldout/{prompt_id}") < share
+
+
+def optimizer_settings(p: dict) -> dict:
+    """AdamW's weight decay and the head's learning-rate multiple a training job's params carry
+    (absent, a plan written before the keys: 0 and 10, what it trained with)."""
+    return {"weight_decay": float(p.get("weight_decay", 0.0)), "head_lr_scale": float(p.get("head_lr_scale", 10.0)),
+            "loss_weighting": str(p.get("loss_weighting", "token"))}
 
 
 def shared_settings(p: dict) -> dict:
@@ -160,6 +173,7 @@ def proxy_train(ctx):
     dev = default_device()
     curve = train(vm, examples, TrainSettings(epochs=p["epochs"], lr=p["lr"], token_budget=p["token_budget"],
                                               batch_size=p["batch_size"], seed=p["seed"], **shared_settings(p),
+                                              **optimizer_settings(p),
                                               checkpoint=str(ctx.paths.checkpoints / "train-state.pt")),
                   ctx.log, pad_id=0, device=dev, tracker=tracker_settings(ctx))
     out = ctx.paths.artifacts / "model"

@@ -28,6 +28,9 @@ from pita.losses.value import bce_loss, bradley_terry_loss, mle_loss, mse_loss
 log = logging.getLogger(__name__)
 
 
+LOSS_WEIGHTINGS = ("token", "sequence")
+
+
 @dataclass
 class TrainSettings:
     epochs: int = 2
@@ -36,6 +39,10 @@ class TrainSettings:
     token_budget: int = 8192  # tokens per batch (padded length x rows)
     batch_size: int = 32  # sequences per batch at most
     head_lr_scale: float = 10.0  # the new head learns this much faster than the pre-trained backbone
+    # how a batch's per-position losses are averaged: token (over every scored position: a long
+    # continuation weighs more) | sequence (each sequence's mean, then the mean over sequences, as
+    # both reference implementations do: one roll-out, one vote)
+    loss_weighting: str = "token"
     grad_clip: float = 1.0
     gradient_checkpointing: bool = False
     micro_batch_size: int = 0  # rows per forward/backward (gradient accumulation); 0 = the whole batch
@@ -58,6 +65,10 @@ class TrainSettings:
             p.append(f"{where}.epochs={self.epochs} must be >= 1")
         if not self.lr > 0:
             p.append(f"{where}.lr={self.lr} must be > 0")
+        if self.loss_weighting not in LOSS_WEIGHTINGS:
+            from pita.core.names import unknown_name
+
+            p.append(unknown_name(f"{where}.loss_weighting", self.loss_weighting, LOSS_WEIGHTINGS))
         if self.token_budget < 16:
             p.append(f"{where}.token_budget={self.token_budget} must be >= 16")
         if p:
@@ -286,13 +297,14 @@ def _train(vm, examples: list, s: TrainSettings, logger: logging.Logger, pad_id:
             # loss units (masked tokens, or pairs), so the step equals the whole batch's
             micro = s.micro_batch_size if s.micro_batch_size > 0 else len(batch)
             parts = [batch[k:k + micro] for k in range(0, len(batch), micro)]
-            units = [len(part) if pairs else sum(len(clipped[i][0]) - clipped[i][1] for i in part) for part in parts]
+            by_row = pairs or s.loss_weighting == "sequence"
+            units = [len(part) if by_row else sum(len(clipped[i][0]) - clipped[i][1] for i in part) for part in parts]
             opt.zero_grad(set_to_none=True)
             lv = 0.0
             for part, u in zip(parts, units):
                 with torch.autocast("cuda", dtype=amp, enabled=cuda):
                     loss = _loss(vm, examples, clipped if not pairs else None, part, pairs, pad_id, device,
-                                 share=s.share_prefixes)
+                                 share=s.share_prefixes, per_sequence=s.loss_weighting == "sequence")
                 (loss * (u / sum(units))).backward()
                 lv += float(loss.detach()) * u / sum(units)
             torch.nn.utils.clip_grad_norm_(vm.parameters(), s.grad_clip)
@@ -369,15 +381,16 @@ def _checkpointing(model) -> bool:
     return False
 
 
-def _shared_scores(vm, examples, clipped, batch: list[int], pad_id: int, device):
+def _shared_scores(vm, examples, clipped, batch: list[int], pad_id: int, device, per_sequence: bool = False):
     """The head's scores at every scored position of ``batch``, flattened to [1, N, n_out] with
     their targets and an all-ones mask: rows that share a prefix run it once (one row, its KV
     cache repeated over the group) and only their own suffixes; the rest as one padded batch.
-    The masked mean over the same positions is the loss :func:`_loss` computes unshared."""
+    The masked mean over the same positions is the loss :func:`_loss` computes unshared (and with
+    ``per_sequence`` each position weighs 1 / its row's positions, as there)."""
     seqs = [clipped[i][0] for i in batch]
     starts = [clipped[i][1] for i in batch]
     groups = shared_prefix_groups(seqs, starts, list(range(len(batch))))
-    outs, tgts = [], []
+    outs, tgts, wts = [], [], []
     singles = [g[0] for L, g in groups if L == 0]
     for L, g in groups:
         if L == 0:
@@ -394,6 +407,7 @@ def _shared_scores(vm, examples, clipped, batch: list[int], pad_id: int, device)
             a, b = starts[r] - 1 - L, len(seqs[r]) - 1 - L
             outs.append(sc[row, a:b])
             tgts.append(torch.full((b - a,), float(examples[batch[r]].target), device=device))
+            wts.append(torch.full((b - a,), 1.0 / max(b - a, 1) if per_sequence else 1.0, device=device))
     if singles:
         ids, mask = pad_right([seqs[r] for r in singles], pad_id, device)
         sc = vm.token_scores(ids, mask).float()
@@ -401,13 +415,14 @@ def _shared_scores(vm, examples, clipped, batch: list[int], pad_id: int, device)
             a, b = starts[r] - 1, len(seqs[r]) - 1
             outs.append(sc[row, a:b])
             tgts.append(torch.full((b - a,), float(examples[batch[r]].target), device=device))
+            wts.append(torch.full((b - a,), 1.0 / max(b - a, 1) if per_sequence else 1.0, device=device))
     out = torch.cat(outs, 0).unsqueeze(0)
     tgt = torch.cat(tgts, 0).unsqueeze(0)
-    return out, tgt, torch.ones(tgt.shape, device=device)
+    return out, tgt, torch.ones(tgt.shape, device=device), torch.cat(wts, 0).unsqueeze(0)
 
 
 def _loss(vm, examples, clipped, batch: list[int], pairs: bool, pad_id: int, device,
-          share: bool = False) -> torch.Tensor:
+          share: bool = False, per_sequence: bool = False) -> torch.Tensor:
     spec = vm.spec
     if pairs:
         ids, mask = pad_right([examples[i].chosen for i in batch] + [examples[i].rejected for i in batch],
@@ -416,7 +431,7 @@ def _loss(vm, examples, clipped, batch: list[int], pairs: bool, pad_id: int, dev
         n = len(batch)
         return bradley_terry_loss(r[:n], r[n:])
     if share and not _checkpointing(vm.backbone):
-        out, tgt, pos_mask = _shared_scores(vm, examples, clipped, batch, pad_id, device)
+        out, tgt, pos_mask, w = _shared_scores(vm, examples, clipped, batch, pad_id, device, per_sequence)
     else:
         seqs = [clipped[i][0] for i in batch]
         ids, mask = pad_right(seqs, pad_id, device)
@@ -425,12 +440,14 @@ def _loss(vm, examples, clipped, batch: list[int], pairs: bool, pad_id: int, dev
         for row, i in enumerate(batch):
             start, n_tok = clipped[i][1], len(clipped[i][0])
             pos_mask[row, start - 1:n_tok - 1] = 1
+        w = pos_mask / pos_mask.sum(1, keepdim=True).clamp_min(1)  # each row's positions weigh 1 together
         tgt = torch.tensor([examples[i].target for i in batch], device=device).unsqueeze(-1)
         tgt = tgt.expand(out.shape[:2])
+    w = w if per_sequence else None  # token: the plain masked mean
     if spec.loss == "bce":
-        return bce_loss(out[..., 0], tgt, pos_mask)
+        return bce_loss(out[..., 0], tgt, pos_mask, w)
     if spec.loss == "mse":
-        return mse_loss(out[..., 0], tgt, pos_mask)
+        return mse_loss(out[..., 0], tgt, pos_mask, w)
     if spec.loss == "mle":
-        return mle_loss(out, tgt, pos_mask, spec.v_min, spec.v_max)
+        return mle_loss(out, tgt, pos_mask, spec.v_min, spec.v_max, w)
     raise JobError(f"loss {spec.loss} trains on pairs, but the examples are sequences")

@@ -5,7 +5,9 @@
     loss = bradley_terry_loss(r_chosen, r_rejected)  # [B] each
 
 Every loss averages over the positions where ``mask`` is nonzero (0/1 or bool, one entry per
-position: the logits' shape, less the atom axis for ``mle_loss``). Masked positions are replaced
+position: the logits' shape, less the atom axis for ``mle_loss``), or, given ``weights`` of the
+same shape, takes their weighted mean there (1 / a row's kept positions: each row's mean, then
+the mean over rows, as both reference implementations average). Masked positions are replaced
 by harmless values *before* the loss is computed, so padding that holds garbage (NaN targets,
 huge logits) changes neither the loss nor the gradient, which is exactly 0 there. An all-zero
 mask gives a loss of 0 that is still attached to the graph (``backward()`` works and gives zero
@@ -55,8 +57,12 @@ def _keep(mask, shape: torch.Size, device: torch.device, what: str) -> torch.Ten
     return mask != 0
 
 
-def _masked_mean(per_position: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+def _masked_mean(per_position: torch.Tensor, keep: torch.Tensor, weights=None) -> torch.Tensor:
     # Division by max(count, 1): an all-zero mask gives 0 (still in the graph), no host sync.
+    if weights is not None:  # a weighted mean over the kept positions (e.g. 1 / each row's length)
+        w = torch.where(keep, _like(weights, per_position), torch.zeros_like(per_position))
+        total = (torch.where(keep, per_position, torch.zeros_like(per_position)) * w).sum()
+        return total / w.sum().clamp_min(torch.finfo(per_position.dtype).tiny)
     total = torch.where(keep, per_position, torch.zeros_like(per_position)).sum()
     return total / keep.sum().clamp_min(1).to(per_position.dtype)
 
@@ -73,27 +79,28 @@ def _check_same_shape(a: torch.Tensor, b: torch.Tensor, a_name: str, b_name: str
 # --------------------------------------------------------------------------- scalar heads
 
 
-def bce_loss(logits: torch.Tensor, targets, mask) -> torch.Tensor:
+def bce_loss(logits: torch.Tensor, targets, mask, weights=None) -> torch.Tensor:
     """Masked mean of binary cross-entropy with logits; targets are probabilities in [0, 1]
-    (probability of success, or of being preferred)."""
+    (probability of success, or of being preferred). ``weights`` (the mask's shape): a weighted
+    mean instead, e.g. 1 / each row's kept positions for the mean over rows of each row's mean."""
     targets = _like(targets, logits)
     _check_same_shape(targets, logits, "targets", "logits")
     keep = _keep(mask, logits.shape, logits.device, "logits")
     logits = torch.where(keep, logits, torch.zeros_like(logits))
     targets = torch.where(keep, targets, torch.zeros_like(targets))
     per = F.binary_cross_entropy_with_logits(logits, targets, reduction="none")
-    return _masked_mean(per, keep)
+    return _masked_mean(per, keep, weights)
 
 
-def mse_loss(logits: torch.Tensor, targets, mask) -> torch.Tensor:
-    """Masked mean of (sigmoid(logits) − targets)², targets in [0, 1]."""
+def mse_loss(logits: torch.Tensor, targets, mask, weights=None) -> torch.Tensor:
+    """Masked mean of (sigmoid(logits) − targets)², targets in [0, 1] (``weights``: as bce_loss)."""
     targets = _like(targets, logits)
     _check_same_shape(targets, logits, "targets", "logits")
     keep = _keep(mask, logits.shape, logits.device, "logits")
     logits = torch.where(keep, logits, torch.zeros_like(logits))
     targets = torch.where(keep, targets, torch.zeros_like(targets))
     per = (torch.sigmoid(logits) - targets) ** 2
-    return _masked_mean(per, keep)
+    return _masked_mean(per, keep, weights)
 
 
 # --------------------------------------------------------------------------- histogram MLE
@@ -149,10 +156,11 @@ def two_hot(values, v_min: float, v_max: float, num_atoms: int) -> torch.Tensor:
     return out.reshape(*values.shape, num_atoms)
 
 
-def mle_loss(logits: torch.Tensor, values, mask, v_min: float, v_max: float) -> torch.Tensor:
+def mle_loss(logits: torch.Tensor, values, mask, v_min: float, v_max: float, weights=None) -> torch.Tensor:
     """Masked mean of the cross-entropy −Σ_i t_i log softmax(logits)_i with t = two_hot(values).
 
-    ``logits`` is [..., A] (A = number of atoms); ``values`` and ``mask`` are [...].
+    ``logits`` is [..., A] (A = number of atoms); ``values``, ``mask`` (and ``weights``, as
+    bce_loss) are [...].
     """
     values = _like(values, logits)
     if values.shape != logits.shape[:-1]:
@@ -165,7 +173,7 @@ def mle_loss(logits: torch.Tensor, values, mask, v_min: float, v_max: float) -> 
     values = torch.where(keep, values, torch.full_like(values, float(v_min)))
     target = two_hot(values.detach(), v_min, v_max, logits.shape[-1])
     per = -(target * F.log_softmax(logits, dim=-1)).sum(-1)
-    return _masked_mean(per, keep)
+    return _masked_mean(per, keep, weights)
 
 
 # --------------------------------------------------------------------------- preferences

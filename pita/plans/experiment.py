@@ -27,12 +27,15 @@ def eval_request_factory(cfg, paths, task_of=None):
     dataset's training labels may use (pass@1 reads correctness only)."""
     ev = cfg.eval
 
-    def make(ds):
+    def make(ds, split: str | None = None):
+        """``split="held_out"``: the validation prompts, at ``eval.validation_n`` samples each."""
         rm = paths["reward_models"].get(ds.name)
         if rm and task_of is not None and task_of(ds) == "math":
             rm = None
         req = request_for(cfg, ds, paths["reference"], rm)
-        req.update(recipe="eval", split=ev.split, n=ev.n, seed=cfg.system.seed + 777, etas=[0.0])
+        held = split == "held_out"
+        n = int(ev.get("validation_n") or ev.n) if held else ev.n
+        req.update(recipe="eval", split=split or ev.split, n=n, seed=cfg.system.seed + 777, etas=[0.0])
         req["sampling"] = {"max_new_tokens": ev.max_new_tokens, "temperature": ev.temperature, "top_p": ev.top_p,
                            "top_k": 0, "batch_size": ev.batch_size}
         return req
@@ -83,6 +86,10 @@ def experiment_plan(cfg, device_totals: list[int], cuda: bool, plan_only: bool =
         problems.append(f"eval.n={ev.n} must be >= 1")
     if ev.validation_prompts < 0:
         problems.append(f"eval.validation_prompts={ev.validation_prompts} must be >= 0 (0: eta is not chosen)")
+    vn = ev.get("validation_n")
+    if vn is not None and (isinstance(vn, bool) or not isinstance(vn, int) or vn < 1):
+        problems.append(f"eval.validation_n={vn!r} must be an integer >= 1 (samples per validation prompt), or null "
+                        f"for eval.n")
     if not 0 < ev.kl_fraction <= 1:
         problems.append(f"eval.kl_fraction={ev.kl_fraction} must be in (0, 1]")
     from pita.eval import controls
@@ -179,8 +186,7 @@ def experiment_plan(cfg, device_totals: list[int], cuda: bool, plan_only: bool =
         jobs += base
     for ds in datasets:  # and on the validation prompts: eta 0 of every guided validation row
         if n_val[ds.name]:
-            vreq = eval_request(ds)
-            vreq["split"] = "held_out"
+            vreq = eval_request(ds, "held_out")
             val = gen.plan(vreq, base_validation(cfg.model.name, ds.name), n_val[ds.name],
                            memory_gb=mem_of[ds.name]["eval"],
                            group="base")
@@ -209,15 +215,34 @@ def experiment_plan(cfg, device_totals: list[int], cuda: bool, plan_only: bool =
         if ev.controls and algos and ds.name in tests:
             proxies = {a: f"{ctx.prefix(a)}.r0.proxy" for a in controls.PROXY_OF if f"{ctx.prefix(a)}.r0.proxy" in ids}
             value = f"{ctx.prefix(controls.VALUE_OF)}.r0.train" if controls.VALUE_OF in algos else None
+            scoring = request_for(cfg, ds, paths["reference"], rm)["scoring"] if rm else None
+            scorers = learned_scorers(ctx, algos, ids, cfg.experiment.rounds)
             jobs += controls.plan(cfg, ds, gen, eval_request, tests[ds.name], n_val[ds.name], tasks[ds.name],
                                   mem_of[ds.name]["eval"], proxies, score_gb=mem_of[ds.name].get("proxy_score"),
-                                  value=value if value in ids else None)
+                                  value=value if value in ids else None, scoring=scoring,
+                                  rm_gb=mem_of[ds.name].get("rm_score"), scorers=scorers)
     if batches:
         fit_sampling_batches(jobs, batches)
         log.info("system.fit_batches: sampling batches lowered to fit the smallest device: %s",
                  ", ".join(f"{k} {b}" for k, b in batches.items()))
     return family_build_jobs(cfg.model, cfg.system.cache_dir, cfg.system.seed, jobs, cuda,
                              len(device_totals)) + jobs
+
+
+def learned_scorers(ctx, algos: dict, ids: set, rounds: int) -> list[tuple[str, int, str, bool]]:
+    """(algorithm, round, job id, is a value model) of every model the run learns that scores a
+    completion: each value-guided method's value model and each proxy reward model, every round."""
+    out = []
+    for name, a in algos.items():
+        for r in range(rounds):
+            train, proxy = f"{ctx.prefix(name)}.r{r}.train", f"{ctx.prefix(name)}.r{r}.proxy"
+            shared = f"{name}.{ctx.family}.{ctx.ds.name}.r{r}.proxy"  # GRPO-HF's round 0, shared by its arms
+            if getattr(a, "tunes_eta", False) and train in ids:
+                out.append((name, r, train, True))
+            for pid in dict.fromkeys([proxy, shared]):
+                if getattr(a, "trains_proxy", False) and pid in ids:
+                    out.append((name, r, pid, False))
+    return out
 
 
 def carve_validation(ds, wanted: int, plan_only: bool = False) -> int:
@@ -309,6 +334,8 @@ def plan_memory(cfg, paths: dict, cuda: bool, device_totals: list[int], algos: d
         from pita.eval.controls import SCORE_BATCH
 
         mem["proxy_score"] = est.proxy_scoring(SCORE_BATCH)
+        # a verifier task's best-of-n ranked by its reward model: that model scoring the pool alone
+        mem["rm_score"] = est.reward_bytes([d for d in datasets if not est._reward_task(d)]) / 1e9
     for name, a in algos.items():
         mem[f"train.{name}"] = est.value_training(a)  # value models
         if a.trains_proxy:  # Bradley-Terry proxies (Q#-HF, GRPO-HF)

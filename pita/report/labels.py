@@ -219,3 +219,37 @@ def supervision_table(records: list[dict]) -> list[str]:
         lines.append(f"| `{r['job']}` | {r['pairs']} | {r['ties']}{share} | {r['decisive']} | {r['tie_rule']} | "
                      f"{r.get('trained_pairs', '')} | {r['reward']} |")
     return lines + [""]
+
+
+def returns_records(run: RunPaths, state: dict) -> list[dict]:
+    """``final_results.json``'s ``returns_filter``: one record per value-training job that left out
+    prompts whose roll-outs all scored the same return (Q#, Q#-HF: ``drop_no_variation``): its
+    algorithm, training dataset and round, the prompts it saw and how many it left out. Never raises."""
+    out = []
+    try:
+        for jid, j in sorted((state.get("jobs") or {}).items()):
+            if j.get("state") != "COMPLETED" or j.get("kind") != "algo.value_train":
+                continue
+            rf = run.job(jid).read_result().get("returns_filter")
+            if not rf:
+                continue
+            parts = jid.split(".")
+            rnd = next((int(x[1:]) for x in parts[3:] if x[:1] == "r" and x[1:].isdigit()), None)
+            out.append({"algorithm": parts[0], "family": parts[1], "train_dataset": parts[2], "round": rnd,
+                        "job": jid, **rf})
+    except Exception as e:  # noqa: BLE001 - the results are written without it
+        log.warning("returns-filter records could not be read (%s: %s)", type(e).__name__, e)
+    return out
+
+
+def returns_table(records: list[dict]) -> list[str]:
+    """Markdown lines: the prompts each return learner left out (all its roll-outs one return)."""
+    if not records:
+        return []
+    lines = ["Prompts each return learner left out because every roll-out of them scored the same return "
+             "(`algos.<A>.drop_no_variation`, as the Q# reference trains; rounds 0..r together):", "",
+             "| job | prompts | left out | roll-outs left out |", "|---|---|---|---|"]
+    for r in records:
+        share = f" ({100 * r['prompts_dropped'] / r['prompts']:.0f}%)" if r.get("prompts") else ""
+        lines.append(f"| `{r['job']}` | {r['prompts']} | {r['prompts_dropped']}{share} | {r['rollouts_dropped']} |")
+    return lines + [""]

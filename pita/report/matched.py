@@ -1,60 +1,62 @@
-"""Methods compared at equal KL: each method's metric at common KL budgets, read off a frontier
-chosen on the validation prompts and read on the test prompts.
+"""Methods compared at equal KL: each method's metric at common KL budgets, each budget read on
+the method's series where its validation KL reaches the budget, the value read on the test prompts.
 
     cells = matched_cells([(rows, val, store)], budgets)                  one run
     cells = matched_cells([(rows0, val0, store0), (rows1, val1, store1)])  one run per seed, pooled
     diffs = differences(cells_with_draws)                                 method minus method
 
 **Points.** A method's points, per evaluation dataset, family and training dataset, are its rows:
-every round, η and variant (a learning rate of a grid, a control's setting) it ran, each
-evaluated on the test prompts and on the training dataset's validation prompts (rows of split
-``validation``). η = 0 rows are the base model's own evaluation, reused: they are the base point,
-not a point of the method. The base model is the point (KL 0, its metric).
+every round, η, arm (a learning rate of a grid) and snapshot it ran, each evaluated on the test
+prompts and on the training dataset's validation prompts (rows of split ``validation``). η = 0
+rows are the base model's own evaluation, reused: they are the base point, not a point of the
+method. The base model is the point (KL 0, its metric).
 
-**Frontier, chosen on validation.** The rows on the upper envelope of the *validation* points
-(sorted by validation KL, a row stays when its validation metric beats every point of smaller
-KL, the base model's included) form the method's frontier. Their *test* values are then read:
-the test curve runs from the base model through the frontier rows, sorted by test KL. No test
-metric chooses a point, so a method that hurts on test shows a negative gain, and a method with
-many points (one per η) gains nothing from their number. Without validation rows the frontier is
-the envelope of the test points (``selected_on: test``, the optimistic reading, labelled so).
+**Series, placed on validation KL** (:mod:`pita.report.series`). A method's rows fall into
+series, one per round and arm, ordered by strength (η; the snapshots along training, the final
+policy last; a colder temperature; a larger n), each starting at the base model. At budget b a
+series is read where its *validation* KL first reaches b, between the two points around it at the
+weight that puts their validation KLs at b, and the *test* value is read at that weight. KL, the
+quantity matched, is what places a point; no metric, validation's or test's, chooses one: a noisy
+validation metric cannot pick the luckiest row, and a method that hurts shows a negative gain.
+Without validation rows the series are placed on their test KL (``selected_on: test``).
+
+**Rounds and arms.** Where more than one series reaches b, the default is read: the latest round
+(the method as its rounds make it), then the first arm in their stated order (a grid's smallest
+rate). Another series replaces it only where its validation value at b beats the default's by
+more than ``Z_CHOICE`` (1.96) standard errors of their difference, paired over the validation
+prompts where their samples are saved (else the two rows' standard errors, as independent).
+Each choice keeps the differences validation saw and its ``resolution``, the smallest difference
+it could tell apart (1.96 x that standard error).
 
 **What each cell is** (``kind``), at budget b, read as "at KL = b":
 
-    measured         a frontier row's test KL is within 10% of b: the row's own test value
-                     and interval
-    interpolated     b falls between two frontier rows: the line between their test values
-                     (``bracket``: their test KLs)
-    wide interpolation  the same between rows whose KLs are more than ``WIDE_RATIO`` (4x) apart:
-                     a line across a stretch no row measured (a baseline's arms that jump from
-                     near 0 to far past the budget), shown with its bracket and no interval
-    chord from base  b falls between the base model (KL 0) and the first frontier row: a line
-                     assumed from the base, never measured; no interval
-    base only        no row of the method beats the base model on validation: the base's value,
-                     gain 0, no interval
-    not reached      b is above the frontier's largest test KL; nothing is extrapolated
+    measured         a point's validation KL is within 10% of b: that row's own test value
+    interpolated     b falls between two points of the series (``bracket``: their validation KLs)
+    wide interpolation  the same between points whose KLs are more than ``WIDE_RATIO`` (4x) apart:
+                     a line across a stretch no point measured
+    chord from base  b falls between the base model (KL 0) and the series' first point
+    not reached      no series of the method reaches b (its end and, for a search, the limit that
+                     stopped it, are in the cell's note); nothing is extrapolated
 
-``from`` names the row(s) a value comes from (``base .. r0 η=1``, ``r0 η=1 .. r1 η=2``, ``r1 η=2``).
-
-**How often the frontier holds** (``frontier_stays``). The validation prompts are resampled too
-(every validation row and the base model on the same draws, metric and KL recomputed), the
-envelope redrawn per draw, and each budget gets the share of draws in which the rows it is read
-from (``from``) all stay on it; over seeds, the mean. A low share says the choice of rows, not
-only their test values, is uncertain.
+``from`` names the point(s) a value comes from (``base .. r0 η=1``, ``r1 η=1 .. r1 η=2``,
+``r1 η=2``); ``validation`` is the validation value there with its standard error.
 
 **Intervals.** The test prompts are resampled (the same draws for every row of a dataset, so
-methods and the base move together), every frontier row's metric and KL recomputed per draw and
-the curve read at b: the interval covers the metric's and the KL's noise. A draw whose curve ends
-below b does not count; ``draws_reaching`` says what share did (shown when under 1). Over several
-seeds the value is the mean of the seeds' values (a budget counts as reached only when every seed
-reaches it; the pooled kind is the weakest of the seeds'). Its interval is seed-level
+methods and the base move together) and each draw's value read at the same weight: the interval
+covers the test prompts' noise at the point validation placed. Over several seeds the value is
+the mean of the seeds' values (a budget counts as reached only when every seed reaches it; the
+pooled kind is the weakest of the seeds'). Its interval is seed-level
 (``pita.eval.metrics.seed_interval``): the seeds' spread with k - 1 degrees of freedom, plus the
 part of the test prompts, which every seed shares (the covariance of two seeds' values over the
 same prompt draws). Resampling three seeds as a bootstrap does reads their [min, max] and covers
 ~75%; this interval covers 95% in simulation at k = 3 and 5. The gain over base is paired: method
-minus the base model of the same seed; the difference of two methods is paired by seed id, a seed
-one of them lacks left out (:func:`differences`).
+minus the base model of the same seed; the difference of two methods (measured or interpolated
+cells only) is paired by seed id, a seed one of them lacks left out (:func:`differences`).
+
+The test-selected reading (the upper envelope of every row's test point) is kept beside it, for
+comparison only, labelled as the optimistic reading it is.
 """
+
 
 from __future__ import annotations
 
@@ -65,11 +67,11 @@ import numpy as np
 
 from pita.eval.metrics import KL_BUDGETS as BUDGETS, bootstrap_ratios, seed_interval
 from pita.report.intervals import RESAMPLES, SEED, RecordStore, columns_of, metric_of
+from pita.report.series import MEASURED_TOLERANCE, WIDE_RATIO, Reading, default_order, read, series_of
 
-KINDS = ("measured", "interpolated", "wide interpolation", "chord from base", "base only", "not reached")  # weakest last
-WITH_INTERVAL = ("measured", "interpolated")
-MEASURED_TOLERANCE = 0.1  # a row whose test KL is within 10% of b is the measured value at b
-WIDE_RATIO = 4.0  # an interpolation between rows whose KLs differ by more than this factor is "wide"
+KINDS = ("measured", "interpolated", "wide interpolation", "chord from base", "not reached")  # weakest last
+WITH_INTERVAL = ("measured", "interpolated", "wide interpolation", "chord from base")  # a value and its interval
+COMPARED = ("measured", "interpolated")  # the kinds a difference of two methods is taken between
 
 
 def envelope(points: Sequence[tuple]) -> list[tuple]:
@@ -101,18 +103,6 @@ def value_at(points: Sequence[tuple[float, float]], budget: float) -> float | No
     return best
 
 
-def curve_at(curve: Sequence[tuple[float, float]], budget: float) -> float:
-    """The test curve (base first at KL 0, then the frontier rows by test KL) at ``budget``: the
-    line between the two points around it; nan past its last point."""
-    pts = sorted((float(k), float(v)) for k, v in curve)
-    if not pts or math.isnan(pts[-1][0]) or budget > pts[-1][0]:
-        return math.nan
-    for (k0, v0), (k1, v1) in zip(pts, pts[1:]):
-        if k0 <= budget <= k1:
-            return v0 + (v1 - v0) * (budget - k0) / (k1 - k0) if k1 > k0 else v1
-    return pts[0][1] if budget <= pts[0][0] else math.nan
-
-
 def label(r: dict) -> str:
     """How a row is named in a cell's ``from``: ``r1``, ``r1 η=2``, ``r0 lr=1e-05``, ``T=0.7``."""
     if r["algorithm"] == "base":
@@ -129,40 +119,15 @@ def _key(r: dict) -> tuple:
     return int(r.get("round") or 0), r.get("variant") or "", float(r.get("eta") or 0.0)
 
 
-def classify(curve: list[tuple[float, float, str]], budget: float,
-             any_point_beyond: bool, wide_ratio: float = WIDE_RATIO) -> tuple[str, float | None, str, int | None]:
-    """(kind, value, from, index of the measured point among the frontier rows by KL) of a test
-    curve at ``budget``. ``curve``: [(test kl, test value, name)], the base model first;
-    ``any_point_beyond``: whether some row of the method (chosen or not) has a test KL of at
-    least ``budget`` (a method none of whose rows beats the base on validation is then "base only");
-    an interpolation between rows more than ``wide_ratio`` apart in KL is "wide interpolation"."""
-    base = curve[0]
-    rest = sorted(curve[1:], key=lambda p: p[0])
-    if not rest:
-        return ("base only", base[1], "base", None) if any_point_beyond else ("not reached", None, "", None)
-    close = [(abs(k - budget), i) for i, (k, _v, _n) in enumerate(rest) if abs(k - budget) <= MEASURED_TOLERANCE * budget]
-    if close:
-        i = min(close)[1]
-        return "measured", rest[i][1], rest[i][2], i
-    if budget > rest[-1][0]:
-        return "not reached", None, "", None
-    pts = [base] + rest
-    for a, b in zip(pts, pts[1:]):
-        if a[0] <= budget <= b[0]:
-            v = a[1] + (b[1] - a[1]) * (budget - a[0]) / (b[0] - a[0]) if b[0] > a[0] else b[1]
-            kind = "chord from base" if a is base else \
-                "wide interpolation" if b[0] > wide_ratio * a[0] else "interpolated"
-            return kind, v, f"{a[2]} .. {b[2]}", None
-    return "not reached", None, "", None
-
-
 def seed_cells(rows: list[dict], val: list[dict], store: RecordStore | None, budgets: Sequence[float],
                resamples: int = RESAMPLES, seed: int = SEED, wide_ratio: float = WIDE_RATIO) -> dict[tuple, dict]:
     """One run: {(eval dataset, family, training dataset, algorithm): cell}. A cell holds per
-    budget ``kinds``, ``values``, ``from`` and (with per-sample records) ``draws`` [resamples x
-    budgets] (nan where a draw does not reach, or the kind has no interval), the base's value and
-    draws, ``max_kl`` (the frontier's largest test KL), ``selected_on`` and ``frontier`` (the
-    chosen rows' names); and the test-selected reading in ``test_values`` / ``test_draws``."""
+    budget ``kinds``, ``values`` (test), ``from``, the validation reading (``val_values``,
+    ``val_se``), the series it is read on and how that series was chosen (``choices``), and (with
+    per-sample records) ``draws`` [resamples x budgets] (nan where the budget is not reached);
+    the base's value and draws, ``max_kl`` (the largest placement KL of its series),
+    ``selected_on`` (where the series were placed: validation, or test without validation rows);
+    and the test-selected reading in ``test_values`` / ``test_draws``."""
     budgets = [float(b) for b in budgets]
     out: dict[tuple, dict] = {}
     groups: dict[tuple, list[dict]] = {}
@@ -191,41 +156,96 @@ def seed_cells(rows: list[dict], val: list[dict], store: RecordStore | None, bud
         flat = [base] + [r for ms in methods.values() for r in ms]
         draws, prompts = _draws(flat, m, store, resamples, seed)
         index = {id(r): j for j, r in enumerate(flat)}
-        base_draws = draws[0][0] if draws is not None else None
         for (train, algo), ms in methods.items():
-            cell = _cell(base, ms, m, budgets, vals.get((fam, train, algo), {}), base_val.get((fam, train)),
-                         draws, index, base_draws, resamples, wide_ratio)
-            if cell["selected_on"] == "validation":
-                cell["stays"] = _stays(cell, base_val[(fam, train)], vals.get((fam, train, algo), {}), store,
-                                       resamples, seed)
+            vb = base_val.get((fam, train))
+            val_of = vals.get((fam, train, algo), {})
+            vdraws = None
+            if vb is not None and val_of and store is not None:
+                vrows = [vb] + list(val_of.values())
+                d, _ = _draws(vrows, metric_of(vb), store, resamples, seed)
+                vdraws = None if d is None else {id(r): d[j][0] for j, r in enumerate(vrows)}
+            cell = _cell(base, ms, m, budgets, val_of, vb, draws, index, vdraws, wide_ratio)
             cell["prompts"] = prompts
             out[(eds, fam, train, algo)] = cell
     return out
 
 
+class _Series:
+    """One series of a method (its rows by strength, the base model first) with each point's test
+    and placement (validation) figures."""
+
+    def __init__(self, key, base: dict, rows: list[dict], m: str, val_of: dict, base_val: dict | None):
+        self.key = key
+        self.rows = rows
+        vm = metric_of(base_val) if base_val is not None else m
+        self.vals = [base_val] + [val_of.get(_key(r)) for r in rows] if base_val is not None else None
+        self.test_kl = [0.0] + [float(r["kl"]) for r in rows]
+        self.test = [float(base[m])] + [float(r[m]) for r in rows]
+        self.stderr = [_f(base.get(f"{m}_stderr"))] + [_f(r.get(f"{m}_stderr")) for r in rows]
+        if self.vals is not None:
+            self.place_kl = [0.0] + [_f(v.get("kl")) if v is not None else math.nan for v in self.vals[1:]]
+            self.val = [float(base_val[vm])] + [_f(v.get(vm)) if v is not None else math.nan for v in self.vals[1:]]
+            self.val_se = [_f(base_val.get(f"{vm}_stderr"))] + [_f(v.get(f"{vm}_stderr")) if v is not None
+                                                                 else math.nan for v in self.vals[1:]]
+        else:
+            self.place_kl, self.val, self.val_se = self.test_kl, self.test, self.stderr
+        self.names = ["base"] + [label(r) for r in rows]
+
+    def name(self) -> str:
+        rnd, arm = self.key
+        return " ".join(x for x in (None if self.rows and self.rows[0].get("control") else f"r{rnd}", arm) if x) \
+            or self.rows[0]["algorithm"]
+
+    def source(self, rd: Reading) -> str:
+        if rd.lo == rd.hi:
+            return self.names[rd.hi]
+        return f"{self.names[rd.lo]} .. {self.names[rd.hi]}"
+
+    def end(self) -> tuple[float, str]:
+        """The series' largest placement KL and the point that has it."""
+        i = max(range(len(self.place_kl)), key=lambda j: -1.0 if math.isnan(self.place_kl[j]) else self.place_kl[j])
+        return float(self.place_kl[i]), self.names[i]
+
+    def se_at(self, rd: Reading, draws: dict | None) -> float:
+        """The validation value's standard error at ``rd``: from the validation draws, else the rows'
+        stderr (the two points taken as independent)."""
+        if draws is not None and self.vals is not None:
+            d = self.draws_at(rd, draws)
+            if d is not None:
+                return float(np.nanstd(d, ddof=1))
+        a, b = self.val_se[rd.lo], self.val_se[rd.hi]
+        if rd.lo == rd.hi:
+            return a
+        return math.sqrt(((1 - rd.w) * a) ** 2 + (rd.w * b) ** 2)
+
+    def draws_at(self, rd: Reading, draws: dict) -> np.ndarray | None:
+        """The validation value at ``rd`` in every validation draw (the weight fixed)."""
+        lo, hi = self.vals[rd.lo], self.vals[rd.hi]
+        if id(lo) not in draws or id(hi) not in draws:
+            return None
+        return (1 - rd.w) * np.asarray(draws[id(lo)]) + rd.w * np.asarray(draws[id(hi)])
+
+
+def _f(x) -> float:
+    return math.nan if x is None else float(x)
+
+
 def _cell(base: dict, ms: list[dict], m: str, budgets: list[float], val_of: dict, base_val: dict | None,
-          draws, index: dict, base_draws, resamples: int, wide_ratio: float = WIDE_RATIO) -> dict:
-    vm = metric_of(base_val) if base_val is not None else m
-    paired = [(r, val_of.get(_key(r))) for r in ms]
-    if base_val is not None and any(v is not None and v.get(vm) is not None and v.get("kl") is not None
-                                    for _, v in paired):
-        pts = [(0.0, float(base_val[vm]), None)] + [(float(v["kl"]), float(v[vm]), r) for r, v in paired
-                                                     if v is not None and v.get(vm) is not None and v.get("kl") is not None]
-        chosen = [p[2] for p in envelope(pts) if p[2] is not None]
-        selected_on = "validation"
-    else:  # no validation rows: the envelope of the test points (optimistic)
-        chosen = [p[2] for p in envelope([(0.0, float(base[m]), None)] + [(float(r["kl"]), float(r[m]), r) for r in ms])
-                  if p[2] is not None]
-        selected_on = "test"
-    curve = [(0.0, float(base[m]), "base")] + [(float(r["kl"]), float(r[m]), label(r)) for r in chosen]
-    chosen_by_kl = sorted(chosen, key=lambda r: float(r["kl"]))
-    top = max(float(r["kl"]) for r in ms)
-    used: list = []  # per budget, the frontier rows its value is read from
-    cell = {"metric": m, "base": float(base[m]), "base_draws": base_draws, "selected_on": selected_on,
-            "frontier": [label(r) for r in chosen_by_kl], "max_kl": max([0.0] + [float(r["kl"]) for r in chosen]),
-            "method_max_kl": top, "kinds": [], "values": [], "from": [], "brackets": [], "used": used}
+          draws, index: dict, vdraws: dict | None, wide_ratio: float = WIDE_RATIO) -> dict:
+    placed = base_val is not None and any(v.get("kl") is not None for v in val_of.values())
+    if placed:  # a row validation never evaluated cannot be placed: left out of its series
+        ms = [r for r in ms if val_of.get(_key(r)) is not None and val_of[_key(r)].get("kl") is not None]
+    series = {k: _Series(k, base, rs, m, val_of, base_val if placed else None) for k, rs in series_of(ms).items()}
+    order = default_order(series)
+    base_draws = draws[0][0] if draws is not None else None
+    top = max((s.end()[0] for s in series.values()), default=0.0)
+    cell = {"metric": m, "base": float(base[m]), "base_draws": base_draws, "selected_on": "validation" if placed else "test",
+            "frontier": [label(r) for r in series[order[0]].rows] if order else [], "max_kl": top,
+            "method_max_kl": max([0.0] + [float(r["kl"]) for r in ms]), "kinds": [], "values": [], "from": [],
+            "brackets": [], "test_kls": [], "val_values": [], "val_se": [], "choices": [], "series": [],
+            "ends": {s.name(): s.end() for s in series.values()}}
     # a best-of-n control: how well its scorer ranks the validation pool (the test pool's without one)
-    on_val = [v for _, v in paired if v is not None and v.get("scorer_agreement") is not None]
+    on_val = [v for v in val_of.values() if v.get("scorer_agreement") is not None]
     on, ranked = ("validation", on_val) if on_val else ("test", [r for r in ms if r.get("scorer_agreement") is not None])
     if ranked:
         cell["scorer"] = {"agreement": float(ranked[0]["scorer_agreement"]),
@@ -238,31 +258,39 @@ def _cell(base: dict, ms: list[dict], m: str, budgets: list[float], val_of: dict
     cell["stopped"] = [(stops[-1].get(f"{b:g}") if stops else None) for b in budgets]
     test_pts = [(0.0, float(base[m]))] + [(float(r["kl"]), float(r[m])) for r in ms]
     cell["test_values"] = [value_at(test_pts, b) for b in budgets]
+    chosen: list = []
     for b in budgets:
-        kind, v, src, idx = classify(curve, b, top >= b, wide_ratio)
-        used.append(_used(chosen_by_kl, b, kind, idx))
-        cell["kinds"].append(kind)
-        cell["values"].append(v)
-        cell["from"].append(src)
-        cell["brackets"].append(_bracket(curve, b) if kind in ("interpolated", "wide interpolation",
-                                                                "chord from base") else None)
+        readings = {k: read(s.place_kl, b, wide_ratio) for k, s in series.items()}
+        pick, choice = _choose(series, readings, order, vdraws if placed else None)
+        chosen.append(pick)
+        cell["choices"].append(choice)
+        if pick is None:
+            for key in ("values", "from", "brackets", "test_kls", "val_values", "val_se", "series"):
+                cell[key].append(None)
+            cell["kinds"].append("not reached")
+            continue
+        s, rd = series[pick], readings[pick]
+        cell["kinds"].append(rd.kind)
+        cell["values"].append(rd.at(s.test))
+        cell["test_kls"].append(rd.at(s.test_kl))
+        cell["from"].append(s.source(rd))
+        cell["series"].append(s.name())
+        cell["brackets"].append(None if rd.lo == rd.hi else [round(s.place_kl[rd.lo], 6), round(s.place_kl[rd.hi], 6)])
+        cell["val_values"].append(rd.at(s.val))
+        cell["val_se"].append(s.se_at(rd, vdraws if placed else None))
     if draws is not None:
+        d = np.full((len(base_draws), len(budgets)), np.nan)
+        for bi, pick in enumerate(chosen):
+            if pick is None:
+                continue
+            s, rd = series[pick], read(series[pick].place_kl, budgets[bi], wide_ratio)
+            pts = [base_draws] + [draws[index[id(r)]][0] for r in s.rows]
+            d[:, bi] = (1 - rd.w) * np.asarray(pts[rd.lo]) + rd.w * np.asarray(pts[rd.hi])
+        cell["draws"] = d
+        td = np.full(d.shape, np.nan)
         kd = {id(r): draws[index[id(r)]][1] for r in ms}
         vd = {id(r): draws[index[id(r)]][0] for r in ms}
-        d = np.full((resamples, len(budgets)), np.nan)
-        for bi, b in enumerate(budgets):
-            kind = cell["kinds"][bi]
-            if kind not in WITH_INTERVAL:
-                continue
-            if kind == "measured":
-                r = chosen_by_kl[classify(curve, b, True)[3]]
-                d[:, bi] = vd[id(r)]
-                continue
-            for j in range(resamples):
-                d[j, bi] = curve_at([(0.0, base_draws[j])] + [(kd[id(r)][j], vd[id(r)][j]) for r in chosen], b)
-        cell["draws"] = d
-        td = np.full((resamples, len(budgets)), np.nan)
-        for j in range(resamples):
+        for j in range(d.shape[0]):
             pts_j = [(0.0, base_draws[j])] + [(kd[id(r)][j], vd[id(r)][j]) for r in ms]
             for bi, b in enumerate(budgets):
                 td[j, bi] = _nan(value_at(pts_j, b))
@@ -270,62 +298,42 @@ def _cell(base: dict, ms: list[dict], m: str, budgets: list[float], val_of: dict
     return cell
 
 
-def _used(chosen_by_kl: list[dict], budget: float, kind: str, idx: int | None) -> list[dict] | None:
-    """The frontier rows a budget's value is read from (by test KL, as :func:`classify` reads the
-    curve): the measured row, or the one or two rows of the stretch it interpolates; None where no
-    row is read (base only, not reached)."""
-    if kind == "measured":
-        return [chosen_by_kl[idx]]
-    if kind not in ("interpolated", "wide interpolation", "chord from base"):
-        return None
-    kls = [float(r["kl"]) for r in chosen_by_kl]
-    after = next((i for i, k in enumerate(kls) if k >= budget), None)
-    if after is None:
-        return None
-    return chosen_by_kl[max(0, after - 1):after + 1] if after else [chosen_by_kl[0]]
+Z_CHOICE = 1.96  # a series is preferred to the default only when it beats it by this many standard errors
 
 
-def _stays(cell: dict, base_val: dict, val_of: dict, store: RecordStore | None, resamples: int,
-           seed: int) -> list[float | None] | None:
-    """How often, per budget, the frontier rows the value is read from stay on the validation
-    envelope when the validation prompts are resampled (every row and the base model on the same
-    draws, the metric and KL recomputed): 1.0 is a choice no other validation draw would change;
-    None where no row is read or the per-sample records are missing."""
-    used = cell.get("used") or []
-    keys = sorted({_key(r) for rows in used if rows for r in rows})
-    if not keys or store is None:
-        return None
-    rows = [v for _, v in sorted(val_of.items()) if v.get("kl") is not None]
-    vm = metric_of(base_val)
-    draws, _ = _draws([base_val] + rows, vm, store, resamples, seed)
-    if draws is None:
-        return None
-    on = {k: np.zeros(resamples, dtype=bool) for k in keys}
-    for j in range(resamples):
-        pts = [(0.0, float(draws[0][0][j]), None)] + [(float(draws[i + 1][1][j]), float(draws[i + 1][0][j]), _key(r))
-                                                      for i, r in enumerate(rows)]
-        front = {p[2] for p in envelope(pts)}
-        for k in keys:
-            on[k][j] = k in front
-    out: list[float | None] = []
-    for rows_b in used:
-        if not rows_b:
-            out.append(None)
-            continue
-        both = np.ones(resamples, dtype=bool)
-        for r in rows_b:
-            both &= on[_key(r)]
-        out.append(float(both.mean()))
-    return out
-
-
-def _bracket(curve: list[tuple[float, float, str]], budget: float) -> list[float] | None:
-    """The test KLs of the two curve points around ``budget`` (the base's is 0)."""
-    pts = sorted(float(p[0]) for p in curve)
-    for a, b in zip(pts, pts[1:]):
-        if a <= budget <= b:
-            return [round(a, 6), round(b, 6)]
-    return None
+def _choose(series: dict, readings: dict, order: list, vdraws: dict | None) -> tuple:
+    """(the series a budget is read on, how it was chosen). The default is the first series in
+    ``order`` (the latest round, then the arms in their stated order) that reaches the budget;
+    another that reaches it replaces it only where its validation value at the budget beats the
+    default's by more than ``Z_CHOICE`` standard errors of their difference (paired over the
+    validation prompts where their samples are saved). ``resolution``: the smallest difference
+    that validation could tell apart, Z_CHOICE x that standard error."""
+    reach = [k for k in order if readings[k].reached]
+    if not reach:
+        return None, None
+    default = reach[0]
+    if len(reach) == 1:
+        return default, None
+    d0 = series[default]
+    v0 = readings[default].at(d0.val)
+    others, best, best_z = [], default, 0.0
+    for k in reach[1:]:
+        s, rd = series[k], readings[k]
+        diff = rd.at(s.val) - v0
+        se = math.nan
+        if vdraws is not None and s.vals is not None:
+            a, b0 = s.draws_at(rd, vdraws), d0.draws_at(readings[default], vdraws)
+            if a is not None and b0 is not None:
+                se = float(np.nanstd(a - b0, ddof=1))
+        if math.isnan(se):
+            se = math.hypot(s.se_at(rd, None), d0.se_at(readings[default], None))
+        others.append({"series": s.name(), "diff": diff, "se": se})
+        z = diff / se if se and not math.isnan(se) else 0.0
+        if z > Z_CHOICE and z > best_z:
+            best, best_z = k, z
+    ses = [o["se"] for o in others if not math.isnan(o["se"])]
+    return best, {"default": d0.name(), "chosen": series[best].name(), "others": others,
+                  "resolution": Z_CHOICE * max(ses) if ses else None}
 
 
 def _nan(v: float | None) -> float:
@@ -404,9 +412,14 @@ def matched_cells(runs: Sequence[tuple], budgets: Sequence[float] = BUDGETS, res
                  "bracket": [c.get("brackets", [None] * len(budgets))[bi] for c in cells],
                  "stopped_by": sorted({s for c in cells for s in [(c.get("stopped") or [None] * len(budgets))[bi]]
                                        if s})}
-            stays = [c["stays"][bi] for c in cells if c.get("stays") and c["stays"][bi] is not None]
-            if stays:  # over the seeds that read a row here: the mean share
-                e["frontier_stays"] = float(np.mean(stays))
+            # the validation reading of the point each seed read (its value and standard error), the
+            # test KL there, and how each seed chose among its rounds and arms
+            e["validation"] = [None if c["val_values"][bi] is None else
+                               {"value": c["val_values"][bi], "se": c["val_se"][bi]} for c in cells]
+            e["test_kl"] = [c["test_kls"][bi] for c in cells]
+            e["series"] = [c["series"][bi] for c in cells]
+            e["choice"] = [c["choices"][bi] for c in cells]
+            e["ends"] = [c.get("ends") or {} for c in cells]
             scorers = [c["scorer"] for c in cells if c.get("scorer")]
             if scorers:  # the worst seed's scorer speaks for the cell
                 e["scorer"] = min(scorers, key=lambda x: x["agreement"])
@@ -476,7 +489,10 @@ def differences(cells: list[dict], order: Sequence[str] = ()) -> list[dict]:
                 ea, eb = by_algo[a], by_algo[bb]
                 d = {"eval_dataset": eds, "family": fam, "train_dataset": train, "kl_budget": b, "a": a, "b": bb,
                      "diff": None, "ci_lo": None, "ci_hi": None}
-                if ea["kind"] in WITH_INTERVAL and eb["kind"] in WITH_INTERVAL:
+                chance = [e["algorithm"] for e in (ea, eb) if (e.get("scorer") or {}).get("chance")]
+                if chance:  # a control whose scorer ranks at chance loses by construction: no bar to beat
+                    d["left_out"] = f"{chance[0]}'s scorer ranks at chance"
+                elif ea["kind"] in COMPARED and eb["kind"] in COMPARED:
                     d["diff"] = ea["value"] - eb["value"]
                     if "_seed_draws" in ea and "_seed_draws" in eb:
                         # paired by seed id: a seed one of the two methods lacks is left out of both
@@ -515,7 +531,7 @@ class Notes:
 
 
 MARKS = {"interpolated": "interp.", "wide interpolation": "wide", "chord from base": "chord",
-         "base only": "base only", "not reached": "not reached"}
+         "not reached": "not reached"}
 
 
 def cell_reason(e: dict) -> str:
@@ -525,34 +541,86 @@ def cell_reason(e: dict) -> str:
     searched = "temperature" if e["algorithm"] == "control: temperature" else "η"
     stopped = f"; {searched} search stopped by {' / '.join(e['stopped_by'])}" if e.get("stopped_by") else ""
     spans = [x for x in e.get("bracket") or [] if x]
-    span = f"KL {min(x[0] for x in spans):.3g} and {max(x[1] for x in spans):.3g}" if spans else ""
+    on = "validation " if e.get("selected_on") == "validation" else ""
+    span = f"{on}KL {min(x[0] for x in spans):.3g} and {max(x[1] for x in spans):.3g}" if spans else ""
     if kind == "not reached":
-        top = max(e["max_kl"])
-        most = max(e.get("method_max_kl") or e["max_kl"])
+        ends = [max(d.values(), key=lambda t: t[0]) for d in e.get("ends") or [] if d]
+        end = (f"its series end at {on}KL {max(t[0] for t in ends):.3g} ({max(ends, key=lambda t: t[0])[1]})"
+               if ends else f"its series end at {on}KL {max(e['max_kl']):.3g}")
         seeds = f"; {e['seeds_reaching']} of {e['seeds']} seeds reach it" if e["seeds"] > 1 and e["seeds_reaching"] else ""
-        beyond = f"; its rows reach {most:.3g}, none chosen there" if most > top + 1e-12 else ""
-        return f"{who}not reached: the frontier ends at KL {top:.3g}{beyond}{seeds}{stopped}"
+        return f"{who}not reached: {end}{seeds}{stopped}"
     if kind == "chord from base":
-        first = f" (KL {min(x[1] for x in spans):.3g})" if spans else ""
-        return (f"{who}chord from base: a line from the base model to the first frontier row{first}, never "
-                f"measured, no interval{stopped}")
+        first = f" (at {on}KL {min(x[1] for x in spans):.3g})" if spans else ""
+        return (f"{who}chord from base: between the base model and its series' first point{first}, a line no "
+                f"point between them measured{stopped}")
     if kind == "wide interpolation":
-        return (f"{who}wide interpolation" + (f" between rows at {span}" if span else "")
-                + ", further apart than eval.wide_ratio: a line no row measured, no interval")
+        return (f"{who}wide interpolation" + (f" between points at {span}" if span else "")
+                + ", further apart than eval.wide_ratio: a line across a stretch no point measured")
     if kind == "interpolated":
-        return f"{who}interpolated" + (f" between frontier rows at {span}" if span else " between two frontier rows")
+        return f"{who}interpolated" + (f" between points at {span}" if span else " between two points of its series")
     return ""
 
 
-def _cell_text(e: dict, what: str = "value", notes: Notes | None = None) -> str:
+def validation_note(es: list[dict]) -> str | None:
+    """One method's validation reading at every budget it reaches (the value its series reads
+    there and that value's standard error, the first seed's where several): the noise each
+    placed point carries on validation."""
+    parts = []
+    for e in sorted(es, key=lambda x: x["kl_budget"]):
+        v = next((x for x in e.get("validation") or [] if x), None)
+        if v and _finite(v.get("value")):
+            se = f" ± {v['se']:.3f}" if _finite(v.get("se")) else ""
+            parts.append(f"{e['kl_budget']:g}: {v['value']:.3f}{se}")
+    if not parts or es[0].get("selected_on") != "validation":
+        return None
+    return f"{es[0]['algorithm']}: on validation, at KL " + "; ".join(parts) + " (± its standard error)"
+
+
+def choice_note(es: list[dict]) -> str | None:
+    """How one method's budgets were read where more than one of its series (rounds, arms) reached
+    them: the default, what replaced it and the differences validation saw, with the smallest
+    difference it could tell apart."""
+    made = [(e, c) for e in sorted(es, key=lambda x: x["kl_budget"]) for c in e.get("choice") or [] if c]
+    if not made:
+        return None
+    if all(abs(o["diff"]) < 1e-12 and (not _finite(o.get("se")) or o["se"] < 1e-12) for _, c in made for o in c["others"]):
+        return (f"{es[0]['algorithm']}: its rounds or arms read the same on validation where several reach a budget "
+                f"(the same samples); the latest round is read")
+    moved = [f"{e['kl_budget']:g} ({c['chosen']} over {c['default']}: {_diff(c, c['chosen'])})" for e, c in made
+             if c["chosen"] != c["default"]]
+    kept = [f"{e['kl_budget']:g} ({'; '.join(o['series'] + ' ' + _diff(c, o['series']) for o in c['others'])})"
+            for e, c in made if c["chosen"] == c["default"]]
+    res = [c["resolution"] for _, c in made if _finite(c.get("resolution"))]
+    text = (f"{es[0]['algorithm']}: where several of its rounds or arms reach a budget, the latest round (then "
+            f"the first arm) is read unless another beats it on validation by more than {Z_CHOICE:g} standard "
+            f"errors of their difference")
+    if res:
+        text += f" (validation told apart differences above {min(res):.3f} to {max(res):.3f} here)"
+    if kept:
+        text += "; kept at KL " + ", ".join(kept)
+    if moved:
+        text += "; replaced at KL " + ", ".join(moved)
+    return text
+
+
+def _diff(c: dict, name: str) -> str:
+    o = next((o for o in c["others"] if o["series"] == name), None)
+    if o is None:
+        return ""
+    se = f" ± {o['se']:.3f}" if _finite(o.get("se")) else ""
+    return f"{o['diff']:+.3f}{se}"
+
+
+def _cell_text(e: dict, what: str = "value", notes: Notes | None = None, extra: Sequence[str] = ()) -> str:
     """A headline cell: its value, its interval where it has one, and a short mark with the number
-    of its note (``notes``); without a collector the reason follows the mark in parentheses."""
+    of its note (``notes``); without a collector the reason follows the mark in parentheses.
+    ``extra``: the method's own notes (its validation reading, its choices), cited by each cell."""
     kind = e.get("kind") or ("measured" if e["reached"] else "not reached")
     signed = what == "gain"
     f = (lambda x: f"{x:+.3f}") if signed else (lambda x: f"{x:.3f}")
-    reasons = [cell_reason(e)] if kind != "base only" else []
+    reasons = [cell_reason(e)]
     share = e.get("draws_reaching")
-    if kind in ("measured", "interpolated") and share is not None and share < 1:
+    if kind in WITH_INTERVAL and share is not None and share < 1:
         pct = f"{share:.1%}" if share >= 0.995 else f"{share:.0%}"
         reasons.append(f"{e['algorithm']} at KL {e['kl_budget']:g}: reached in {pct} of the bootstrap draws")
     sc = e.get("scorer")
@@ -564,6 +632,8 @@ def _cell_text(e: dict, what: str = "value", notes: Notes | None = None) -> str:
                        + (f"; it orders the prompts by pass rate ({sc['prompts']:.3f}): it learned which prompts are "
                           f"hard, not which completion is right" if _finite(sc.get("prompts")) and sc["prompts"] > 0.6
                           else ""))
+    if kind != "not reached":
+        reasons += list(extra)
     reasons = [r for r in reasons if r]
     mark = MARKS.get(kind, "") + (" chance scorer" if sc and sc.get("chance") and kind != "not reached" else "")
     mark = mark.strip()
@@ -571,9 +641,8 @@ def _cell_text(e: dict, what: str = "value", notes: Notes | None = None) -> str:
         text = mark
     else:
         text = f(e[what])
-        if kind in ("measured", "interpolated"):
-            lo, hi = e[f"{'gain_' if signed else ''}ci_lo"], e[f"{'gain_' if signed else ''}ci_hi"]
-            text += f" [{f(lo)}, {f(hi)}]" if _finite(lo) and _finite(hi) else ""
+        lo, hi = e[f"{'gain_' if signed else ''}ci_lo"], e[f"{'gain_' if signed else ''}ci_hi"]
+        text += f" [{f(lo)}, {f(hi)}]" if _finite(lo) and _finite(hi) else ""
         text += f" {mark}" if mark else ""
     if reasons:
         if notes is not None:
@@ -613,13 +682,17 @@ def matched_tables(cells: list[dict], order: Sequence[str] = (), diffs: list[dic
         of = {a: min(e["seeds"] for e in es if e["algorithm"] == a) for a in algos}
         name = {a: a + (f" ({of[a]} of {seeds} seeds)" if of[a] < seeds else "") for a in algos}
         notes = Notes()
-        tab += [[name[a]] + [_cell_text(at[(a, b)], notes=notes) if (a, b) in at else "" for b in budgets]
-                for a in algos]
-        gains = [[name[a]] + [_cell_text(at[(a, b)], "gain", notes) if (a, b) in at else "" for b in budgets]
+        own = {a: [n for n in (validation_note([e for e in es if e["algorithm"] == a]),
+                               choice_note([e for e in es if e["algorithm"] == a])) if n] for a in algos}
+        tab += [[name[a]] + [_cell_text(at[(a, b)], notes=notes, extra=own[a]) if (a, b) in at else ""
+                             for b in budgets] for a in algos]
+        gains = [[name[a]] + [_cell_text(at[(a, b)], "gain", notes, own[a]) if (a, b) in at else "" for b in budgets]
                  for a in algos]
         on = sorted({e.get("selected_on", "test") for e in es})
+        where = {"validation": "validation KL (each series read where its validation KL reaches the budget)",
+                 "test": "test KL (no validation rows)"}
         lines += [f"#### {title}: {es[0]['metric']} at equal KL" + (f", mean of {seeds} seeds" if seeds > 1 else ""),
-                  "", f"Frontier points chosen on: {', '.join(on)}.", "", _md(head, tab), "",
+                  "", f"Points placed on: {'; '.join(where.get(o, o) for o in on)}.", "", _md(head, tab), "",
                   f"Gain over base at equal KL ({title}):", "", _md(head, gains), ""]
         if notes.texts:
             lines += [f"Notes ({title}):", ""] + [f"- {n}" for n in notes.lines()] + [""]
@@ -665,5 +738,5 @@ def public(cells: list[dict]) -> list[dict]:
     keep = ("eval_dataset", "family", "train_dataset", "algorithm", "metric", "kl_budget", "kind", "kinds",
             "selected_on", "value", "ci_lo", "ci_hi", "gain", "gain_ci_lo", "gain_ci_hi", "base", "reached", "seeds",
             "seeds_reaching", "seed_ids", "interval", "max_kl", "method_max_kl", "frontier", "from", "draws_reaching",
-            "test_selected", "bracket", "stopped_by", "scorer", "frontier_stays")
+            "test_selected", "bracket", "stopped_by", "scorer", "validation", "test_kl", "series", "choice", "ends")
     return [{k: e[k] for k in keep if k in e} for e in cells]

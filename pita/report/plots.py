@@ -124,8 +124,8 @@ def plot_frontier(rows: list[dict], eval_ds: str, out: Path, roster: Roster = Ro
     ones joined across eta with eta written beside each point (eta 0 is the base model's star).
     ``matched`` (the KL-matched cells of this dataset, pita/report/matched.py): the KL budgets as
     dotted vertical lines on every panel, and each method's value at each budget where it was
-    measured or interpolated between two frontier rows (over all its rounds; never a chord from
-    the base) as a hollow diamond on the last panel."""
+    measured or interpolated between two points of a series placed by validation KL (never a
+    chord from the base or a wide interpolation) as a hollow diamond on the last panel."""
     from matplotlib.lines import Line2D
 
     plt = _plt()
@@ -183,7 +183,7 @@ def plot_frontier(rows: list[dict], eval_ds: str, out: Path, roster: Roster = Ro
     if matched:
         extra.append(Line2D([], [], color="grey", ls=":", label="KL budgets"))
         extra.append(Line2D([], [], marker="D", ms=6, mfc="none", mec="black", ls="none",
-                            label="value at a KL (frontier chosen on validation)"))
+                            label="value at a KL (placed by validation KL)"))
     _legends(axes[0][-1], plt, order, rounds, roster, extra)
     fig.suptitle(f"{eval_ds}: {m} vs KL to the reference (value-guided: one line across η)", fontsize=10)
     fig.tight_layout()

@@ -285,10 +285,10 @@ def matched_section(extras: dict, roster: Roster) -> list[str]:
         return []
     return ["### Headline: every method at equal KL", "",
             f"Each method's {cells[0]['metric']} at KL = {', '.join(f'{b:g}' for b in km['budgets'])} "
-            f"{km.get('unit', 'nats per sequence')} (`{km.get('budgets_from', 'eval.kl_budgets')}`), read off its "
-            "validation-chosen frontier on the test prompts, with 95% intervals. A mark says what a cell is "
-            "(interp., wide, chord, base only, not reached) and its number the note under the table that says "
-            "why; how to read it: \"Reading the headline\" below.", ""] + \
+            f"{km.get('unit', 'nats per sequence')} (`{km.get('budgets_from', 'eval.kl_budgets')}`), read on its "
+            "series where the validation KL reaches each budget, on the test prompts, with 95% intervals. A mark "
+            "says what a cell is (interp., wide, chord, not reached) and its number the note under the table "
+            "that says why; how to read it: \"Reading the headline\" below.", ""] + \
         matched_tables(cells, roster.order({c["algorithm"] for c in cells}), km.get("differences"))
 
 
@@ -300,18 +300,21 @@ def reading_section(extras: dict) -> list[str]:
         return []
     est = ", ".join(km.get("estimator") or []) or "exact per-step"
     return ["### Reading the headline", "",
-            "Each method's frontier is the rows (every round, η, variant and snapshot) on the upper envelope of "
-            "their *validation* KL and metric, the base model at KL 0 included, read on the test prompts along "
-            "the line through them; no test metric chooses a point, so a method that hurts shows a negative "
-            "gain. A value with an interval and no mark is measured (a frontier row within 10% of the KL); "
-            "'interp.': between two frontier rows (their KLs in the note); 'wide': between rows further apart "
-            "in KL than `eval.wide_ratio` (4x by default), a line across a stretch no row measured, with no "
-            "interval; 'chord': a line from the base model to the first frontier row, never measured, with no "
-            "interval; 'base only': no row beat the base model on validation; 'not reached': the frontier ends "
-            f"below the KL, nothing is extrapolated. KL estimator: {est}. "
-            "Intervals: 95%, the test prompts resampled and every frontier row's metric and KL recomputed per "
-            "draw, so they cover the KL's noise too; a share of draws that fall short of the KL is stated; the "
-            "gain, and the difference of two methods, are paired on the same draws. Two rows need no training "
+            "Each method's rows form series, one per round and arm, ordered by strength (η; the snapshots along "
+            "training, the final policy last; a colder temperature; a larger n), each starting at the base model. "
+            "A budget is read on a series where its *validation* KL reaches it, between the two points around it, "
+            "and the *test* value is read at the same weight: KL places the point, no metric picks one, so a "
+            "method that hurts shows a negative gain. Where several rounds or arms reach a budget, the latest round "
+            "(then the first arm) is read, unless another beats it on validation by more than 1.96 standard errors "
+            "of their difference; the note says what validation saw and the smallest difference it could tell "
+            "apart. Each cell's method cites its validation reading (value ± standard error at each budget). "
+            "A value with no mark is measured (a point whose validation KL is within 10% of the budget); "
+            "'interp.': between two points (their validation KLs in the note); 'wide': between points further "
+            "apart in KL than `eval.wide_ratio` (4x by default), a line across a stretch no point measured; "
+            "'chord': between the base model and the series' first point; 'not reached': no series reaches the "
+            f"budget (the note says where they end and what stopped a search), nothing is extrapolated. KL estimator: {est}. "
+            "Intervals: 95%, the test prompts resampled and each draw read at the same weight; the gain, and the "
+            "difference of two methods (measured or interpolated cells), are paired on the same draws. Two rows need no training "
             "(`eval.controls`): `control: temperature`, the base model sampled colder (its KL exact, as every "
             "row's), and `control: best-of-n`, the best of n base samples by a score available at test time "
             "(the reward model, or on a verifier task the run's learned proxy; `control: best-of-n by value`: "
@@ -344,6 +347,37 @@ def budget_section(budgets: list[dict], roster: Roster | None = None) -> list[st
                         _f(b.get("device_s"), 1)] for b in rows]), ""] + supervision_lines(rows)
 
 
+def scorer_section(scorers: list[dict], roster: Roster | None = None) -> list[str]:
+    """How well each learned scorer (value models, proxies) orders one prompt's completions, beside
+    how well it orders the prompts (results/final_results.json ``scorers``, the validation pool)."""
+    if not scorers:
+        return []
+    order = roster.order({c["algorithm"] for c in scorers}) if roster else sorted({c["algorithm"] for c in scorers})
+    rank = {a: i for i, a in enumerate(order)}
+    rows = sorted(scorers, key=lambda c: (c["family"], c["train_dataset"], rank.get(c["algorithm"], len(rank)),
+                                          c["round"], c["model"]))
+    blind = [c for c in rows if c.get("chance")]
+
+    def agree(c):
+        if c.get("agreement") is None:
+            return "no pair differs"
+        se = f" ± {c['agreement_se']:.3f}" if c.get("agreement_se") not in (None, float("inf")) else ""
+        return f"{c['agreement']:.3f}{se}" + (" (chance)" if c.get("chance") else "")
+    return ["### What each learned scorer can tell apart", "",
+            "Each value model and proxy reward model scores the validation pool (the base model's samples of the "
+            "validation prompts, the best-of-n pool): *within prompts*, of the pairs of one prompt's completions "
+            "whose outcomes differ, the share it orders as their outcomes are (0.5 is chance; ± its standard "
+            "error over prompts); *between prompts*, how well its mean per prompt orders the prompts by their "
+            "outcome. Guidance chooses among one prompt's continuations: a scorer at chance within prompts "
+            "gives it nothing to follow, whatever it knows about which prompts are hard. "
+            f"{len(blind)} of {len(rows)} scorers rank within prompts no better than chance (not above 0.5 by "
+            "two standard errors).", "",
+            _md_table(["algorithm", "family", "dataset", "round", "model", "within prompts", "pairs",
+                       "between prompts", "prompts x pool"],
+                      [[c["algorithm"], c["family"], c["train_dataset"], c["round"], c["model"], agree(c), c["pairs"],
+                        _f(c.get("prompt_agreement"), 3), f"{c['prompts']} x {c['pool']}"] for c in rows]), ""]
+
+
 def choice_section(choices: list[dict], roster: Roster | None = None) -> list[str]:
     """How sure each validation choice was (results/final_results.json ``validation_choices``)."""
     if not choices:
@@ -357,41 +391,19 @@ def choice_section(choices: list[dict], roster: Roster | None = None) -> list[st
     def ratio(c):
         return "" if not c["margin_se"] else f"{c['margin'] / c['margin_se']:.1f}"
     return ["### How sure each validation choice was", "",
-            "Each η, arm or setting is chosen by its validation metric; the margin over the runner-up and its "
-            "standard error (paired over the validation prompts where their samples are saved) say how sure "
-            f"the choice was. {len(close)} of {len(rows)} choices are within 2 standard errors of their runner-up: "
-            "there another validation draw may well have chosen differently.", "",
+            "The per-round table below shows, for each method and round, the η, arm or setting with the best "
+            "validation metric (the headline does not choose by it: it places each budget by KL). The margin "
+            "over the runner-up and its standard error (paired over the validation prompts where their samples "
+            "are saved) say how sure that choice was, and *tells apart* the smallest difference this "
+            f"validation could tell apart (1.96 standard errors). {len(close)} of {len(rows)} choices are within "
+            "2 standard errors of their runner-up: there another validation draw may well have chosen "
+            "differently.", "",
             _md_table(["algorithm", "family", "dataset", "round", "chosen", "validation", "runner-up", "margin",
-                       "SE", "margin / SE", "SE from"],
+                       "SE", "margin / SE", "tells apart", "SE from"],
                       [[c["algorithm"], c["family"], c["train_dataset"], c["round"], c["chosen"],
                         _f(c["chosen_value"], 3), f"{c['runner_up']} ({_f(c['runner_up_value'], 3)})",
-                        f"{c['margin']:+.3f}", _f(c["margin_se"], 3), ratio(c), c["se_kind"]] for c in rows]), ""]
-
-
-def stays_section(cells: list[dict], roster: Roster | None = None) -> list[str]:
-    """How often the frontier rows each headline cell is read from stay on the validation envelope
-    when the validation prompts are resampled (``frontier_stays`` of the KL-matched cells)."""
-    rows = [c for c in cells if c.get("frontier_stays") is not None]
-    if not rows:
-        return []
-    order = roster.order({c["algorithm"] for c in rows}) if roster else sorted({c["algorithm"] for c in rows})
-    rank = {a: i for i, a in enumerate(order)}
-    rows.sort(key=lambda c: (c["eval_dataset"], c["family"], c["train_dataset"], rank.get(c["algorithm"], len(rank)),
-                             c["kl_budget"]))
-    shaky = [c for c in rows if c["frontier_stays"] < 0.8]
-
-    def src(c):
-        f = [x for x in c.get("from") or [] if x]
-        return "; ".join(dict.fromkeys(f)) if f else ""
-    return ["### How often the chosen frontier holds", "",
-            "A headline cell reads its value from the frontier rows chosen on validation (the upper envelope of "
-            "the validation points). Resampling the validation prompts (every row and the base model on the same "
-            "draws, metric and KL recomputed) says how often those rows stay on the envelope: under 80% another "
-            f"validation draw would often have read the budget from other rows. {len(shaky)} of {len(rows)} cells "
-            "are under 80%.", "",
-            _md_table(["eval dataset", "family", "train dataset", "algorithm", "KL", "read from", "stays on the envelope"],
-                      [[c["eval_dataset"], c["family"], c["train_dataset"], c["algorithm"], f"{c['kl_budget']:g}",
-                        src(c), f"{c['frontier_stays']:.0%}"] for c in rows]), ""]
+                        f"{c['margin']:+.3f}", _f(c["margin_se"], 3), ratio(c),
+                        _f(1.96 * c["margin_se"], 3) if c["margin_se"] else "", c["se_kind"]] for c in rows]), ""]
 
 
 def supervision_lines(budgets: list[dict]) -> list[str]:
@@ -475,13 +487,14 @@ def render(run: RunPaths, rows: list[dict] | None = None, roster: Roster | None 
         lines += budget_section(extras.get("budgets") or [], roster)
         from pita.report.labels import label_table
 
-        from pita.report.labels import supervision_table
+        from pita.report.labels import returns_table, supervision_table
 
-        quality = label_table(extras.get("label_quality") or []) + supervision_table(extras.get("supervision") or [])
+        quality = (label_table(extras.get("label_quality") or []) + supervision_table(extras.get("supervision") or [])
+                   + returns_table(extras.get("returns_filter") or []))
         if quality:
             lines += ["### Label quality", ""] + quality
+        lines += scorer_section(extras.get("scorers") or [], roster)
         lines += choice_section(extras.get("validation_choices") or [], roster)
-        lines += stays_section((extras.get("kl_matched") or {}).get("cells") or [], roster)
         lines += ["### Last round, η chosen on validation", "", headline_table(rows, swept, roster), ""]
         if any(r["algorithm"] in swept for r in rows) and not any(r.get("selected") for r in rows
                                                                   if r["algorithm"] in swept):

@@ -318,9 +318,13 @@ def write(run: RunPaths, roster: Roster | None = None, budgets: list[float] | No
     extras["label_quality"] = label_quality(run, roster.preference_pairs if roster and roster.preference_pairs else None)
     state = json.loads(run.state.read_text())
     extras["budgets"] = method_budgets(state, lambda jid: run.job(jid).read_result())
-    from pita.report.labels import supervision_records
+    from pita.report.labels import returns_records, supervision_records
 
     extras["supervision"] = supervision_records(run, state)
+    extras["returns_filter"] = returns_records(run, state)
+    extras["scorers"] = [run.job(jid).read_result().get("scorer") for jid, e in sorted(state["jobs"].items())
+                         if e.get("kind") == "eval.scorer_quality" and e.get("state") == "COMPLETED"]
+    extras["scorers"] = [x for x in extras["scorers"] if x]
     from pita.report.intervals import RecordStore
 
     extras["validation_choices"] = validation_choices(val, RecordStore(run))
