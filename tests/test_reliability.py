@@ -114,6 +114,9 @@ def test_one_orchestrator_owns_a_run_and_status_tells_running_from_stopped(tmp_p
     assert wait_for(lambda: base.exists() and any(base.iterdir()), 30)
     run = only_run(tmp_path, "own")
     assert wait_for(lambda: len(workers_of(run)) >= 1, 30), "workers never started"
+    # held still while it is asked about: alive and owning the run, but it cannot finish the run
+    # before the SIGKILL (on a loaded machine the two commands below took longer than the run)
+    p.send_signal(signal.SIGSTOP)
     second = cli([f"resume_from={run}"], tmp_path)
     assert second.returncode == 2, second.stderr
     assert "in use by another orchestrator" in second.stderr and f"pid {p.pid}" in second.stderr
