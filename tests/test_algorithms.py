@@ -171,7 +171,7 @@ NOT_READ = {("*", "enabled"), ("PITA", "num_workers"), ("QSharp", "num_workers")
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize("name", BUILTIN)  # one test each: under CPU load the six together ran past the timeout
+@pytest.mark.parametrize("name", BUILTIN)  # one test each: the first also carries the tiny family build (130 s idle)
 def test_every_key_of_every_algorithm_changes_its_jobs(tiny_cache, name):
     """The config holds only keys the algorithm reads: changing any of them changes that
     algorithm's planned jobs (and no other algorithm's)."""

@@ -560,17 +560,32 @@ def test_a_controller_away_for_40_seconds_fails_nothing(tmp_path):
 def test_a_qos_submit_limit_holds_jobs_in_pita_and_a_refusal_is_retried(tmp_path):
     """QoS tiny allows one queued or running job per user (MaxSubmitJobsPerUser=1, from sacctmgr).
     A job of the user's own already holds it when the run starts: pita's first sbatch is refused
-    and tried again with backoff, never a failure; after, one pita job is in flight at a time."""
+    and tried again with backoff, never a failure; after, one pita job is in flight at a time.
+    The other job holds the QoS until the run has said it was refused (not for a fixed time: on a
+    loaded machine pita's start took longer than a 12 s job, and nothing was refused)."""
+    import sys
+
     env = _slurm_env()
     other = subprocess.run(["sbatch", "--parsable", "-q", "tiny", "-J", "other", "-o", "/dev/null", "--wrap",
-                            "sleep 12"], env=env, capture_output=True, text=True)
+                            "sleep 600"], env=env, capture_output=True, text=True)
     assert other.returncode == 0, other.stderr
+    args = [*SYNTH, "synthetic.job_seconds=2", "executor.slurm.qos=tiny", "experiment.name=qos",
+            f"system.output_dir={tmp_path}", "executor.progress=plain"]
+    with open(tmp_path / "stdout.txt", "w") as outf, open(tmp_path / "stderr.txt", "w") as errf:
+        p = subprocess.Popen([sys.executable, str(ROOT / "run_parallel.py"), *args], cwd=ROOT,
+                             env=dict(os.environ, PYTHONPATH=str(ROOT)), stdout=outf, stderr=errf, text=True)
     try:
-        r = cli([*SYNTH, "synthetic.job_seconds=2", "executor.slurm.qos=tiny", "experiment.name=qos"], tmp_path,
-                timeout=600)
+        wait_for(lambda: p.poll() is not None or any("trying again in" in f.read_text()
+                                                     for f in tmp_path.glob("qos/*/run.log")), timeout=300, step=0.5)
     finally:
         subprocess.run(["scancel", other.stdout.strip()], env=env)
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    try:
+        p.wait(timeout=600)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    out, err = (tmp_path / "stdout.txt").read_text(), (tmp_path / "stderr.txt").read_text()
+    assert p.returncode == 0, out[-3000:] + err[-3000:]
     run = only_run(tmp_path, "qos")
     log = (run / "run.log").read_text()
     assert "jobs in flight at most 1 (QoS tiny's MaxSubmitJobsPerUser = 1" in log, log[:3000]
