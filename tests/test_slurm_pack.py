@@ -142,10 +142,12 @@ def test_packs_are_keyed_by_shape_and_sized_in_powers_of_two():
 @pytest.fixture
 def cluster(tmp_path, monkeypatch):
     """Stand-in Slurm whose sbatch runs the batch script in the background (as slurmd would) and
-    whose squeue lists those jobs RUNNING while their process lives."""
+    whose squeue lists those jobs RUNNING while their process lives, then COMPLETED, or the end
+    state a test wrote in ``states/<id>`` (what the controller would say: PREEMPTED, CANCELLED)."""
     f = FakeSlurm(tmp_path)
     jobs = f.dir / "jobs"
     jobs.mkdir()
+    (f.dir / "states").mkdir()
     (f.dir / "sbatch").write_text(f"""#!/bin/bash
 echo "sbatch $*" >> {f.dir}/calls
 n=$(( $(ls {jobs} | wc -l) + 501 ))
@@ -157,7 +159,9 @@ echo $n
     (f.dir / "squeue").write_text(f"""#!/bin/bash
 echo "squeue $*" >> {f.dir}/calls
 for j in {jobs}/*; do [ -e "$j" ] || continue; id=$(basename $j)
-  if kill -0 $(cat $j) 2>/dev/null; then echo "$id|RUNNING|None|0"; else echo "$id|COMPLETED|None|0"; fi; done
+  if kill -0 $(cat $j) 2>/dev/null; then echo "$id|RUNNING|None|0"
+  elif [ -f {f.dir}/states/$id ]; then echo "$id|$(cat {f.dir}/states/$id)|None|0"
+  else echo "$id|COMPLETED|None|0"; fi; done
 """)
     (f.dir / "scancel").write_text(f"""#!/bin/bash
 echo "scancel $*" >> {f.dir}/calls
@@ -237,4 +241,146 @@ def test_a_packed_attempt_killed_by_the_driver_ends_cancelled_and_one_whose_pack
     retry = _launch(tmp_path, "B.f.d.r0.gen.s0", attempt=2, seconds=0.1)
     be.start(retry)
     assert retry.job_id in be.subs  # not packed again
+    be.shutdown(1.0)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    stat = Path(f"/proc/{pid}/stat")
+    return not (stat.exists() and stat.read_text().rsplit(")", 1)[1].split()[0] == "Z")
+
+
+def test_an_attempt_past_its_own_limit_in_a_pack_is_warned_then_ended_and_what_it_left_is_killed(tmp_path):
+    """task.json's limit_s / warn_s / grace_s: the pack warns the attempt (USR1, which it runs on
+    through) warn_s before its limit, TERMs its session at the limit and records ended_by
+    "timeout". An attempt that leaves a process behind in a session of its own (orphaned to the
+    pack, its subreaper) has it killed before the pack takes the next attempt."""
+    folder = tmp_path / "pack-1"
+    proc = _pack(folder, idle_s=30.0)
+    try:
+        assert wait_for((folder / "started").exists, timeout=120)
+        hang = _launch(tmp_path, "A.f.d.r0.gen.s0", kind="hang")
+        path = folder / "task.json"
+        _hand(folder, hang)
+        task = json.loads(path.read_text())
+        task.update(limit_s=4.0, warn_s=2.0, grace_s=3.0)
+        path.write_text(json.dumps(task))
+        t0 = time.time()
+        done = _done(folder, hang)
+        assert (done["rc"], done["ended_by"], done["signals"]) == (-signal.SIGTERM, "timeout", [])
+        assert 4.0 <= done["ended"] - done["started"] < 30.0 and time.time() - t0 < 60
+        log = (folder / "pack.log").read_text()
+        assert "is 2s from its limit (4s): warned (USR1)" in log and "reached its limit (4s)" in log
+        spawner = _launch(tmp_path, "B.f.d.r0.gen.s0", kind="spawn")
+        _hand(folder, spawner)
+        done = _done(folder, spawner)
+        assert done["rc"] == 0 and done["ended_by"] == ""
+        child = int((spawner.paths.artifacts / "child.pid").read_text())
+        assert wait_for(lambda: not _alive(child), timeout=15), "the attempt's leftover process still runs"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+def test_the_oom_killer_in_the_packs_cgroup_reads_as_out_of_memory(tmp_path):
+    """The pack reads its cgroup's oom_kill count (here a stand-in memory.events) before and after
+    each attempt: an attempt SIGKILLed while the count rose ended "oom"."""
+    folder = tmp_path / "pack-1"
+    events = tmp_path / "memory.events"
+    events.write_text("low 0\nhigh 0\nmax 3\noom 0\noom_kill 0\n")
+    folder.mkdir(parents=True)
+    proc = subprocess.Popen([sys.executable, "-m", "pita.core.backends.pack", str(folder), "30"], cwd=ROOT,
+                            env=dict(_env(), PITA_PACK_MEMORY_EVENTS=str(events)),
+                            stdout=open(folder / "pack.log", "ab"), stderr=subprocess.STDOUT)
+    try:
+        assert wait_for((folder / "started").exists, timeout=120)
+        hang = _launch(tmp_path, "A.f.d.r0.gen.s0", kind="hang")
+        _hand(folder, hang)
+        assert wait_for(lambda: "hanging" in (hang.paths.dir / "attempt-1.log").read_text()
+                        if (hang.paths.dir / "attempt-1.log").exists() else False, timeout=60)
+        events.write_text("low 0\nhigh 0\nmax 3\noom 1\noom_kill 1\n")
+        os.killpg(_pgid_of_attempt(folder), signal.SIGKILL)  # what the kernel's OOM killer does
+        done = _done(folder, hang)
+        assert (done["rc"], done["ended_by"]) == (-signal.SIGKILL, "oom")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+def _pgid_of_attempt(folder: Path) -> int:
+    """The running attempt's pid (its session's id), from the pack's log."""
+    import re
+
+    return int(re.findall(r"started \(pid (\d+)\)", (folder / "pack.log").read_text())[-1])
+
+
+@pytest.mark.parametrize("state", ["PREEMPTED", "CANCELLED", "NODE_FAIL", None])
+def test_a_packed_attempt_that_slurm_ended_with_its_pack_ends_as_a_job_of_its_own_would(tmp_path, cluster, state):
+    """Slurm TERMs the pack (preemption, scancel, a failing node) and the attempt, which cannot
+    save, dies of it. Its done file says the pack was signalled, so the driver waits for Slurm's
+    word on the pack and reads the attempt as a Slurm job of its own in that state: lost, to run
+    again (as a job of its own), never died/FAILED. A pack signalled outside Slurm that then ends
+    COMPLETED (None here) is lost too."""
+    be = SlurmBackend(SlurmSettings(pack_below_s=60, pack_idle_s=30, poll_interval_s=0.2, max_poll_interval_s=1.0,
+                                    outcome_wait_s=0.0))
+    hang = _launch(tmp_path, "A.f.d.r0.gen.s0", kind="hang")
+    be.start(hang)
+    pack = tmp_path / "run" / "slurm-packs" / "pack-1"
+    t0 = time.time()
+    while not (pack / "running.json").exists() and time.time() - t0 < 120:
+        be.poll(0.2)
+    assert wait_for(lambda: (hang.paths.dir / "attempt-1.log").exists()
+                    and "hanging" in (hang.paths.dir / "attempt-1.log").read_text(), timeout=60)
+    slurm_id = be.packs["pack-1"].slurm_id
+    if state:
+        (cluster.dir / "states" / slurm_id).write_text(state)
+    os.kill(json.loads((pack / "started").read_text())["pid"], signal.SIGTERM)
+    [f] = _until_ended(be, 1, timeout=60)
+    assert f.status == "lost", (f.status, f.error)
+    done = json.loads((pack / done_name(hang.job_id, 1)).read_text())
+    assert done["signals"] == ["SIGTERM"] and done["rc"] == -signal.SIGTERM
+    if state:
+        assert f"in its pack (pack-1, Slurm job {slurm_id}), {state}" in f.error and f.extra["slurm_state"] == state
+    else:
+        assert "was sent SIGTERM while it ran and ended COMPLETED" in f.error
+    assert hang.job_id in be.no_pack
+    be.shutdown(1.0)
+
+
+def test_a_packed_attempt_over_its_own_limit_reads_as_timeout_and_gets_twice_as_long(tmp_path, cluster):
+    """The attempt's own limit inside the pack is the --time a job of its own would ask (here
+    duration_hint 5 s x time_margin 0.6 = 3 s, min_minutes 0): the pack ends it there, the driver
+    reads TIMEOUT (lost, twice the limit next time), and the pack lives on for the next attempt."""
+    be = SlurmBackend(SlurmSettings(pack_below_s=60, pack_idle_s=30, poll_interval_s=0.2, max_poll_interval_s=1.0,
+                                    outcome_wait_s=0.0, min_minutes=0, time_margin=0.6))
+    hang = _launch(tmp_path, "A.f.d.r0.gen.s0", kind="hang")
+    be.start(hang)
+    assert be.tasks[hang.job_id].limit_s == 3.0
+    [f] = _until_ended(be, 1, timeout=120)
+    assert f.status == "lost" and "TIMEOUT: it hit its own time limit in the pack" in f.error, f.error
+    assert be.time_factor[hang.job_id] == 2.0 and be.packs["pack-1"].end is None
+    be.shutdown(1.0)
+
+
+def test_a_failed_packed_attempt_waits_for_its_outcome_file_as_a_job_of_its_own_does(tmp_path, cluster):
+    """An attempt whose pack says it exited non-zero while its outcome file is not there yet (a
+    shared file system shows it late) is read only after outcome_wait_s, as for a job of its own."""
+    be = SlurmBackend(SlurmSettings(pack_below_s=60, pack_idle_s=30, poll_interval_s=0.2, max_poll_interval_s=1.0,
+                                    outcome_wait_s=4.0))
+    quit_ = _launch(tmp_path, "A.f.d.r0.gen.s0", kind="kill_self")
+    be.start(quit_)
+    pack = tmp_path / "run" / "slurm-packs" / "pack-1"
+    done = pack / done_name(quit_.job_id, 1)
+    t0 = time.time()
+    seen = None
+    out = []
+    while not out and time.time() - t0 < 120:
+        out += be.poll(0.2)
+        if seen is None and done.exists():
+            seen = time.time()
+    [f] = out
+    assert f.status == "died" and seen is not None and time.time() - seen >= 3.0, (f.status, f.error)
     be.shutdown(1.0)

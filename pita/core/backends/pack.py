@@ -8,16 +8,26 @@ driver and a pack talk through files in the pack's folder on the shared file sys
 (``<run>/slurm-packs/<name>/``), never through Slurm:
 
     started         the pack is up (written once, after its imports): {pid, host, slurm_job, time}
-    task.json       driver -> pack: the one attempt to run next {job_id, attempt, launch, log, env}
+    task.json       driver -> pack: the one attempt to run next {job_id, attempt, launch, log, env,
+                    limit_s, warn_s, grace_s: its own time limit, warning margin and kill grace}
     running.json    task.json, renamed by the pack as it takes it (the driver knows it started)
     done-<job>-<attempt>.json
-                    pack -> driver: the attempt's exit code and span (its outcome file is the
-                    worker's own, next to its launch file, as for any attempt)
+                    pack -> driver: the attempt's exit code and span, the signals the pack
+                    received from Slurm while it ran ({signals}), and ``ended_by`` where the pack
+                    or the kernel ended it ("timeout": its own limit; "oom": the OOM killer took
+                    a process of the pack's cgroup); the driver reads these as Slurm's end state
+                    of a job of its own (its outcome file is the worker's own, next to its launch
+                    file, as for any attempt)
     kill.json       driver -> pack: end the running attempt (TERM to its process group, KILL
                     after {grace_s})
     stop            driver -> pack: take nothing more and leave once the running attempt ends
     closed          the pack takes nothing more (it is leaving): a task.json it did not take
                     goes back to the driver, which hands it to another pack
+
+Each attempt has a time limit of its own inside the pack, as a Slurm job of its own would
+(``limit_s``): ``warn_s`` before it the attempt's worker gets USR1, at it TERM to its session and
+KILL ``grace_s`` later. When an attempt ends, every process it left (the pack is their child
+subreaper, so none escapes by double-forking) is killed and reaped before the next is taken.
 
 The pack leaves when it has been idle ``idle_s``, when told to stop, and after USR1 (its time
 limit is near: ``--signal=B:USR1@<margin>``) or TERM (preemption, scancel), which it forwards
@@ -43,10 +53,84 @@ from pathlib import Path
 
 LOOK_S = 0.1  # how often the pack looks for a task, a kill or a child that ended
 HELD = {signal.SIGUSR1, signal.SIGTERM, signal.SIGINT}  # taken by the pack's loop, never by a handler
+LEFTOVER_WAIT_S = 10.0  # an ended attempt's leftover processes are killed and reaped within this
+# where the pack reads its cgroup's OOM-kill count (a stand-in in tests); unset: its own cgroup's
+# memory.events (cgroup v2) or memory.oom_control (v1)
+MEMORY_EVENTS_ENV = "PITA_PACK_MEMORY_EVENTS"
 
 
 def done_name(job_id: str, attempt: int) -> str:
     return f"done-{job_id}-{attempt}.json"
+
+
+def _events_file() -> Path | None:
+    """The file holding this process's cgroup's ``oom_kill`` count, or None where none is readable."""
+    if os.environ.get(MEMORY_EVENTS_ENV):
+        return Path(os.environ[MEMORY_EVENTS_ENV])
+    try:
+        lines = Path("/proc/self/cgroup").read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        if controllers == "":  # v2: the unified hierarchy
+            roots, name = ("/sys/fs/cgroup", "/sys/fs/cgroup/unified"), "memory.events"
+        elif "memory" in controllers.split(","):
+            roots, name = ("/sys/fs/cgroup/memory",), "memory.oom_control"
+        else:
+            continue
+        for root in roots:
+            parts = [x for x in path.split("/") if x]
+            while True:  # a cgroup namespace mounts the process's own cgroup at the root
+                f = Path(root, *parts, name)
+                if f.exists():
+                    if name == "memory.oom_control" or parts or Path(root, "cgroup.controllers").exists():
+                        return f
+                if not parts:
+                    break
+                parts = parts[1:]
+    return None
+
+
+def oom_kills(path: Path | None) -> int | None:
+    """The ``oom_kill`` count of a memory.events / memory.oom_control file, None if unreadable."""
+    if path is None:
+        return None
+    try:
+        for line in path.read_text().splitlines():
+            key, _, value = line.partition(" ")
+            if key == "oom_kill":
+                return int(value)
+    except (OSError, ValueError):
+        return None
+    return None
+
+
+def _children_of(pid: int) -> list[int]:
+    """Processes whose parent is ``pid`` (from /proc)."""
+    out = []
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            stat = Path("/proc", d, "stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rfind(")") + 2:].split()
+        if len(fields) > 1 and int(fields[1]) == pid:
+            out.append(int(d))
+    return out
+
+
+def _set_child_subreaper() -> None:
+    """Orphans of an attempt become the pack's children (not init's), so the pack finds them all."""
+    try:
+        import ctypes
+
+        PR_SET_CHILD_SUBREAPER = 36
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
 
 
 class Pack:
@@ -55,8 +139,13 @@ class Pack:
         self.child: int | None = None  # pid (and process group) of the running attempt
         self.task: dict | None = None
         self.draining = ""  # why the pack takes nothing more
-        self.term_at: float | None = None  # when the running attempt was sent TERM by a kill.json
+        self.term_at: float | None = None  # when the running attempt was sent TERM (a kill.json, its limit)
         self.kill_grace = 10.0
+        self.signals: list[str] = []  # what Slurm sent the pack while the running attempt ran
+        self.ended_by = ""  # "timeout": its own limit ended it
+        self.warned = False  # its own limit's warning (USR1) sent
+        self.events = _events_file()
+        self.ooms_before: int | None = None
 
     # ------------------------------------------------------------------ signals
     def _forward(self, signum: int) -> None:
@@ -67,6 +156,7 @@ class Pack:
         name = signal.Signals(signum).name
         self.draining = self.draining or f"{name} received"
         if self.child is not None:
+            self.signals.append(name)
             if signum == signal.SIGUSR1:
                 try:
                     os.kill(self.child, signum)
@@ -106,6 +196,9 @@ class Pack:
         env.pop("PITA_PACK", None)
         env.update(task.get("env") or {})
         self.task, self.started = task, time.time()
+        self.signals, self.ended_by, self.warned, self.term_at = [], "", False, None
+        self.kill_grace = float(task.get("grace_s") or 30.0)
+        self.ooms_before = oom_kills(self.events)
         pid = os.fork()
         if pid == 0:  # the attempt: the worker's own entry, as the local backend's fork server runs it
             # it starts with USR1, TERM and INT blocked (the pack's mask): one sent before the worker
@@ -122,21 +215,80 @@ class Pack:
         pid, status = os.waitpid(self.child, os.WNOHANG)
         if pid == 0:
             self._kill_if_asked()
+            self._keep_limit()
             return
         rc = os.waitstatus_to_exitcode(status)
         task, self.child, self.term_at = self.task, None, None
+        left = self._end_leftovers(pid)
+        ooms = oom_kills(self.events)
+        if not self.ended_by and ooms is not None and self.ooms_before is not None and ooms > self.ooms_before:
+            self.ended_by = "oom"
         from pita.core.paths import atomic_write_json
 
         atomic_write_json(self.dir / done_name(task["job_id"], task["attempt"]),
                           {"job_id": task["job_id"], "attempt": task["attempt"], "rc": rc, "started": self.started,
-                           "ended": time.time()})
+                           "ended": time.time(), "signals": self.signals, "ended_by": self.ended_by,
+                           "leftovers": left})
         for name in ("running.json", "kill.json"):
             try:
                 (self.dir / name).unlink()
             except FileNotFoundError:
                 pass
-        print(f"pita pack: {task['job_id']} attempt {task['attempt']} ended ({rc})", flush=True)
+        print(f"pita pack: {task['job_id']} attempt {task['attempt']} ended ({rc}"
+              f"{', ' + self.ended_by if self.ended_by else ''}"
+              f"{', after ' + '+'.join(self.signals) if self.signals else ''}"
+              f"{f', {left} leftover process(es) killed' if left else ''})", flush=True)
         self.task, self.idle_since = None, time.time()
+
+    def _end_leftovers(self, pid: int) -> int:
+        """Kill and reap what the ended attempt left: its session (process group ``pid``) and any
+        other process below the pack (orphans come to the pack, its subreaper); how many there were."""
+        killed: set[int] = set()
+        deadline = time.time() + LEFTOVER_WAIT_S
+        while True:
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+            kids = _children_of(os.getpid())
+            for k in kids:
+                killed.add(k)
+                try:
+                    os.kill(k, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            while True:  # reap every ended child (the attempt's orphans are the pack's)
+                try:
+                    got, _ = os.waitpid(-1, os.WNOHANG)
+                except ChildProcessError:
+                    got = 0
+                if got == 0:
+                    break
+            if not kids or time.time() > deadline:
+                return len(killed)
+            time.sleep(0.05)
+
+    def _keep_limit(self) -> None:
+        """The running attempt's own time limit: USR1 ``warn_s`` before it (to its worker, as Slurm's
+        ``--signal=B:`` does), TERM to its session at it, KILL ``grace_s`` later (_kill_if_asked)."""
+        limit = float(self.task.get("limit_s") or 0)
+        if not limit:
+            return
+        ran = time.time() - self.started
+        warn = float(self.task.get("warn_s") or 0)
+        if warn and not self.warned and ran >= limit - warn:
+            self.warned = True
+            try:
+                os.kill(self.child, signal.SIGUSR1)
+            except ProcessLookupError:
+                pass
+            print(f"pita pack: {self.task['job_id']} is {warn:g}s from its limit ({limit:g}s): warned (USR1)",
+                  flush=True)
+        if ran >= limit and self.term_at is None:
+            self.ended_by, self.term_at = "timeout", time.time()
+            self._signal_child(signal.SIGTERM)
+            print(f"pita pack: {self.task['job_id']} reached its limit ({limit:g}s): TERM, KILL after "
+                  f"{self.kill_grace:g}s", flush=True)
 
     def _kill_if_asked(self) -> None:
         path = self.dir / "kill.json"
@@ -148,6 +300,7 @@ class Pack:
             if ask.get("job_id") != self.task["job_id"] or int(ask.get("attempt", -1)) != int(self.task["attempt"]):
                 return
             self.kill_grace = float(ask.get("grace_s", 10.0))
+            self.ended_by = ""  # the driver's kill: its own status, not a limit
             self.term_at = time.time()
             self._signal_child(signal.SIGTERM)
         elif time.time() - self.term_at > self.kill_grace:
@@ -185,6 +338,7 @@ def main(argv: list[str] | None = None) -> int:
     # blocked before the imports start any thread: the signals wait for the loop (Pack._wait), and
     # every attempt forked from here starts with them blocked, until its worker is ready for them
     signal.pthread_sigmask(signal.SIG_BLOCK, HELD)
+    _set_child_subreaper()
     import pita.core.preload  # noqa: F401 - what every attempt imports, once (no CUDA is touched)
 
     return Pack(folder, idle_s).run()

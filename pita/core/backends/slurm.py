@@ -275,6 +275,9 @@ class _Task:
     forced: str | None = None
     reason: str = ""
     lost_since: float | None = None  # its pack ended without a done file: its outcome is waited for
+    limit_s: float = 0.0  # its own time limit inside the pack (the --time a job of its own would ask)
+    warn_s: int = 0  # USR1 this long before that limit (--signal=B:USR1@ of a job of its own)
+    done_seen: float | None = None  # its done file first read (its outcome, or its pack's end, may lag)
 
 
 @dataclass
@@ -303,6 +306,7 @@ class _Pack:
 
 PACK_LOOK_S = 0.25  # packs' files (started, running, done, closed) are looked at this often
 PACK_SURPLUS_S = 15.0  # a queued pack no waiting attempt needs for this long is cancelled
+PACK_KILL_GRACE_S = 30.0  # an attempt past its own limit in a pack: KILL this long after TERM (Slurm's KillWait)
 
 
 class SlurmBackend(Backend):
@@ -418,8 +422,11 @@ class SlurmBackend(Backend):
             pass
         if self.packable(launch):
             args = self.request(launch)
+            limit = slurm_seconds((_flag(args, "--time") or "").split("=", 1)[-1]) or 0.0
+            warn = _flag(args, "--signal")
             self.tasks[launch.job_id] = _Task(launch, pack_key(args), time.time(),
-                                              mem_gb=float((_flag(args, "--mem") or "0G").rstrip("G")))
+                                              mem_gb=float((_flag(args, "--mem") or "0G").rstrip("G")),
+                                              limit_s=limit, warn_s=int(warn.rsplit("@", 1)[1]) if warn else 0)
             self.stats["packed"] += 1
             self._dispatch(time.time())
             return
@@ -590,9 +597,13 @@ class SlurmBackend(Backend):
 
     def _hand(self, t: _Task, pk: _Pack, now: float) -> None:
         env = self.attempt_env(t.launch, sum(1 for d in t.launch.devices if d.get("kind") == "cuda"), pk.args)
+        # its own limit, as a job of its own would have it, within what the pack has left
+        limit = min(t.limit_s or pk.remaining(now) - 10, pk.remaining(now) - 10)
         atomic_write_json(Path(pk.dir) / "task.json",
                           {"job_id": t.launch.job_id, "attempt": t.launch.attempt, "launch": str(t.launch.paths.launch),
-                           "log": str(attempt_log(t.launch)), "env": env, "cwd": os.getcwd()})
+                           "log": str(attempt_log(t.launch)), "env": env, "cwd": os.getcwd(),
+                           "limit_s": round(limit, 1), "warn_s": t.warn_s if t.warn_s < limit / 2 else 0,
+                           "grace_s": PACK_KILL_GRACE_S})
         pk.task, t.pack, t.assigned = t, pk, now
 
     def _submit_pack(self, t: _Task, mem_gb: float, now: float) -> bool:
@@ -646,26 +657,62 @@ class SlurmBackend(Backend):
         self._changed()
         return True
 
-    def _task_ended(self, t: _Task, pk: _Pack, done) -> None:
+    def _task_ended(self, t: _Task, pk: _Pack, done, now: float | None = None) -> None:
+        """A packed attempt's done file: its end read as a Slurm job of its own would have it. Its
+        own limit (ended_by "timeout") reads as TIMEOUT, the OOM killer in the pack's cgroup as
+        OUT_OF_MEMORY, and an attempt that did not finish after Slurm signalled its pack
+        (preemption, scancel, the pack's limit, its node) as the pack's own end state, once
+        Slurm tells it; a failed attempt's outcome file is waited for as for a job of its own."""
         from pita.core.backends.local import finished_from
 
+        now = time.time() if now is None else now
         try:
             info = json.loads(done.read_text())
         except (OSError, ValueError):
             return  # being written
+        rc = info.get("rc")
+        status = _outcome_status(t.launch)
+        t.done_seen = t.done_seen or now
+        extra = {"slurm_pack": pk.name, "queued_s": round(float(info.get("started", t.since)) - t.since, 1)}
+        state = "COMPLETED" if rc == 0 else "FAILED"
+        if t.forced:
+            pass
+        elif info.get("ended_by") == "timeout" and status != "requeue":
+            state = "TIMEOUT"
+        elif info.get("ended_by") == "oom" and status not in ("ok", "requeue"):
+            state = "OUT_OF_MEMORY"
+        elif (set(info.get("signals") or ()) & {"SIGTERM", "SIGINT"}) and status not in ("ok", "requeue"):
+            if pk.end is None and now - t.done_seen < self.s.unknown_s:
+                self._changed()  # Slurm's word on the pack decides: ask soon
+                return
+            state = pk.end[0] if pk.end else "UNKNOWN"
+            if state in ("COMPLETED", "FAILED", "UNKNOWN", "TIMEOUT"):
+                # signalled, yet the pack ended on its own, or at the pack's limit (the attempt's own
+                # is inside it): nothing the attempt did, so it runs again, as a Slurm job of its own
+                pk.task = None
+                del self.tasks[t.launch.job_id]
+                self.no_pack.add(t.launch.job_id)
+                self._gather_log(_Sub(t.launch, pk.slurm_id, t.since, 0), f"in {pk.name}, exit {rc}, pack {state}")
+                self._ended.append(finished_from(
+                    t.launch, rc, t.since, "lost",
+                    f"its pack ({pk.name}, Slurm job {pk.slurm_id}) was sent {'+'.join(info['signals'])} while it ran "
+                    f"and ended {state}; it runs again as a Slurm job of its own",
+                    {"slurm_job": pk.slurm_id, "slurm_state": state, "log": str(attempt_log(t.launch)), **extra}))
+                return
+        elif rc != 0 and status is None and now - t.done_seen < self.s.outcome_wait_s:
+            return  # a shared file system may show its outcome late
         pk.task = None
         del self.tasks[t.launch.job_id]
-        rc = info.get("rc")
-        self._gather_log(_Sub(t.launch, pk.slurm_id, t.since, 0), f"in {pk.name}, exit {rc}")
-        extra = {"slurm_job": pk.slurm_id, "slurm_state": "COMPLETED" if rc == 0 else "FAILED", "slurm_pack": pk.name,
-                 "log": str(attempt_log(t.launch)), "queued_s": round(float(info.get("started", t.since)) - t.since, 1)}
-        self._ended.append(finished_from(t.launch, rc, t.since, t.forced, t.reason, extra) if t.forced else
-                           finished_from(t.launch, rc, t.since, extra=extra))
+        sub = _Sub(t.launch, pk.slurm_id, t.since, 0, forced=t.forced, reason=t.reason,
+                   time_limit=slurm_time(int(t.limit_s)) if t.limit_s else "", mem_gb=t.mem_gb)
+        self._ended.append(self._ended_sub(t.launch.job_id, sub, state, rc, pack=pk, extra_more=extra,
+                                           note=f"in {pk.name}, exit {rc}"))
 
     def _task_lost(self, t: _Task, pk: _Pack, now: float) -> None:
         """The pack ended under a running attempt without writing its done file: the worker's
-        outcome, when it wrote one (waited for as for any attempt), else lost; its next attempt is
-        a Slurm job of its own (TIMEOUT and OUT_OF_MEMORY handled as for one)."""
+        outcome, when it wrote one (waited for as for any attempt), else the pack's Slurm end state
+        read as a job of its own's (OUT_OF_MEMORY: more memory next time; PREEMPTED, NODE_FAIL,
+        CANCELLED: lost) or lost; its next attempt is a Slurm job of its own."""
         from pita.core.backends.local import finished_from
 
         outcome = t.launch.paths.attempt(t.launch.attempt)
@@ -675,16 +722,23 @@ class SlurmBackend(Backend):
         pk.task = None
         del self.tasks[t.launch.job_id]
         state = pk.end[0] if pk.end else "UNKNOWN"
-        self._gather_log(_Sub(t.launch, pk.slurm_id, t.since, 0), f"{pk.name} ended {state}")
         extra = {"slurm_job": pk.slurm_id, "slurm_state": state, "slurm_pack": pk.name,
                  "log": str(attempt_log(t.launch))}
         if t.forced:
+            self._gather_log(_Sub(t.launch, pk.slurm_id, t.since, 0), f"{pk.name} ended {state}")
             self._ended.append(finished_from(t.launch, None, t.since, t.forced, t.reason, extra))
             return
         self.no_pack.add(t.launch.job_id)
         if outcome.exists() and _outcome_status(t.launch):
+            self._gather_log(_Sub(t.launch, pk.slurm_id, t.since, 0), f"{pk.name} ended {state}")
             self._ended.append(finished_from(t.launch, None, t.since, extra=extra))
             return
+        if state in ("OUT_OF_MEMORY", "PREEMPTED", "NODE_FAIL", "BOOT_FAIL", "CANCELLED", "DEADLINE"):
+            sub = _Sub(t.launch, pk.slurm_id, t.since, 0, mem_gb=t.mem_gb)
+            self._ended.append(self._ended_sub(t.launch.job_id, sub, state, None, pack=pk,
+                                               extra_more={"slurm_pack": pk.name}, note=f"{pk.name} ended {state}"))
+            return
+        self._gather_log(_Sub(t.launch, pk.slurm_id, t.since, 0), f"{pk.name} ended {state}")
         self._ended.append(finished_from(t.launch, None, t.since, "lost",
                                          f"its pack ({pk.name}, Slurm job {pk.slurm_id}) ended {state} while it ran; "
                                          f"it runs again as a Slurm job of its own", extra))
@@ -933,12 +987,19 @@ class SlurmBackend(Backend):
         except OSError:  # a full disk: the attempt's own log keeps it
             pass
 
-    def _ended_sub(self, job_id: str, sub: _Sub, state: str, rc: int | None) -> Finished:
+    def _ended_sub(self, job_id: str, sub: _Sub, state: str, rc: int | None, pack: _Pack | None = None,
+                   extra_more: dict | None = None, note: str = "") -> Finished:
+        """How an attempt ended, from Slurm's end state of its job (or, for a packed attempt, the
+        state its pack's done file and Slurm's word on the pack give it: ``pack``)."""
         from pita.core.backends.local import finished_from
 
-        self._gather_log(sub, state)
+        self._gather_log(sub, note or state)
+        where = f"its pack ({pack.name}, Slurm job {sub.slurm_id})" if pack is not None else f"Slurm job {sub.slurm_id}"
+        if pack is not None and state not in ("COMPLETED", "FAILED") and not sub.forced:
+            self.no_pack.add(job_id)  # its next attempt is a Slurm job of its own, where Slurm tells its end
 
-        extra = {"slurm_job": sub.slurm_id, "slurm_state": state, "log": str(attempt_log(sub.launch))}
+        extra = {"slurm_job": sub.slurm_id, "slurm_state": state, "log": str(attempt_log(sub.launch)),
+                 **(extra_more or {})}
         if sub.time_limit:
             extra["slurm_time"] = sub.time_limit
         if sub.mem_gb:
@@ -955,11 +1016,11 @@ class SlurmBackend(Backend):
             if n <= self.s.oom_mem_retries and not (top and sub.mem_gb >= top - 1):
                 self.mem_factor[job_id] = self.mem_factor.get(job_id, 1.0) * self.s.oom_mem_factor
                 return finished_from(sub.launch, rc, sub.submitted, "lost",
-                                     f"Slurm job {sub.slurm_id} ran out of host memory at --mem={sub.mem_gb:g}G "
+                                     f"{where} ran out of host memory at --mem={sub.mem_gb:g}G "
                                      f"(OUT_OF_MEMORY): the next attempt asks for {self.s.oom_mem_factor:g}x "
                                      f"({n} of executor.slurm.oom_mem_retries={self.s.oom_mem_retries})", extra)
             return finished_from(sub.launch, rc, sub.submitted, "error",
-                                 f"Slurm job {sub.slurm_id} ran out of host memory at --mem={sub.mem_gb:g}G "
+                                 f"{where} ran out of host memory at --mem={sub.mem_gb:g}G "
                                  f"(OUT_OF_MEMORY, {n} time(s){', the largest node' if top and sub.mem_gb >= top - 1 else ''}): "
                                  f"raise executor.slurm.oom_mem_retries or executor.slurm.mem_gb, or lower the job's "
                                  f"batch", extra)
@@ -970,11 +1031,16 @@ class SlurmBackend(Backend):
                    "submission asks for twice as long)", "PREEMPTED": "preempted", "NODE_FAIL": "its node failed",
                    "BOOT_FAIL": "its node failed to boot", "DEADLINE": "it reached its deadline before it could run",
                    "SPECIAL_EXIT": "Slurm held it after a special exit", "REVOKED": "a sibling cluster ran it"}
-            if state in ("SPECIAL_EXIT", "PREEMPTED", "NODE_FAIL", "BOOT_FAIL"):
+            if pack is not None:
+                why["TIMEOUT"] = ("it hit its own time limit in the pack (the next attempt has twice as long)"
+                                  if state == "TIMEOUT" else why["TIMEOUT"])
+            if state in ("SPECIAL_EXIT", "PREEMPTED", "NODE_FAIL", "BOOT_FAIL") and pack is None:
                 # Slurm may hold or requeue it itself: pita submits it again instead, so it never runs twice
                 _try(["scancel", sub.slurm_id])
-            return finished_from(sub.launch, rc, sub.submitted, "lost",
-                                 f"Slurm job {sub.slurm_id} ended {state}: {why.get(state, state.lower())}", extra)
+            said = (f"in its pack ({pack.name}, Slurm job {sub.slurm_id}), {state}" if pack is not None
+                    else f"{where} ended {state}")
+            return finished_from(sub.launch, rc, sub.submitted, "lost", f"{said}: {why.get(state, state.lower())}",
+                                 extra)
         return finished_from(sub.launch, rc, sub.submitted, extra=extra)
 
     def poll(self, timeout: float = 0.0) -> list[Finished]:
