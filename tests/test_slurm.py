@@ -470,6 +470,57 @@ def test_a_time_limit_barely_above_the_margin_warns_running_attempts_which_run_o
 
 
 @needs_slurm
+@pytest.mark.parametrize("event", ["scancel", "preempt"])
+def test_a_pack_cancelled_or_preempted_under_an_attempt_that_cannot_save_fails_nothing(tmp_path, event):
+    """A generation-like attempt (it cannot save) runs in a pack when the pack is scancel'ed (as an
+    admin would) or preempted by a job on partition urgent (PreemptMode=REQUEUE, GraceTime 30 s; a
+    pack is --no-requeue). The attempt dies of the TERM its pack forwards; it is read as a Slurm job
+    of its own in that state would be, lost, never died or FAILED, and its next attempt, a Slurm job
+    of its own, ends ok."""
+    from tests.test_slurm_pack import _launch as launch_of
+
+    env = _slurm_env()
+    be = SlurmBackend(SlurmSettings(min_minutes=2, pack_below_s=60, pack_idle_s=30, poll_interval_s=0.5,
+                                    max_poll_interval_s=2.0))
+    hang = launch_of(tmp_path, "A.f.d.r0.gen.s0", kind="hang")
+    be.start(hang)
+    assert hang.job_id in be.tasks
+    out, t0, urgent = [], time.time(), None
+    try:
+        while not out and time.time() - t0 < 400:
+            out += be.poll(0.5)
+            log = attempt_log(hang)
+            if urgent is None and log.exists() and "hanging" in log.read_text():
+                pack_id = be.packs["pack-1"].slurm_id
+                if event == "scancel":
+                    subprocess.run(["scancel", pack_id], env=env, check=True)
+                    urgent = pack_id
+                else:
+                    r = subprocess.run(["sbatch", "--parsable", "-p", "urgent", "-J", "urgent", "-c", "2", "--mem=1G",
+                                        "-o", "/dev/null", "--wrap", "sleep 5"], env=env, capture_output=True, text=True)
+                    assert r.returncode == 0, r.stderr
+                    urgent = r.stdout.strip()
+        assert urgent, "the attempt never ran"
+        [f] = out
+        state = "CANCELLED" if event == "scancel" else "PREEMPTED"
+        assert f.status == "lost" and f", {state}" in f.error and f.extra["slurm_state"] == state, (f.status, f.error)
+        assert hang.job_id in be.no_pack
+        retry = launch_of(tmp_path, "A.f.d.r0.gen.s0", attempt=2, seconds=0.2)
+        be.start(retry)
+        assert retry.job_id in be.subs  # a Slurm job of its own
+        out, t0 = [], time.time()
+        while not out and time.time() - t0 < 300:
+            out += be.poll(0.5)
+        assert [(x.job_id, x.status) for x in out] == [(retry.job_id, "ok")], [(x.status, x.error) for x in out]
+    finally:
+        be.shutdown(1.0)
+    sacct = subprocess.run(["sacct", "-n", "-X", "-P", "-j", f.extra["slurm_job"], "-o", "JobID,State"], env=env,
+                           capture_output=True, text=True).stdout.split()
+    print(f"pack {f.extra['slurm_job']} {event}: sacct {sacct}; attempt 1 {f.status} ({f.error}); attempt 2 ok "
+          f"as Slurm job {out[0].extra.get('slurm_job')}")
+
+
+@needs_slurm
 def test_a_preempted_training_job_saves_and_resumes_and_the_run_completes(tmp_path, tiny_cache):
     """The test cluster's partition urgent preempts debug (PreemptMode=REQUEUE, GraceTime 30 s).
     Once the DPO job has trained a few steps, a job on urgent takes the node's CPUs: Slurm sends the

@@ -53,6 +53,7 @@ from pathlib import Path
 
 LOOK_S = 0.1  # how often the pack looks for a task, a kill or a child that ended
 HELD = {signal.SIGUSR1, signal.SIGTERM, signal.SIGINT}  # taken by the pack's loop, never by a handler
+SIGNAL_RACE_S = 2.0  # an attempt that died of a signal: the pack's own signal may follow this late
 LEFTOVER_WAIT_S = 10.0  # an ended attempt's leftover processes are killed and reaped within this
 # where the pack reads its cgroup's OOM-kill count (a stand-in in tests); unset: its own cgroup's
 # memory.events (cgroup v2) or memory.oom_control (v1)
@@ -218,6 +219,14 @@ class Pack:
             self._keep_limit()
             return
         rc = os.waitstatus_to_exitcode(status)
+        # Slurm signals every process of the job at once (scancel, preemption): an attempt killed by
+        # a signal the pack did not send may have died a moment before the pack's own arrives;
+        # waited for briefly, so the done file says the pack was signalled
+        wait = SIGNAL_RACE_S if rc < 0 and self.term_at is None and not self.signals else 0.0
+        got = signal.sigtimedwait(HELD, wait)
+        while got is not None:
+            self._forward(got.si_signo)  # recorded for this attempt (self.child is still set)
+            got = signal.sigtimedwait(HELD, 0)
         task, self.child, self.term_at = self.task, None, None
         left = self._end_leftovers(pid)
         ooms = oom_kills(self.events)
