@@ -470,13 +470,13 @@ def test_a_time_limit_barely_above_the_margin_warns_running_attempts_which_run_o
 
 
 @needs_slurm
-@pytest.mark.parametrize("event", ["scancel", "preempt"])
+@pytest.mark.parametrize("event", ["scancel", "preempt", "node_fail"])
 def test_a_pack_cancelled_or_preempted_under_an_attempt_that_cannot_save_fails_nothing(tmp_path, event):
     """A generation-like attempt (it cannot save) runs in a pack when the pack is scancel'ed (as an
-    admin would) or preempted by a job on partition urgent (PreemptMode=REQUEUE, GraceTime 30 s; a
-    pack is --no-requeue). The attempt dies of the TERM its pack forwards; it is read as a Slurm job
-    of its own in that state would be, lost, never died or FAILED, and its next attempt, a Slurm job
-    of its own, ends ok."""
+    admin would), preempted by a job on partition urgent (PreemptMode=REQUEUE, GraceTime 30 s; a
+    pack is --no-requeue), or its node is set down (then resumed). The attempt dies with its pack;
+    it is read as a Slurm job of its own in that state would be, lost, never died or FAILED, and its
+    next attempt, a Slurm job of its own, ends ok."""
     from tests.test_slurm_pack import _launch as launch_of
 
     env = _slurm_env()
@@ -495,6 +495,12 @@ def test_a_pack_cancelled_or_preempted_under_an_attempt_that_cannot_save_fails_n
                 if event == "scancel":
                     subprocess.run(["scancel", pack_id], env=env, check=True)
                     urgent = pack_id
+                elif event == "node_fail":
+                    node = subprocess.run(["squeue", "-h", "-j", pack_id, "-o", "%N"], env=env, capture_output=True,
+                                          text=True).stdout.strip()
+                    subprocess.run(["scontrol", "update", f"nodename={node}", "state=down", "reason=pita-test"],
+                                   env=env, check=True)
+                    urgent = node
                 else:
                     r = subprocess.run(["sbatch", "--parsable", "-p", "urgent", "-J", "urgent", "-c", "2", "--mem=1G",
                                         "-o", "/dev/null", "--wrap", "sleep 5"], env=env, capture_output=True, text=True)
@@ -502,7 +508,12 @@ def test_a_pack_cancelled_or_preempted_under_an_attempt_that_cannot_save_fails_n
                     urgent = r.stdout.strip()
         assert urgent, "the attempt never ran"
         [f] = out
-        state = "CANCELLED" if event == "scancel" else "PREEMPTED"
+        if event == "node_fail":
+            # a node that came back by itself (ReturnToService) refuses resume: either way it must be idle
+            subprocess.run(["scontrol", "update", f"nodename={urgent}", "state=resume"], env=env, capture_output=True)
+            wait_for(lambda: "idle" in subprocess.run(["sinfo", "-h", "-n", urgent, "-o", "%t"], env=env,
+                                                      capture_output=True, text=True).stdout, timeout=120)
+        state = {"scancel": "CANCELLED", "preempt": "PREEMPTED", "node_fail": "NODE_FAIL"}[event]
         assert f.status == "lost" and f", {state}" in f.error and f.extra["slurm_state"] == state, (f.status, f.error)
         assert hang.job_id in be.no_pack
         retry = launch_of(tmp_path, "A.f.d.r0.gen.s0", attempt=2, seconds=0.2)
@@ -514,6 +525,8 @@ def test_a_pack_cancelled_or_preempted_under_an_attempt_that_cannot_save_fails_n
         assert [(x.job_id, x.status) for x in out] == [(retry.job_id, "ok")], [(x.status, x.error) for x in out]
     finally:
         be.shutdown(1.0)
+        if event == "node_fail" and urgent:  # never leave the test cluster's node down
+            subprocess.run(["scontrol", "update", f"nodename={urgent}", "state=resume"], env=env, capture_output=True)
     sacct = subprocess.run(["sacct", "-n", "-X", "-P", "-j", f.extra["slurm_job"], "-o", "JobID,State"], env=env,
                            capture_output=True, text=True).stdout.split()
     print(f"pack {f.extra['slurm_job']} {event}: sacct {sacct}; attempt 1 {f.status} ({f.error}); attempt 2 ok "
