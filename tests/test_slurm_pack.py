@@ -178,6 +178,13 @@ for a in "$@"; do [ -f {jobs}/$a ] && kill $(cat {jobs}/$a) 2>/dev/null; done; e
             pass
 
 
+def _until_taken(be: SlurmBackend, pack: Path, timeout: float = 120.0) -> None:
+    """Poll the driver until ``pack`` has taken its attempt (renamed task.json to running.json)."""
+    t0 = time.time()
+    while not (pack / "running.json").exists() and time.time() - t0 < timeout:
+        be.poll(0.2)
+
+
 def _until_ended(be: SlurmBackend, n: int, timeout: float = 120.0) -> list:
     out, t = [], time.time()
     while len(out) < n and time.time() - t < timeout:
@@ -223,17 +230,13 @@ def test_a_packed_attempt_killed_by_the_driver_ends_cancelled_and_one_whose_pack
     hang = _launch(tmp_path, "A.f.d.r0.gen.s0", kind="hang")
     be.start(hang)
     pack = tmp_path / "run" / "slurm-packs" / "pack-1"
-    t0 = time.time()
-    while not (pack / "running.json").exists() and time.time() - t0 < 120:
-        be.poll(0.2)
+    _until_taken(be, pack)
     be.kill(hang.job_id, "timeout", "over its limit")
     [f] = _until_ended(be, 1, timeout=60)
     assert (f.status, f.error) == ("timeout", "over its limit")
     again = _launch(tmp_path, "B.f.d.r0.gen.s0", kind="hang")
     be.start(again)
-    t0 = time.time()
-    while not (pack / "running.json").exists() and time.time() - t0 < 60:
-        be.poll(0.2)
+    _until_taken(be, pack, timeout=60)
     pid = json.loads((pack / "started").read_text())["pid"]
     os.kill(pid, signal.SIGKILL)
     [f] = _until_ended(be, 1, timeout=60)
@@ -329,9 +332,7 @@ def test_a_packed_attempt_that_slurm_ended_with_its_pack_ends_as_a_job_of_its_ow
     hang = _launch(tmp_path, "A.f.d.r0.gen.s0", kind="hang")
     be.start(hang)
     pack = tmp_path / "run" / "slurm-packs" / "pack-1"
-    t0 = time.time()
-    while not (pack / "running.json").exists() and time.time() - t0 < 120:
-        be.poll(0.2)
+    _until_taken(be, pack)
     assert wait_for(lambda: (hang.paths.dir / "attempt-1.log").exists()
                     and "hanging" in (hang.paths.dir / "attempt-1.log").read_text(), timeout=60)
     slurm_id = be.packs["pack-1"].slurm_id
