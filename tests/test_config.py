@@ -68,6 +68,8 @@ def test_default_config_is_valid():
     ({"executor": {"oom_retries": -1}}, "executor.oom_retries=-1: must be >= 0"),
     ({"executor": {"memory_margin": 1.5}}, "executor.memory_margin=1.5: must be a fraction in [0, 1)"),
     ({"executor": {"max_jobs_per_device": 0}}, "executor.max_jobs_per_device=0"),
+    ({"executor": {"slurm": {"max_share": 0}}}, "executor.slurm.max_share=0"),
+    ({"executor": {"slurm": {"max_share": 1.5}}}, "executor.slurm.max_share=1.5: must be in (0, 1]"),
     ({"executor": {"progress": "fancy"}}, "executor.progress='fancy' is not known"),
     ({"system": {"devices": [-1]}}, "system.devices=[-1]"),
     ({"system": {"devices": []}}, "system.devices=[]"),

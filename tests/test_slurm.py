@@ -123,7 +123,10 @@ def test_a_partition_the_cluster_lacks_is_exit_2_before_anything_is_submitted(tm
 
 
 @needs_slurm
-def test_a_job_scancelled_outside_pita_is_submitted_again_and_the_run_ends_0(tmp_path):
+def test_a_job_a_person_scancels_stays_cancelled_and_the_resume_it_names_runs_it(tmp_path):
+    """A person's scancel of a running generation job: the job FAILED with who cancelled it (sacct's
+    uid) and the command that runs it again, never submitted again by pita, its dependents skipped,
+    the run exits 1; that command (resume_from=) then runs the rest and exits 0."""
     env = _slurm_env()
     proc = subprocess.Popen([os.sys.executable, str(ROOT / "run_parallel.py"), *SYNTH, "synthetic.algos=[A]",
                              "synthetic.job_seconds=8", "experiment.name=cancel", f"system.output_dir={tmp_path}",
@@ -142,12 +145,23 @@ def test_a_job_scancelled_outside_pita_is_submitted_again_and_the_run_ends_0(tmp
         time.sleep(0.3)
     text, _ = proc.communicate(timeout=600)
     assert cancelled, text[-3000:]
-    assert proc.returncode == 0, text[-3000:]
+    assert proc.returncode == 1, text[-3000:]
     run = next((tmp_path / "cancel").iterdir())
     state = json.loads((run / "state.json").read_text())
-    attempts = state["jobs"][cancelled]["attempts"]
-    assert [a["status"] for a in attempts] == ["lost", "ok"], attempts
-    assert attempts[0]["slurm_state"] == "CANCELLED" and "cancelled outside pita" in attempts[0]["error"]
+    job = state["jobs"][cancelled]
+    [a] = job["attempts"]
+    assert job["state"] == "FAILED" and a["status"] == "cancelled" and a["slurm_state"] == "CANCELLED", a
+    assert "was cancelled by uid 0 (root) (scancel), not by pita" in a["error"], a["error"]
+    assert any(e["state"] == "SKIPPED" for e in state["jobs"].values())
+    sacct = subprocess.run(["sacct", "-n", "-X", "-P", "-j", a["slurm_job"], "-o", "JobID,JobName,State"], env=env,
+                           capture_output=True, text=True).stdout.strip()
+    print(f"cancelled by a person: sacct {sacct}; one attempt, {a['status']}")
+    again = a["error"].split("to run it again: ", 1)[1]
+    assert again.endswith(f"resume_from={run}"), again
+    r = cli([f"resume_from={run}"], tmp_path, timeout=600)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    state = json.loads((run / "state.json").read_text())
+    assert all(e["state"] == "COMPLETED" for e in state["jobs"].values())
 
 
 @needs_slurm
@@ -475,8 +489,9 @@ def test_a_pack_cancelled_or_preempted_under_an_attempt_that_cannot_save_fails_n
     """A generation-like attempt (it cannot save) runs in a pack when the pack is scancel'ed (as an
     admin would), preempted by a job on partition urgent (PreemptMode=REQUEUE, GraceTime 30 s; a
     pack is --no-requeue), or its node is set down (then resumed). The attempt dies with its pack;
-    it is read as a Slurm job of its own in that state would be, lost, never died or FAILED, and its
-    next attempt, a Slurm job of its own, ends ok."""
+    it is read as a Slurm job of its own in that state would be, never died or FAILED: lost when
+    preempted or its node failed, cancelled (a person's word, with sacct's uid) when scancel'ed. Its
+    next attempt (a resume's, for the cancelled one), a Slurm job of its own, ends ok."""
     from tests.test_slurm_pack import _launch as launch_of
 
     env = _slurm_env()
@@ -514,7 +529,11 @@ def test_a_pack_cancelled_or_preempted_under_an_attempt_that_cannot_save_fails_n
             wait_for(lambda: "idle" in subprocess.run(["sinfo", "-h", "-n", urgent, "-o", "%t"], env=env,
                                                       capture_output=True, text=True).stdout, timeout=120)
         state = {"scancel": "CANCELLED", "preempt": "PREEMPTED", "node_fail": "NODE_FAIL"}[event]
-        assert f.status == "lost" and f", {state}" in f.error and f.extra["slurm_state"] == state, (f.status, f.error)
+        if event == "scancel":  # a person's word: final for the attempt it ran (a resume runs it again)
+            assert f.status == "cancelled" and "was cancelled by uid" in f.error, (f.status, f.error)
+            assert f.extra["slurm_state"] == state and f.extra["cancelled_by"].startswith("by uid ")
+        else:
+            assert f.status == "lost" and f", {state}" in f.error and f.extra["slurm_state"] == state, (f.status, f.error)
         assert hang.job_id in be.no_pack
         retry = launch_of(tmp_path, "A.f.d.r0.gen.s0", attempt=2, seconds=0.2)
         be.start(retry)

@@ -221,14 +221,42 @@ def test_a_pending_reason_that_never_clears_ends_the_job_with_it(tmp_path, fake,
 
 
 @pytest.mark.parametrize("state,status", [("PREEMPTED", "lost"), ("NODE_FAIL", "lost"), ("BOOT_FAIL", "lost"),
-                                          ("DEADLINE", "lost"), ("SPECIAL_EXIT", "lost"), ("TIMEOUT", "lost"),
-                                          ("CANCELLED", "lost")])
+                                          ("DEADLINE", "lost"), ("SPECIAL_EXIT", "lost"), ("TIMEOUT", "lost")])
 def test_every_slurm_end_state_is_mapped(tmp_path, fake, state, status):
     be = _backend()
     be.start(_launch(tmp_path))
     fake.set("squeue", f"101|{state}|None|0")
     [f] = _poll(be)
     assert f.status == status and state in f.error
+
+
+def test_a_persons_scancel_is_final_and_names_who_while_pitas_own_cancel_is_not_theirs(tmp_path, fake):
+    """CANCELLED that pita did not send: "cancelled", with sacct's "CANCELLED by <uid>" read as the
+    uid and its name; where sacct does not say, "by a person". A job pita itself killed ends with
+    pita's status and no cancelled_by (it is not a person's word)."""
+    import pwd
+
+    be = _backend()
+    be.start(_launch(tmp_path))
+    fake.set("squeue", "101|CANCELLED|None|0")
+    fake.set("sacct", f"CANCELLED by {os.getuid()}")
+    [f] = _poll(be)
+    me = pwd.getpwuid(os.getuid()).pw_name
+    assert f.status == "cancelled" and f.extra["cancelled_by"] == f"by uid {os.getuid()} ({me})", f.extra
+    assert f"Slurm job 101 was cancelled by uid {os.getuid()} ({me}) (scancel), not by pita: final" in f.error
+    be2 = _backend()
+    be2.start(_launch(tmp_path, "B.f.d.r0.train"))
+    fake.set("sacct", "")
+    [g] = _poll(be2)
+    assert g.status == "cancelled" and g.extra["cancelled_by"] == "by a person (sacct does not say who)"
+    be3 = _backend()
+    be3.start(_launch(tmp_path, "C.f.d.r0.train"))
+    fake.set("squeue", "101|RUNNING|None|0")
+    _poll(be3)
+    be3.kill("C.f.d.r0.train", status="timeout", reason="timed out after 5s")
+    fake.set("squeue", "101|CANCELLED|None|0")
+    [h] = _poll(be3)
+    assert h.status == "timeout" and "cancelled_by" not in h.extra
 
 
 @pytest.mark.parametrize("state", ["SUSPENDED", "REQUEUED", "REQUEUE_HOLD", "CONFIGURING", "COMPLETING", "STOPPED"])
@@ -290,15 +318,124 @@ def test_out_of_service_nodes_and_exit_statuses_are_read_as_slurm_writes_them():
     assert [slurm._wait_status(c) for c in ("0", "768", "9", "3:0", "0:15", "")] == [0, 3, -9, 3, -15, None]
 
 
-def test_a_timeout_asks_twice_the_limit_next_time(tmp_path, fake):
+def test_a_timeout_asks_twice_the_limit_once_a_resume_keeps_it_and_a_second_fails(tmp_path, fake):
+    """The first TIMEOUT: lost, the next attempt asks twice the limit; a new driver of the run (a
+    resume: a new backend) asks the doubled limit too (slurm-sizing.json in the job's folder); a
+    second TIMEOUT fails the job naming the keys, instead of doubling again (a hung job would cost
+    63x its first limit)."""
     be = _backend(min_minutes=10)
     be.start(_launch(tmp_path))
-    first = be.subs["DPO.f.d.r0.train"].time_limit
+    first = slurm.slurm_seconds(be.subs["DPO.f.d.r0.train"].time_limit)
     fake.set("squeue", "101|TIMEOUT|TimeLimit|15")
     [f] = _poll(be)
-    assert f.status == "lost" and "time limit" in f.error
-    be.start(_launch(tmp_path, attempt=2))
-    assert slurm.slurm_seconds(be.subs["DPO.f.d.r0.train"].time_limit) == 2 * slurm.slurm_seconds(first)
+    assert f.status == "lost" and "time limit" in f.error and "once" in f.error
+    resumed = _backend(min_minutes=10)
+    resumed.start(_launch(tmp_path, attempt=2))
+    assert slurm.slurm_seconds(resumed.subs["DPO.f.d.r0.train"].time_limit) == 2 * first
+    [g] = _poll(resumed)
+    assert g.status == "error" and "again, after its limit was doubled once" in g.error, g.error
+    assert "executor.slurm.time_margin" in g.error
+    resumed.start(_launch(tmp_path, attempt=3))  # run again by hand (a resume): still twice, never 4x
+    assert slurm.slurm_seconds(resumed.subs["DPO.f.d.r0.train"].time_limit) == 2 * first
+
+
+def test_a_timeout_at_the_longest_limit_slurm_gives_fails_at_once(tmp_path, fake):
+    be = _backend(min_minutes=10, max_time_s=600.0)  # MaxTime (or the QoS's MaxWall) is the 10 min asked
+    be.start(_launch(tmp_path))
+    assert be.subs["DPO.f.d.r0.train"].time_limit == "0-00:10:00"
+    fake.set("squeue", "101|TIMEOUT|TimeLimit|15")
+    [f] = _poll(be)
+    assert f.status == "error" and "at the longest limit Slurm gives it (0-00:10:00" in f.error, f.error
+
+
+def test_an_accounting_refusal_that_waiting_cannot_clear_fails_at_once_with_the_keys(tmp_path, fake):
+    """Slurm's generic accounting refusal with nothing of the run in flight and no submit limit set
+    (no accounting here): final, status "error" (no crash retry), naming what the request asked
+    and the keys. A refusal naming a per-job limit is final too; with a job of the run in flight
+    the generic one is held and tried again (a submit limit your jobs fill)."""
+    generic = ("sbatch: error: Batch job submission failed: Job violates accounting/QOS policy (job submit limit, "
+               "user's size and/or time limits)")
+    fake.set("scontrol", "AccountingStorageType = accounting_storage/none")
+    be = _backend()
+    fake.set("sbatch", rc=1, err=generic)
+    with pytest.raises(slurm.SlurmRefused) as e:
+        be.start(_launch(tmp_path))
+    assert e.value.status == "error" and "no job of this run is in flight" in str(e.value)
+    assert "--time=" in str(e.value) and "executor.slurm.qos" in str(e.value)
+    fake.set("sbatch", rc=1, err="sbatch: error: QOSMaxWallDurationPerJobLimit\n" + generic)
+    with pytest.raises(slurm.SlurmRefused, match="QOSMaxWallDurationPerJobLimit is a per-job limit"):
+        be.start(_launch(tmp_path, "B.f.d.r0.train"))
+    fake.set("sbatch", "301")
+    be.start(_launch(tmp_path, "C.f.d.r0.train"))
+    fake.set("sbatch", rc=1, err=generic)
+    be.start(_launch(tmp_path, "D.f.d.r0.train"))  # C is in flight: held, tried again later
+    assert "D.f.d.r0.train" in be.held and "trying again in" in be.queued()["D.f.d.r0.train"][0]
+
+
+def _sacctmgr(fake, assoc: str, qos: str) -> None:
+    (fake.dir / "sacctmgr").write_text(f"""#!/bin/sh
+echo "sacctmgr $*" >> {fake.dir}/calls
+case "$*" in *"show qos"*) printf '%s\\n' '{qos}';; *"show assoc"*) printf '%s\\n' '{assoc}';; esac
+""")
+    (fake.dir / "sacctmgr").chmod(0o755)
+    fake.set("scontrol", "AccountingStorageType = accounting_storage/slurmdbd")
+
+
+def test_the_associations_and_qos_limits_are_read_and_set_the_runs_limits(tmp_path, fake):
+    """sacctmgr's MaxJobs, GrpTRES (GPUs), MaxTRESPU and MaxWall of the association and the QoS:
+    the smallest of each applies; MaxWall below the partition's MaxTime caps --time."""
+    _sacctmgr(fake, "acct||normal,long|long|||6||gres/gpu=16,cpu=64|2-00:00:00",
+              "long||||||gres/gpu=8|12:00:00")
+    s = SlurmSettings(account="acct", max_time_s=3 * 86400.0, max_jobs=100)  # MaxJobs lowers it
+    lim = slurm.account_limits(s)
+    assert lim.running == (6, "association acct's MaxJobs = 6")
+    assert lim.gpus == (8, "QoS long's MaxTRESPerUser gres/gpu=8")
+    assert lim.wall_s == (43200.0, "QoS long's MaxWall = 12:00:00") and lim.submit is None
+    be = SlurmBackend(s)
+    notes = slurm.in_flight_limits(be, [{"name": "n1", "gpus": 8, "usable": True}], cuda=True)
+    assert s.max_time_s == 43200.0 and be.cap == 6 and be.gpu_cap == 8, notes
+    assert any("--time at most 0-12:00:00 (QoS long's MaxWall" in n for n in notes)
+    assert any("GPUs in flight at most 8" in n for n in notes)
+
+
+def test_gpus_in_flight_stop_at_the_qos_limit_and_smaller_jobs_still_go(tmp_path, fake):
+    be = _backend()
+    be.set_gpu_limit(3, "QoS long's MaxTRESPerUser gres/gpu=3")
+
+    def launch(job_id, gpus):
+        la = _launch(tmp_path, job_id)
+        la.devices = [{"kind": "cuda", "label": f"gpu{i}"} for i in range(gpus)]
+        la.job["resources"]["devices"] = gpus
+        return la
+
+    fake.set("sbatch", "101")
+    be.start(launch("A.f.d.r0.train", 2))
+    fake.set("sbatch", "102")
+    be.start(launch("B.f.d.r0.train", 2))  # 2 + 2 > 3: held by pita
+    assert list(be.subs) == ["A.f.d.r0.train"] and "gres/gpu=3" in be.queued()["B.f.d.r0.train"][0]
+    be.start(launch("C.f.d.r0.train", 1))  # 2 + 1 fits
+    assert sorted(be.subs) == ["A.f.d.r0.train", "C.f.d.r0.train"]
+    fake.set("squeue", "101|COMPLETED|None|0\n102|PENDING|None|0")
+    _finish_outcome(be.subs["A.f.d.r0.train"].launch)
+    _poll(be)
+    assert "B.f.d.r0.train" in be.subs and not be.held
+
+
+def test_the_default_jobs_in_flight_are_a_modest_share_of_the_partition(tmp_path, fake):
+    fake.set("scontrol", "AccountingStorageType = accounting_storage/none")
+    nodes = [{"name": f"n{i}", "gpus": 8, "usable": True} for i in range(8)]  # 64 GPUs
+    be = SlurmBackend(SlurmSettings())
+    notes = slurm.in_flight_limits(be, nodes, cuda=True)
+    assert be.cap == 16 and "executor.slurm.max_share=0.25 of the partition's 64 usable devices" in be.cap_why, notes
+    small = SlurmBackend(SlurmSettings())
+    slurm.in_flight_limits(small, nodes[:1], cuda=True)
+    assert small.cap == 4  # 8 GPUs: a quarter is 2, and never fewer than 4
+    tiny = SlurmBackend(SlurmSettings())
+    slurm.in_flight_limits(tiny, [{"name": "n0", "gpus": 4, "usable": True}], cuda=True)
+    assert tiny.cap is None  # 4 GPUs: all may be in flight
+    mine = SlurmBackend(SlurmSettings(max_jobs=40))
+    slurm.in_flight_limits(mine, nodes, cuda=True)
+    assert mine.cap == 40
 
 
 def test_a_stopping_driver_cancels_every_job_in_one_call_without_waiting(tmp_path, fake):

@@ -325,8 +325,8 @@ def test_a_packed_attempt_that_slurm_ended_with_its_pack_ends_as_a_job_of_its_ow
     """Slurm TERMs the pack (preemption, scancel, a failing node) and the attempt, which cannot
     save, dies of it. Its done file says the pack was signalled, so the driver waits for Slurm's
     word on the pack and reads the attempt as a Slurm job of its own in that state: lost, to run
-    again (as a job of its own), never died/FAILED. A pack signalled outside Slurm that then ends
-    COMPLETED (None here) is lost too."""
+    again (as a job of its own), never died/FAILED; a person's scancel (CANCELLED) is final, as for
+    a job of its own. A pack signalled outside Slurm that then ends COMPLETED (None here) is lost."""
     be = SlurmBackend(SlurmSettings(pack_below_s=60, pack_idle_s=30, poll_interval_s=0.2, max_poll_interval_s=1.0,
                                     outcome_wait_s=0.0))
     hang = _launch(tmp_path, "A.f.d.r0.gen.s0", kind="hang")
@@ -340,11 +340,16 @@ def test_a_packed_attempt_that_slurm_ended_with_its_pack_ends_as_a_job_of_its_ow
         (cluster.dir / "states" / slurm_id).write_text(state)
     os.kill(json.loads((pack / "started").read_text())["pid"], signal.SIGTERM)
     [f] = _until_ended(be, 1, timeout=60)
-    assert f.status == "lost", (f.status, f.error)
     done = json.loads((pack / done_name(hang.job_id, 1)).read_text())
     assert done["signals"] == ["SIGTERM"] and done["rc"] == -signal.SIGTERM
+    if state == "CANCELLED":  # a person's scancel of the pack: final for its attempt, as for a job of its own
+        assert f.status == "cancelled" and f"in its pack (pack-1, Slurm job {slurm_id}) was cancelled by a person" \
+            in f.error and f.extra["cancelled_by"], (f.status, f.error)
+    else:
+        assert f.status == "lost", (f.status, f.error)
     if state:
-        assert f"in its pack (pack-1, Slurm job {slurm_id}), {state}" in f.error and f.extra["slurm_state"] == state
+        assert f"in its pack (pack-1, Slurm job {slurm_id})" in f.error and f.extra["slurm_state"] == state
+        assert state == "CANCELLED" or f", {state}" in f.error
     else:
         assert "was sent SIGTERM while it ran and ended COMPLETED" in f.error
     assert hang.job_id in be.no_pack
@@ -385,3 +390,43 @@ def test_a_failed_packed_attempt_waits_for_its_outcome_file_as_a_job_of_its_own_
     [f] = out
     assert f.status == "died" and seen is not None and time.time() - seen >= 3.0, (f.status, f.error)
     be.shutdown(1.0)
+
+
+def test_a_persons_cancel_fails_the_job_with_the_command_that_runs_it_again(tmp_path, cluster):
+    """Through the executor, each attempt a Slurm job of its own whose worker really runs: the job a
+    person scancel'ed is FAILED and never submitted again, its dependent SKIPPED, the job beside it
+    completes, and the error names who cancelled it and the command that runs it again."""
+    from pita.core.executor import Executor, ExecutorSettings
+    from pita.core.gpu_manager import GPUManager
+    from pita.core.graph import JobGraph
+    from pita.core.job import Job, Resources
+    from pita.core.logs import setup_logging
+    from pita.core.paths import RunPaths
+
+    sbatch = cluster.dir / "sbatch"
+    jobs_dir = cluster.dir / "jobs"
+    sbatch.write_text(f"""#!/bin/bash
+echo "sbatch $*" >> {cluster.dir}/calls
+n=$(( $(ls {jobs_dir} | wc -l) + 501 ))
+script="${{@: -1}}"
+case "$*" in *pita:A.f.d.r0.train*) echo CANCELLED > {cluster.dir}/states/$n; echo 999999 > {jobs_dir}/$n;;
+  *) SLURM_JOB_ID=$n nohup bash "$script" > /dev/null 2>&1 & echo $! > {jobs_dir}/$n;; esac
+echo $n
+""")
+    cluster.set("sacct", "CANCELLED by 0")
+    jobs = [Job(i, "synthetic.work", deps=list(d), params={"seconds": 0}, resources=Resources(1, 0.5))
+            for i, d in (("A.f.d.r0.train", ()), ("A.f.d.r0.eval", ("A.f.d.r0.train",)), ("B.f.d.r0.train", ()))]
+    gpus = GPUManager.from_inventory(2, 8e9, kind="cpu")
+    run = RunPaths.create(tmp_path, "t")
+    setup_logging(run.run_log, console=False)
+    be = SlurmBackend(SlurmSettings(poll_interval_s=0.2, max_poll_interval_s=1.0, outcome_wait_s=0.0))
+    s = ExecutorSettings(progress="off", poll_interval_s=0.05, kill_grace_s=2, command="pita run")
+    summary = Executor(JobGraph(jobs).validate([d.total_bytes for d in gpus.devices]), gpus, be, run, s).run()
+    state = json.loads(run.state.read_text())["jobs"]
+    assert {k: v["state"] for k, v in state.items()} == {"A.f.d.r0.train": "FAILED", "A.f.d.r0.eval": "SKIPPED",
+                                                         "B.f.d.r0.train": "COMPLETED"}, state
+    [a] = state["A.f.d.r0.train"]["attempts"]
+    assert a["status"] == "cancelled" and "was cancelled by uid 0 (root) (scancel), not by pita" in a["error"], a
+    assert f"to run it again: pita run resume_from={run.root}" in a["error"]
+    assert len([c for c in cluster.calls("sbatch") if "pita:A.f.d.r0.train" in c]) == 1  # never submitted again
+    assert summary.exit_code == 1 and "was cancelled by uid 0" in run.run_log.read_text()

@@ -95,15 +95,20 @@ class SlurmConfig:
     constraint: Optional[str] = None  # -C, e.g. a100|h100
     sbatch_args: List[str] = field(default_factory=list)  # more sbatch options, e.g. [--exclusive]
     cpus_per_job: int = 1  # CPUs per device a job holds (-c = this x its devices)
-    time_margin: float = 2.0  # --time = the job's expected seconds x this (doubled after a TIMEOUT)
+    # --time = the job's expected seconds x this; after a TIMEOUT the next attempt asks twice as
+    # long (once, and never past the partition's MaxTime or the QoS's MaxWall); a second one fails
+    time_margin: float = 2.0
     min_minutes: int = 10  # the shortest --time asked for
     # squeue (one call for all of this run's jobs, filtered to you) this soon after a submission
     # or a change; the interval doubles while nothing changes
     poll_interval_s: float = 5.0
     max_poll_interval_s: float = 60.0  # the longest interval between two squeue calls
-    # jobs in flight (queued or running) at most; null = what your association and QoS allow
-    # (sacctmgr, where accounting runs), else the partition's GPUs
+    # jobs in flight (queued or running) at most; null = max_share of the partition, lowered to
+    # what your association and QoS allow (sacctmgr, where accounting runs)
     max_jobs: Optional[int] = None
+    # with max_jobs null: jobs in flight at most this share of the partition's usable GPUs (its
+    # CPU devices on a partition without GPUs), at least 4; 1.0 = as many as the partition has
+    max_share: float = 0.25
     # an attempt that ran out of host memory (OUT_OF_MEMORY) runs again with --mem times this,
     # at most oom_mem_retries times and never above the partition's largest node
     oom_mem_factor: float = 1.5

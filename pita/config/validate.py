@@ -76,6 +76,9 @@ def validate_config(cfg: DictConfig, models: bool = False) -> None:
          f"must be >= executor.slurm.poll_interval_s ({sl.poll_interval_s})")
     need(sl.max_jobs is None or sl.max_jobs >= 1, "executor.slurm.max_jobs", sl.max_jobs,
          "must be >= 1, or null for what your association and QoS allow")
+    need(0 < sl.max_share <= 1, "executor.slurm.max_share", sl.max_share,
+         "must be in (0, 1]: the share of the partition's usable GPUs this run keeps in flight (executor.slurm.max_jobs "
+         "sets a number instead)")
     need(sl.oom_mem_factor > 1, "executor.slurm.oom_mem_factor", sl.oom_mem_factor,
          "must be > 1 (--mem grows by it after an OUT_OF_MEMORY)")
     need(sl.oom_mem_retries >= 0, "executor.slurm.oom_mem_retries", sl.oom_mem_retries, "must be >= 0")

@@ -423,7 +423,9 @@ class Executor(OutcomeRules, MemoryWatch, DiskSpace, Inventory):
                 self._note(job_id, state=JobState.PENDING.value, reason="disk full")
                 raise DiskFull(f"{e} (starting {job_id})") from e
             log.exception("could not start %s", job_id)
-            self._handle(Finished(job_id, n, "died", None, f"backend could not start the worker: {e}"))
+            # an exception may say it is final (status "error": a refusal that waiting cannot change)
+            self._handle(Finished(job_id, n, getattr(e, "status", "died"), None,
+                                  f"backend could not start the worker: {e}"))
 
     def _check_timeouts(self) -> None:
         """A job past its limit gets TERM once; the backend KILLs its processes kill_grace_s later

@@ -16,11 +16,15 @@ folder must be on a filesystem the cluster's nodes share. Slurm's own end states
 accounting is kept); how each maps:
 
     COMPLETED, FAILED, OUT_OF_MEMORY   the worker's outcome and exit code (ok, error, oom, died)
-    CANCELLED (not by pita), PREEMPTED, NODE_FAIL, BOOT_FAIL, DEADLINE
+    PREEMPTED, NODE_FAIL, BOOT_FAIL, DEADLINE
                                        "lost": run again, not counted as the job's crash
                                        (executor.lost_retries), like a Ray node that left
-    TIMEOUT                            "lost" too, and the job's next submission gets twice the
-                                       time limit; training jobs continue from their checkpoint
+    CANCELLED (not by pita)            a person's word: final ("cancelled", the job FAILED with
+                                       who cancelled it and the command that runs it again)
+    TIMEOUT                            "lost" once: the next attempt asks twice the time limit
+                                       (never past MaxTime or the QoS's MaxWall; the factor is
+                                       kept in the job's folder, so a resume keeps it); a second
+                                       TIMEOUT, or one at the longest limit, fails the job
 
 Jobs that hold no device (merges) run on the driver, as local workers. Killing an attempt is
 ``scancel --signal=TERM`` then ``scancel`` after the grace period; a driver that stops cancels
@@ -160,7 +164,8 @@ class SlurmSettings:
     mem_gb: float = 4.0
     pending_report_s: float = 300.0  # a job queued longer than this is reported with Slurm's reason
     max_time_s: float | None = None  # the partition's MaxTime (read at start): no --time beyond it
-    max_jobs: int | None = None  # jobs in flight at most (None: the association's and QoS's limits)
+    max_jobs: int | None = None  # jobs in flight at most (None: max_share, and the association's and QoS's limits)
+    max_share: float = 0.25  # max_jobs None: at most this share of the partition's usable devices in flight (>= 4)
     oom_mem_factor: float = 1.5
     oom_mem_retries: int = 2
     signal_margin_s: int = 120
@@ -190,6 +195,7 @@ _FINAL_REFUSALS = ("invalid", "unrecognized option", "requested node configurati
 
 
 QUERY_TIMEOUT_S = 30.0  # a Slurm query slower than this counts as no answer
+DEFAULT_IN_FLIGHT = 4  # executor.slurm.max_share never keeps fewer jobs in flight than this
 # a batch script's first command: Slurm's warning ignored from there, through the ``exec`` into the
 # worker (or the pack) and the interpreter's start-up (an ignored signal stays ignored across exec),
 # until the process holds it itself (pita.core.preempt.hold); by default USR1 would end it
@@ -325,6 +331,10 @@ class SlurmBackend(Backend):
         self.host_ooms: dict[str, int] = {}
         self.cap: int | None = self.s.max_jobs  # jobs in flight at most (set_limits: the user's limits)
         self.cap_why = "executor.slurm.max_jobs" if self.s.max_jobs else ""
+        self.gpu_cap: int | None = None  # GPUs in flight at most (set_gpu_limit: GrpTRES, MaxTRESPU)
+        self.gpu_cap_why = ""
+        self._sized: set[str] = set()  # jobs whose saved sizing (slurm-sizing.json) was read
+        self.devices_n = 0  # the partition's usable devices (follow_nodes): max_share counts them
         self._interval = self.s.poll_interval_s
         self._next_query = 0.0
         self._last_look = 0.0  # outcome files last looked for
@@ -351,6 +361,7 @@ class SlurmBackend(Backend):
     # ------------------------------------------------------------------ submitting
     def request(self, launch: Launch) -> list[str]:
         """The sbatch options of one attempt: what the plan gives its job."""
+        self._load_sizing(launch)
         job = launch.job
         res = job.get("resources") or {}
         gpus = sum(1 for d in launch.devices if d.get("kind") == "cuda")
@@ -378,6 +389,34 @@ class SlurmBackend(Backend):
             if value:
                 args += [flag, str(value)]
         return args + list(self.s.sbatch_args)
+
+    SIZING = "slurm-sizing.json"  # in the job's folder: what its earlier attempts taught its request
+
+    def _load_sizing(self, launch) -> None:
+        """A job's time and memory factors from its earlier attempts, read once per job: a resumed
+        driver asks what the last one would have asked (a TIMEOUT's doubling is never forgotten)."""
+        if launch.job_id in self._sized:
+            return
+        self._sized.add(launch.job_id)
+        try:
+            saved = json.loads((Path(launch.paths.dir) / self.SIZING).read_text())
+        except (OSError, ValueError, TypeError):
+            return
+        for name, into in (("time_factor", self.time_factor), ("mem_factor", self.mem_factor),
+                           ("host_ooms", self.host_ooms)):
+            value = saved.get(name)
+            if isinstance(value, (int, float)) and launch.job_id not in into:
+                into[launch.job_id] = value
+
+    def _save_sizing(self, launch) -> None:
+        job_id = launch.job_id
+        data = {name: into[job_id] for name, into in (("time_factor", self.time_factor),
+                                                      ("mem_factor", self.mem_factor),
+                                                      ("host_ooms", self.host_ooms)) if job_id in into}
+        try:
+            atomic_write_json(Path(launch.paths.dir) / self.SIZING, data)
+        except OSError:  # a full disk: this driver still remembers it
+            pass
 
     def signal_margin(self, job: dict | None, limit_s: float) -> int | None:
         """Seconds before its ``limit_s`` time limit that an attempt is told (USR1) to save and ask
@@ -435,8 +474,8 @@ class SlurmBackend(Backend):
         args = self.request(launch)
         script.write_text(self.script(launch, gpus, args))
         held = _Held(launch, args, str(script), time.time())
-        if self._at_cap():
-            held.why = self._cap_text()
+        if self._at_cap(gpus):
+            held.why = self._cap_text(gpus)
             self.held[launch.job_id] = held
             return
         if not self._submit(held):
@@ -445,11 +484,24 @@ class SlurmBackend(Backend):
     def _in_flight(self) -> int:
         return len(self.subs) + sum(1 for pk in self.packs.values() if pk.end is None)
 
-    def _at_cap(self) -> bool:
-        return self.cap is not None and self._in_flight() >= self.cap
+    def _gpus_in_flight(self) -> int:
+        return (sum(s.gpus for s in self.subs.values()) +
+                sum(gres_count(_flag(pk.args, "--gres")) for pk in self.packs.values() if pk.end is None))
 
-    def _cap_text(self) -> str:
-        return f"held by pita: {self._in_flight()} of your jobs are in flight, the limit ({self.cap_why}: {self.cap})"
+    def _at_cap(self, gpus: int = 0) -> bool:
+        """Whether one more job (of ``gpus`` GPUs) would pass the run's limit of jobs in flight, or
+        of GPUs held at once (GrpTRES, MaxTRESPU: a job past it would only pend)."""
+        if self.cap is not None and self._in_flight() >= self.cap:
+            return True
+        return bool(self.gpu_cap is not None and gpus and self._gpus_in_flight()
+                    and self._gpus_in_flight() + gpus > self.gpu_cap)
+
+    def _cap_text(self, gpus: int = 0) -> str:
+        if self.cap is not None and self._in_flight() >= self.cap:
+            return (f"held by pita: {self._in_flight()} of your jobs are in flight, the limit ({self.cap_why}: "
+                    f"{self.cap})")
+        return (f"held by pita: {self._gpus_in_flight()} GPUs of yours are in flight and it needs {gpus} more, past "
+                f"the limit ({self.gpu_cap_why}: {self.gpu_cap})")
 
     # ------------------------------------------------------------------ the partition's nodes, followed
     lost_device_note = "finish where Slurm placed them"  # a drained node's jobs run to their end
@@ -459,6 +511,7 @@ class SlurmBackend(Backend):
         partition: every ``partition_refresh_s`` one sinfo call; a node that drains or goes down
         takes its GPUs out (nothing new is placed for them; what runs there finishes), a node that
         returns or joins adds its GPUs."""
+        self.devices_n = len(devices)  # the partition's usable devices: max_share counts them
         if not devices or devices[0].kind != "cuda" or len(devices) != sum(n["gpus"] for n in nodes if n["usable"]):
             return  # CPU devices share the largest node (or one device only): nothing to follow per node
         self._nodes, o = {}, 0
@@ -579,7 +632,7 @@ class SlurmBackend(Backend):
             queued = [p for p in self.packs.values() if p.key == key and p.started is None and p.end is None
                       and not p.closed and not p.stopped]
             for _ in range(want - len(queued)):
-                if self._at_cap():
+                if self._at_cap(gres_count(_flag(list(key), "--gres"))):
                     break
                 if not self._submit_pack(next(t for t in waiting if t.key == key),
                                          max(t.mem_gb for t in waiting if t.key == key), now):
@@ -795,6 +848,15 @@ class SlurmBackend(Backend):
         self.stats["refused"] += 1
         if any(w in msg.lower() for w in _FINAL_REFUSALS):
             raise RuntimeError(f"sbatch refused {launch.job_id}: {msg}")
+        final = self._policy_final(msg)
+        if final:
+            asked = " ".join([a for a in held.args if a.startswith(("--time=", "--gres=", "--mem="))] +
+                             ([f"-c {_flag(held.args, '-c')}"] if _flag(held.args, "-c") else []))
+            raise SlurmRefused(f"sbatch refused {launch.job_id}: {' '.join(msg.split())} -- {final}. It asked for "
+                               f"{asked}: lower it "
+                               f"(executor.slurm.time_margin, executor.slurm.min_minutes, the job's size) or run "
+                               f"under another executor.slurm.qos, executor.slurm.account or executor.slurm.partition "
+                               f"(sacctmgr show qos; sacctmgr show assoc user={_user()})")
         held.tries += 1
         backoff = min(300.0, 10.0 * 2 ** (held.tries - 1))
         held.next_try = time.time() + backoff
@@ -803,6 +865,29 @@ class SlurmBackend(Backend):
 
         logging.getLogger("pita.executor").warning("%s: %s", launch.job_id, held.why)
         return False
+
+    def _policy_final(self, msg: str) -> str:
+        """Why an sbatch refusal by the accounting policy cannot clear by waiting ("" when it may:
+        a submit limit that frees as jobs end). Slurm names the limit where it can (QOSMaxWall...,
+        AssocMaxSubmitJobLimit); its generic "violates accounting/QOS policy (job submit limit,
+        user's size and/or time limits)" covers both: it is final when none of this run's jobs is in
+        flight and no submit limit of yours is full (sacctmgr)."""
+        import re
+
+        named = sorted(set(re.findall(r"\b(?:QOS|Assoc)\w*(?:Limit|PerJob|PerUser|PerAccount)\w*", msg)))
+        if named:
+            if any("Submit" in n for n in named):
+                return ""
+            return f"{', '.join(named)} is a per-job limit of your account or QoS, which waiting does not change"
+        if "accounting/qos policy" not in msg.lower() and "job violates" not in msg.lower():
+            return ""
+        if self._in_flight():
+            return ""  # a submit limit your queued jobs fill clears as they end
+        limit, why, mine = submit_limits(self.s)
+        if limit is not None and mine >= limit:
+            return ""
+        return (f"no job of this run is in flight and no submit limit of yours is full ({why or 'sacctmgr sets none'}, "
+                f"{mine} of your jobs queued or running): the request itself breaks a size or time limit")
 
     def _find_submitted(self, launch: Launch) -> bool:
         """After an sbatch that timed out: the job it may have queued, found by its script."""
@@ -822,11 +907,15 @@ class SlurmBackend(Backend):
     def _submit_held(self) -> None:
         now = time.time()
         for job_id, held in list(self.held.items()):
-            if self._at_cap():
-                for h in self.held.values():
-                    if h.next_try <= now:
-                        h.why = self._cap_text()
-                return
+            gpus = gres_count(_flag(held.args, "--gres"))
+            if self._at_cap(gpus):
+                if self.cap is not None and self._in_flight() >= self.cap:
+                    for h in self.held.values():
+                        if h.next_try <= now:
+                            h.why = self._cap_text()
+                    return
+                held.why = self._cap_text(gpus)  # a smaller one may still fit the GPUs left
+                continue
             if held.next_try > now:
                 continue
             try:
@@ -835,7 +924,7 @@ class SlurmBackend(Backend):
                 del self.held[job_id]
                 from pita.core.backends.local import finished_from
 
-                self._ended.append(finished_from(held.launch, None, held.since, "died", str(e)))
+                self._ended.append(finished_from(held.launch, None, held.since, getattr(e, "status", "died"), str(e)))
                 continue
             if taken:
                 del self.held[job_id]
@@ -844,6 +933,11 @@ class SlurmBackend(Backend):
         """The most jobs this run keeps in flight (queued or running), and what sets it."""
         if cap is not None and (self.cap is None or cap < self.cap):
             self.cap, self.cap_why = cap, why
+
+    def set_gpu_limit(self, gpus: int | None, why: str) -> None:
+        """The most GPUs this run's jobs hold at once (queued or running), and what sets it."""
+        if gpus is not None and (self.gpu_cap is None or gpus < self.gpu_cap):
+            self.gpu_cap, self.gpu_cap_why = gpus, why
 
     # ------------------------------------------------------------------ a later driver of the run
     def handle(self, job_id: str) -> dict:
@@ -943,6 +1037,22 @@ class SlurmBackend(Backend):
                         out[sid] = (fields["JobState"], _wait_status(fields.get("ExitCode", "")))
         return out
 
+    def _cancelled_by(self, slurm_id: str) -> str:
+        """Who cancelled a job, as sacct says it ("CANCELLED by <uid>"): "by uid 1000 (ana)"; where
+        accounting does not say (no slurmdbd, or it has not heard yet), "by a person"."""
+        self.stats["sacct"] += 1
+        out = _try(["sacct", "-n", "-X", "-P", "-j", slurm_id, "-o", "State"])
+        words = (out.stdout.split("\n")[0].split() if out else [])
+        if len(words) >= 3 and words[0] == "CANCELLED" and words[1] == "by" and words[2].isdigit():
+            uid = int(words[2])
+            try:
+                import pwd
+
+                return f"by uid {uid} ({pwd.getpwuid(uid).pw_name})"
+            except (KeyError, ImportError):
+                return f"by uid {uid}"
+        return "by a person (sacct does not say who)"
+
     @staticmethod
     def end_state(slurm_id: str) -> tuple[str, int | None]:
         """(state, exit code) of a job that left squeue: scontrol while it remembers the job
@@ -1013,8 +1123,10 @@ class SlurmBackend(Backend):
         if state == "OUT_OF_MEMORY":
             n = self.host_ooms[job_id] = self.host_ooms.get(job_id, 0) + 1
             top = (self.s.max_node_mem_mb or 0) / 1024
+            self._save_sizing(sub.launch)
             if n <= self.s.oom_mem_retries and not (top and sub.mem_gb >= top - 1):
                 self.mem_factor[job_id] = self.mem_factor.get(job_id, 1.0) * self.s.oom_mem_factor
+                self._save_sizing(sub.launch)
                 return finished_from(sub.launch, rc, sub.submitted, "lost",
                                      f"{where} ran out of host memory at --mem={sub.mem_gb:g}G "
                                      f"(OUT_OF_MEMORY): the next attempt asks for {self.s.oom_mem_factor:g}x "
@@ -1024,15 +1136,37 @@ class SlurmBackend(Backend):
                                  f"(OUT_OF_MEMORY, {n} time(s){', the largest node' if top and sub.mem_gb >= top - 1 else ''}): "
                                  f"raise executor.slurm.oom_mem_retries or executor.slurm.mem_gb, or lower the job's "
                                  f"batch", extra)
+        if state == "CANCELLED" and not (pack is not None and pack.stopped):
+            # pita's own cancels are forced (kill, a reason that never clears) or of packs it stopped:
+            # this one is a person's, whose word is final
+            who = self._cancelled_by(sub.slurm_id)
+            what = f"in its pack ({pack.name}, Slurm job {sub.slurm_id})" if pack is not None else where
+            return finished_from(sub.launch, rc, sub.submitted, "cancelled",
+                                 f"{what} was cancelled {who} (scancel), not by pita: final, pita does not submit "
+                                 f"again what a person cancelled", {**extra, "cancelled_by": who})
+        if state == "TIMEOUT":
+            limit_s = slurm_seconds(sub.time_limit) or 0.0
+            top = self.s.max_time_s
+            grown = self.time_factor.get(job_id, 1.0) > 1.0
+            if grown or (top and limit_s >= top):
+                return finished_from(
+                    sub.launch, rc, sub.submitted, "error",
+                    f"{where} hit its time limit ({sub.time_limit or 'unknown'}) "
+                    + ("again, after its limit was doubled once" if grown else
+                       f"at the longest limit Slurm gives it ({slurm_time(int(top))}, the partition's MaxTime or the "
+                       f"QoS's MaxWall)")
+                    + ": pita grows a limit once (a hung job would cost ever more); if it is slow rather than hung, "
+                      "raise executor.slurm.time_margin or executor.slurm.min_minutes, or make it save on the warning "
+                      "(executor.slurm.signal_margin_s) so it runs on from a checkpoint", extra)
+            self.time_factor[job_id] = 2.0
+            self._save_sizing(sub.launch)
         if state in LOST_STATES or state in ("SPECIAL_EXIT", "REVOKED"):
-            if state == "TIMEOUT":
-                self.time_factor[job_id] = self.time_factor.get(job_id, 1.0) * 2
-            why = {"CANCELLED": "cancelled outside pita (scancel)", "TIMEOUT": "it hit its Slurm time limit (the next "
-                   "submission asks for twice as long)", "PREEMPTED": "preempted", "NODE_FAIL": "its node failed",
+            why = {"TIMEOUT": "it hit its Slurm time limit (the next submission asks for twice as long, once)",
+                   "PREEMPTED": "preempted", "NODE_FAIL": "its node failed",
                    "BOOT_FAIL": "its node failed to boot", "DEADLINE": "it reached its deadline before it could run",
                    "SPECIAL_EXIT": "Slurm held it after a special exit", "REVOKED": "a sibling cluster ran it"}
             if pack is not None:
-                why["TIMEOUT"] = ("it hit its own time limit in the pack (the next attempt has twice as long)"
+                why["TIMEOUT"] = ("it hit its own time limit in the pack (the next attempt has twice as long, once)"
                                   if state == "TIMEOUT" else why["TIMEOUT"])
             if state in ("SPECIAL_EXIT", "PREEMPTED", "NODE_FAIL", "BOOT_FAIL") and pack is None:
                 # Slurm may hold or requeue it itself: pita submits it again instead, so it never runs twice
@@ -1411,11 +1545,25 @@ def settings_from(cfg_slurm) -> SlurmSettings:
                          time_margin=float(c.time_margin), min_minutes=int(c.min_minutes),
                          poll_interval_s=float(c.poll_interval_s), pending_report_s=float(c.pending_report_s),
                          mem_gb=float(c.mem_gb), max_poll_interval_s=float(c.max_poll_interval_s),
-                         max_jobs=None if c.max_jobs is None else int(c.max_jobs), oom_mem_factor=float(c.oom_mem_factor),
+                         max_jobs=None if c.max_jobs is None else int(c.max_jobs),
+                         max_share=float(c.max_share), oom_mem_factor=float(c.oom_mem_factor),
                          oom_mem_retries=int(c.oom_mem_retries), signal_margin_s=int(c.signal_margin_s),
                          outcome_wait_s=float(c.outcome_wait_s), pack_below_s=float(c.pack_below_s),
                          pack_time_s=float(c.pack_time_s), pack_idle_s=float(c.pack_idle_s),
                          partition_refresh_s=float(c.partition_refresh_s))
+
+
+class SlurmRefused(RuntimeError):
+    """An sbatch refusal that waiting cannot change: the attempt ends "error" (no crash retry)."""
+    status = "error"
+
+
+def gres_count(gres: str | None) -> int:
+    """GPUs a request's ``--gres`` asks for (``gpu:2``, ``gpu:h100:2``); 0 for None."""
+    if not gres:
+        return 0
+    return sum(int(p.split(":")[-1]) for p in gres.split(",")
+               if p.split(":")[0] == "gpu" and p.split(":")[-1].isdigit())
 
 
 def gres_gpus(gres: str) -> int:
@@ -1571,47 +1719,106 @@ def associations() -> list[dict] | None:
             for line in out.stdout.splitlines() if line.count("|") == 2]
 
 
+@dataclass
+class AccountLimits:
+    """What your association and QoS allow this run (sacctmgr, where accounting runs): each a value
+    and what sets it ("QoS tiny's MaxSubmitJobsPerUser = 1"), None where nothing sets it."""
+    submit: tuple[int, str] | None = None  # jobs queued or running (MaxSubmitJobs, MaxSubmitPU, GrpSubmit)
+    submitted: int = 0  # of your jobs already counted against it
+    running: tuple[int, str] | None = None  # jobs running at once (MaxJobs, MaxJobsPU, GrpJobs)
+    gpus: tuple[int, str] | None = None  # GPUs held at once (GrpTRES, MaxTRESPU gres/gpu)
+    cpus: tuple[int, str] | None = None  # CPUs held at once (GrpTRES, MaxTRESPU cpu)
+    wall_s: tuple[float, str] | None = None  # the longest --time (MaxWall of the QoS or association)
+
+
+def _tres(text: str, name: str) -> int | None:
+    """A count from a TRES list (``cpu=8,gres/gpu=4,mem=64G``): ``gres/gpu`` or ``cpu``."""
+    for item in (text or "").split(","):
+        k, _, v = item.partition("=")
+        if (k == name or (name == "gres/gpu" and k.startswith("gres/gpu:"))) and v.isdigit():
+            return int(v)
+    return None
+
+
+def account_limits(settings: SlurmSettings) -> AccountLimits:
+    """The limits of the association (user, account, partition) and QoS this run submits under:
+    MaxSubmitJobs/GrpSubmitJobs, MaxJobs/GrpJobs, GrpTRES, MaxWall of the association and
+    MaxSubmitJobsPerUser/GrpSubmitJobs, MaxJobsPerUser/GrpJobs, GrpTRES/MaxTRESPerUser and MaxWall
+    of the QoS, each the smallest that applies; empty where the cluster keeps no accounting."""
+    out = AccountLimits()
+    conf = _try(["scontrol", "show", "config"])
+    if conf is None or "accounting_storage/slurmdbd" not in conf.stdout:
+        return out
+    user = _user()
+    account = settings.account
+    if account is None:
+        got = _try(["sacctmgr", "-nP", "show", "user", user, "format=DefaultAccount"])
+        account = (got.stdout.strip().splitlines() or [""])[0] if got else ""
+    got = _try(["sacctmgr", "-nP", "show", "assoc", "where", f"user={user}", *([f"account={account}"] if account else []),
+                "format=Account,Partition,QOS,DefaultQOS,MaxSubmit,GrpSubmit,MaxJobs,GrpJobs,GrpTRES,MaxWall"])
+    rows = [line.split("|") for line in (got.stdout.splitlines() if got else []) if line.count("|") == 9]
+    rows = [r for r in rows if r[1] in ("", settings.partition or "")] or rows
+    found: dict[str, list] = {k: [] for k in ("submit", "running", "gpus", "cpus", "wall_s")}
+    qos = settings.qos
+    if rows:
+        r = sorted(rows, key=lambda r: r[1] == "")[0]  # the partition's own association first
+        qos = qos or r[3] or ("normal" if "normal" in r[2].split(",") else None)
+        where = f"association {r[0]}"
+        for key, value, what in (("submit", r[4], "MaxSubmitJobs"), ("submit", r[5], "GrpSubmitJobs"),
+                                 ("running", r[6], "MaxJobs"), ("running", r[7], "GrpJobs")):
+            if value.isdigit():
+                found[key].append((int(value), f"{where}'s {what} = {value}"))
+        for key, name in (("gpus", "gres/gpu"), ("cpus", "cpu")):
+            if (n := _tres(r[8], name)) is not None:
+                found[key].append((n, f"{where}'s GrpTRES {name}={n}"))
+        if (w := slurm_seconds(r[9])) is not None:
+            found["wall_s"].append((w, f"{where}'s MaxWall = {r[9]}"))
+    if qos:
+        got = _try(["sacctmgr", "-nP", "show", "qos", "where", f"name={qos}",
+                    "format=Name,MaxSubmitPU,GrpSubmit,MaxJobsPU,GrpJobs,GrpTRES,MaxTRESPU,MaxWall"])
+        for line in (got.stdout.splitlines() if got else []):
+            q = line.split("|")
+            if len(q) != 8 or q[0] != qos:
+                continue
+            where = f"QoS {qos}"
+            for key, value, what in (("submit", q[1], "MaxSubmitJobsPerUser"), ("submit", q[2], "GrpSubmitJobs"),
+                                     ("running", q[3], "MaxJobsPerUser"), ("running", q[4], "GrpJobs")):
+                if value.isdigit():
+                    found[key].append((int(value), f"{where}'s {what} = {value}"))
+            for key, name in (("gpus", "gres/gpu"), ("cpus", "cpu")):
+                for text, what in ((q[5], "GrpTRES"), (q[6], "MaxTRESPerUser")):
+                    if (n := _tres(text, name)) is not None:
+                        found[key].append((n, f"{where}'s {what} {name}={n}"))
+            if (w := slurm_seconds(q[7])) is not None:
+                found["wall_s"].append((w, f"{where}'s MaxWall = {q[7]}"))
+    for key, values in found.items():
+        if values:
+            setattr(out, key, min(values))
+    if out.submit is not None:
+        mine = _try(["squeue", "-h", "-u", user, "-O", "QOS:|,Account:"])
+        out.submitted = sum(1 for line in (mine.stdout.splitlines() if mine else [])
+                            if line.split("|")[0].strip() == (qos or "") or not qos)
+    return out
+
+
+def submit_limits(settings: SlurmSettings) -> tuple[int | None, str, int]:
+    """(the smallest submit limit that applies, what sets it, how many of your jobs it counts now);
+    (None, "", 0) where none is set or the cluster keeps no accounting."""
+    lim = account_limits(settings)
+    if lim.submit is None:
+        return None, "", 0
+    return lim.submit[0], lim.submit[1], lim.submitted
+
+
 def submit_limit(settings: SlurmSettings) -> tuple[int | None, str]:
     """How many more jobs you may have queued or running at once through this run's account and
     QoS (sacctmgr's MaxSubmitJobs and GrpSubmitJobs of the association, MaxSubmitJobsPerUser and
     GrpSubmitJobs of the QoS), less the jobs of yours already counted against it; (None, "") where
     the cluster keeps no accounting or sets no such limit."""
-    conf = _try(["scontrol", "show", "config"])
-    if conf is None or "accounting_storage/slurmdbd" not in conf.stdout:
+    limit, why, others = submit_limits(settings)
+    if limit is None:
         return None, ""
-    user = _user()
-    account = settings.account
-    if account is None:
-        out = _try(["sacctmgr", "-nP", "show", "user", user, "format=DefaultAccount"])
-        account = (out.stdout.strip().splitlines() or [""])[0] if out else ""
-    out = _try(["sacctmgr", "-nP", "show", "assoc", "where", f"user={user}", *([f"account={account}"] if account else []),
-                "format=Account,Partition,QOS,DefaultQOS,MaxSubmit,GrpSubmit"])
-    rows = [line.split("|") for line in (out.stdout.splitlines() if out else []) if line.count("|") == 5]
-    rows = [r for r in rows if r[1] in ("", settings.partition or "")] or rows
-    limits: list[tuple[int, str]] = []
-    qos = settings.qos
-    if rows:
-        r = sorted(rows, key=lambda r: r[1] == "")[0]  # the partition's own association first
-        qos = qos or r[3] or ("normal" if "normal" in r[2].split(",") else None)
-        for value, what in ((r[4], "MaxSubmitJobs"), (r[5], "GrpSubmitJobs")):
-            if value.isdigit():
-                limits.append((int(value), f"association {r[0]}'s {what}"))
-    if qos:
-        out = _try(["sacctmgr", "-nP", "show", "qos", "where", f"name={qos}", "format=Name,MaxSubmitPU,GrpSubmit"])
-        for line in (out.stdout.splitlines() if out else []):
-            q = line.split("|")
-            if len(q) == 3 and q[0] == qos:
-                for value, what in ((q[1], "MaxSubmitJobsPerUser"), (q[2], "GrpSubmitJobs")):
-                    if value.isdigit():
-                        limits.append((int(value), f"QoS {qos}'s {what}"))
-    if not limits:
-        return None, ""
-    limit, why = min(limits)
-    mine = _try(["squeue", "-h", "-u", user, "-O", "QOS:|,Account:"])
-    others = sum(1 for line in (mine.stdout.splitlines() if mine else [])
-                 if line.split("|")[0].strip() == (qos or "") or not qos)
-    return max(1, limit - others), (f"{why} = {limit}" + (f", {others} of your jobs already queued or running"
-                                                         if others else ""))
+    return max(1, limit - others), why + (f", {others} of your jobs already queued or running" if others else "")
 
 
 def representative(backend: SlurmBackend, jobs, cuda: bool, key=lambda j: j.kind) -> dict[str, tuple[object, list[str]]]:
@@ -1714,6 +1921,43 @@ def request_problem(job, args: list[str], message: str, nodes: list[dict]) -> st
             f"and executor.slurm.partition")
 
 
+def in_flight_limits(backend: SlurmBackend, nodes: list[dict], cuda: bool) -> list[str]:
+    """The run's limits read before its first sbatch, one note each: the longest --time (the QoS's
+    or association's MaxWall below the partition's MaxTime), the jobs in flight (executor.slurm.
+    max_jobs, else max_share of the partition; lowered to the submit limits, MaxJobs, GrpJobs and,
+    on CPU devices, the CPUs of GrpTRES/MaxTRESPU) and the GPUs held at once (GrpTRES/MaxTRESPU)."""
+    s = backend.s
+    notes: list[str] = []
+    lim = account_limits(s)
+    if lim.wall_s is not None and (s.max_time_s is None or lim.wall_s[0] < s.max_time_s):
+        s.max_time_s = lim.wall_s[0]
+        notes.append(f"--time at most {slurm_time(int(lim.wall_s[0]))} ({lim.wall_s[1]}), below the partition's "
+                     f"MaxTime")
+    if s.max_jobs is None:  # a modest share of the partition by default, never all of it
+        n = getattr(backend, "devices_n", 0) or sum(nd.get("gpus", 0) for nd in nodes if nd.get("usable", True))
+        if n:
+            share = max(DEFAULT_IN_FLIGHT, math.ceil(s.max_share * n))
+            if share < n:
+                backend.set_limits(share, f"executor.slurm.max_share={s.max_share:g} of the partition's {n} usable "
+                                          f"devices, at least {DEFAULT_IN_FLIGHT}; executor.slurm.max_share or "
+                                          f"executor.slurm.max_jobs raises it")
+    if lim.submit is not None:
+        backend.set_limits(max(1, lim.submit[0] - lim.submitted), lim.submit[1] + (
+            f", {lim.submitted} of your jobs already queued or running" if lim.submitted else ""))
+    if lim.running is not None:
+        backend.set_limits(lim.running[0], lim.running[1])
+    if lim.cpus is not None and not cuda:  # CPU devices: a job holds cpus_per_job CPUs a device
+        backend.set_limits(max(1, lim.cpus[0] // max(1, s.cpus_per_job)), f"{lim.cpus[1]} at "
+                                                                           f"executor.slurm.cpus_per_job={s.cpus_per_job}")
+    if lim.gpus is not None and cuda:
+        backend.set_gpu_limit(lim.gpus[0], lim.gpus[1])
+        notes.append(f"GPUs in flight at most {backend.gpu_cap} ({backend.gpu_cap_why}); the rest wait in pita")
+    if backend.cap is not None:
+        notes.append(f"jobs in flight at most {backend.cap} ({backend.cap_why}); the rest wait in pita, not in sbatch "
+                     f"refusals")
+    return notes
+
+
 def submission_problems(backend: SlurmBackend, jobs, nodes: list[dict], cuda: bool,
                         key=lambda j: j.kind) -> tuple[list[str], list[str]]:
     """(problems, notes) of the run's Slurm requests, found before anything is submitted: the
@@ -1726,11 +1970,7 @@ def submission_problems(backend: SlurmBackend, jobs, nodes: list[dict], cuda: bo
     problems = access_problems(s, fields, associations())
     notes: list[str] = []
     s.max_time_s = slurm_seconds(fields.get("MaxTime", ""))
-    cap, why = submit_limit(s)
-    if cap is not None:
-        backend.set_limits(cap, why)
-        notes.append(f"jobs in flight at most {backend.cap} ({backend.cap_why}); the rest wait in pita, not in sbatch "
-                     f"refusals")
+    notes += in_flight_limits(backend, nodes, cuda)
     if problems:
         return problems, notes
     for kind, (job, args) in representative(backend, jobs, cuda, key).items():

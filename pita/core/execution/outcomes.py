@@ -4,8 +4,10 @@
     CUDA out of memory    retried with params[batch_param] halved, at most oom_retries times; a
                           job admitted below its planned estimate first runs again at the plan
     worker died           retried crash_retries times, then FAILED
-    device lost           (a Ray node gone, a Slurm job cancelled, preempted or past its limit)
+    device lost           (a Ray node gone, a Slurm job preempted or past its limit)
                           run again, not counted as the job's crash, lost_retries times
+    cancelled by a person (a Slurm job scancel'ed outside pita) FAILED, with the command that
+                          runs it again; descendants SKIPPED
     saved to run again    (a Slurm attempt told its time limit is near, or preempted, saved a
                           checkpoint) run again from the save, up to REQUEUE_LIMIT times
     cancelled on a stop   back to pending: a resume runs it"""
@@ -30,6 +32,11 @@ class OutcomeRules:
     """Mixed into :class:`pita.core.executor.Executor`: ``_handle`` takes every ended attempt."""
 
     def _handle(self, f: Finished) -> None:
+        if f.status == "cancelled" and self._stop is None and f.extra.get("cancelled_by"):
+            # a person cancelled it (scancel): final; the job FAILS, saying how to run it again
+            f = Finished(f.job_id, f.attempt, "cancelled", f.exit_code,
+                         f"{f.error}; to run it again: {self.s.command or 'pita run'} "
+                         f"resume_from={self.run_paths.root}", f.traceback, f.extra)
         job = self.graph[f.job_id]
         jp = self.run_paths.job(f.job_id)
         self._note(f.job_id, handle=None, queue_reason=None)
