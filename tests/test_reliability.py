@@ -320,3 +320,49 @@ def test_a_value_head_file_cannot_run_code(tmp_path, tiny, monkeypatch):
     with pytest.raises(Exception, match="[Ww]eights only"):
         ValueModel.load(tmp_path / "ck")
     assert not marker.exists()
+
+
+def test_status_beside_a_driver_on_another_host_reads_its_snapshot_never_its_database(tmp_path):
+    """A driver on a compute node owns the run folder (a process of its own holds owner.lock's lock
+    and the record names another host); `pita status` from here, another process that does not
+    share the database's lock, reads state.json and says so. The database is garbage here: had
+    status opened it, it would have failed. The same folder once the driver is gone reads the
+    database again (its owner released nothing, but holds no lock)."""
+    import json
+    import subprocess
+    import sys
+
+    from pita.core.paths import RunPaths
+    from pita.core.state import StateStore
+
+    run = RunPaths.create(tmp_path, "remote")
+    store = StateStore(run.state)
+    store.apply({"a": {"state": "COMPLETED"}, "b": {"state": "RUNNING"}})
+    store.write_snapshot()
+    store.close()
+    snapshot = run.state.read_text()
+    (run.root / "state.db").write_bytes(b"not a database" * 100)
+    holder = subprocess.Popen([sys.executable, "-c", f"""
+import fcntl, json, os, sys, time
+fd = os.open({str(run.root / 'owner.lock')!r}, os.O_RDWR | os.O_CREAT)
+fcntl.flock(fd, fcntl.LOCK_EX)
+os.ftruncate(fd, 0)
+os.pwrite(fd, json.dumps({{"pid": 4242, "host": "gpu-node-07", "started": time.time()}}).encode(), 0)
+print("held", flush=True)
+sys.stdin.read()
+"""], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        r = subprocess.run([sys.executable, "-m", "pita", "status", str(run.root)], cwd=ROOT, capture_output=True,
+                           text=True, timeout=120, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert "running: pid 4242 on host gpu-node-07" in r.stdout, r.stdout
+        assert "read from state.json" in r.stdout and "driver is on host gpu-node-07" in r.stdout, r.stdout
+        assert "completed 1" in r.stdout and "running 1" in r.stdout, r.stdout
+        assert run.state.read_text() == snapshot and not (run.root / "state.db-shm").exists()
+    finally:
+        holder.stdin.close()
+        holder.wait(timeout=30)
+    r = subprocess.run([sys.executable, "-m", "pita", "status", str(run.root)], cwd=ROOT, capture_output=True,
+                       text=True, timeout=120, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    assert r.returncode == 2 and "corrupt" in r.stderr, r.stdout + r.stderr  # the driver gone: the database

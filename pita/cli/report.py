@@ -208,9 +208,9 @@ def unfinished(run) -> tuple[str, set]:
     from collections import Counter
 
     from pita.core.owner import describe, probe
-    from pita.core.state import StateStore
+    from pita.core.state import for_reading
 
-    store = StateStore(run.state)
+    store, _ = for_reading(run.root)  # a driver on another host: its snapshot, never its database
     try:
         jobs = store.read()["jobs"] if store.exists() else {}
     except Exception:  # noqa: BLE001 - a state that cannot be read: the results alone are pooled

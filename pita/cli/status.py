@@ -42,7 +42,7 @@ def status_main(run_dir: str, show_all: bool = False) -> int:
 
     from pita.core.owner import describe, probe
     from pita.core.paths import RunPaths
-    from pita.core.state import StateStore
+    from pita.core.state import for_reading
 
     runs = _runs_below(run_dir)
     if runs:  # a folder of runs (outputs/<name>): list them
@@ -53,7 +53,7 @@ def status_main(run_dir: str, show_all: bool = False) -> int:
         return 0
     try:
         run = RunPaths.open_existing(run_dir, "pita status")
-        store = StateStore(run.state)
+        store, source = for_reading(run.root)
         if not store.exists():
             raise ResumeError(f"{run.root} has no state (state.db, state.json); resume_from= rebuilds it from "
                               f"the jobs' folders")
@@ -74,6 +74,8 @@ def status_main(run_dir: str, show_all: bool = False) -> int:
         live = (f"stopped: its orchestrator ({describe(owner)}) is gone without finishing" if owner else "stopped")
     counts = Counter(j.get("state", "PENDING") for j in jobs.values())
     print(f"{run.root} ({live}): {len(jobs)} jobs; " + ", ".join(f"{k.lower()} {v}" for k, v in sorted(counts.items())))
+    if source:
+        print(f"  ({source})")
     if not owned and counts.get("RUNNING"):
         command = next((r["command"] for r in reversed(data.get("runs", [])) if r.get("command")), "pita run")
         print(f"  ({counts['RUNNING']} job(s) were running when it stopped; resume with: "

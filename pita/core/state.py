@@ -56,17 +56,21 @@ def is_disk_full(e: BaseException) -> bool:
 
 
 class StateStore:
-    def __init__(self, path: Path | str, busy_timeout_s: float = 60.0):
-        """``path``: the run's ``state.json`` (the snapshot); the database is ``state.db`` beside it."""
+    def __init__(self, path: Path | str, busy_timeout_s: float = 60.0, snapshot_only: bool = False):
+        """``path``: the run's ``state.json`` (the snapshot); the database is ``state.db`` beside it.
+        ``snapshot_only``: read state.json and never open the database (:func:`for_reading`)."""
         self.path = Path(path)
         self.db_path = self.path.with_suffix(".db")
         self.busy_timeout_s = busy_timeout_s
+        self.snapshot_only = snapshot_only
         self._conn: sqlite3.Connection | None = None
 
     # ------------------------------------------------------------------ connection
     def _connect(self) -> sqlite3.Connection:
         if self._conn is not None:
             return self._conn
+        if self.snapshot_only:
+            raise RuntimeError(f"{self.db_path}: this store reads the snapshot only (its owner runs on another host)")
         fresh = not self.db_path.exists()
         try:
             conn = sqlite3.connect(str(self.db_path), timeout=self.busy_timeout_s, isolation_level=None,
@@ -155,6 +159,8 @@ class StateStore:
 
     def read(self) -> dict:
         """The whole state as one dict (what state.json holds). Never blocks a writer."""
+        if self.snapshot_only:
+            return self._read_json() if self.path.exists() else {"version": STATE_VERSION, "jobs": {}}
         if not self.db_path.exists():
             if self.path.exists():
                 return self._read_json()
@@ -225,3 +231,28 @@ class StateStore:
     def write_snapshot(self) -> None:
         """state.json: the whole state, atomically (for people, ``jq`` and the report)."""
         atomic_write_json(self.path, self.read())
+
+
+def for_reading(run_root: Path | str) -> tuple[StateStore, str]:
+    """The store a reader (``pita status``, ``pita report``, ``pita seeds``) opens, and a line
+    saying which: the database, unless a live orchestrator on another host owns the run folder.
+    Then the snapshot it publishes atomically (``state.json``, at most
+    ``executor.snapshot_interval_s`` old): SQLite's WAL mode needs every process on one host (its
+    shared-memory index does not cross a network filesystem), so a login node never opens the
+    database a compute node's driver writes."""
+    import socket
+
+    from pita.core.owner import probe
+
+    root = Path(run_root)
+    owned, info = probe(root)
+    path = root / "state.json"
+    if owned and info and info.get("host") != socket.gethostname():
+        try:
+            age = f"{time.time() - path.stat().st_mtime:.0f} s old"
+        except OSError:
+            age = "not written yet"
+        return (StateStore(path, snapshot_only=True),
+                f"read from state.json ({age}): the run's driver is on host {info.get('host')}, and its database "
+                f"is read on that host only")
+    return StateStore(path), ""
