@@ -305,6 +305,10 @@ def test_a_driver_in_a_slurm_job_leaves_its_jobs_running_only_when_slurm_requeue
     fake.set("scontrol", "JobId=77 JobState=COMPLETING Restarts=0")
     assert be.driver_leaving(signal.SIGTERM) is None  # scancel
     assert be.driver_leaving(signal.SIGINT) is None
+    fake.set("scontrol", "JobId=77 JobState=RUNNING Restarts=0 PreemptTime=None")
+    assert be.driver_leaving(signal.SIGTERM) is None  # a scancel sets no PreemptTime
+    fake.set("scontrol", "JobId=77 JobState=RUNNING Restarts=0 PreemptTime=2026-12-03T10:00:00")
+    assert "PreemptMode=CANCEL" in be.driver_leaving(signal.SIGTERM)  # preempted, not requeued: jobs go on
     fake.set("scontrol", "JobId=77 JobState=COMPLETING Restarts=1")
     assert "requeues" in be.driver_leaving(signal.SIGTERM)
     assert "time limit" in be.driver_leaving(signal.SIGUSR1)

@@ -310,7 +310,7 @@ class _Pack:
         return self.limit_s - (now - self.started if self.started is not None else 0.0)
 
 
-PACK_LOOK_S = 0.25  # packs' files (started, running, done, closed) are looked at this often
+PACK_LOOK_S = 1.0  # packs' files (started, running, done, closed) are looked at this often
 PACK_SURPLUS_S = 15.0  # a queued pack no waiting attempt needs for this long is cancelled
 PACK_KILL_GRACE_S = 30.0  # an attempt past its own limit in a pack: KILL this long after TERM (Slurm's KillWait)
 
@@ -333,7 +333,7 @@ class SlurmBackend(Backend):
         self.cap_why = "executor.slurm.max_jobs" if self.s.max_jobs else ""
         self.gpu_cap: int | None = None  # GPUs in flight at most (set_gpu_limit: GrpTRES, MaxTRESPU)
         self.gpu_cap_why = ""
-        self._sized: set[str] = set()  # jobs whose saved sizing (slurm-sizing.json) was read
+        self._sized: set[str] = set()  # job folders whose saved sizing (slurm-sizing.json) was read
         self.devices_n = 0  # the partition's usable devices (follow_nodes): max_share counts them
         self._interval = self.s.poll_interval_s
         self._next_query = 0.0
@@ -343,7 +343,7 @@ class SlurmBackend(Backend):
         self._listing: list[list[str]] | None = None  # squeue, read once while a resume adopts
         self._ended: list[Finished] = []
         self.stats = {"squeue": 0, "sacct": 0, "scontrol": 0, "sbatch": 0, "refused": 0, "failed_queries": 0,
-                      "packs": 0, "packed": 0}
+                      "packs": 0, "packed": 0, "pack_looks": 0}
         self.tasks: dict[str, _Task] = {}  # attempts in packs, by job id
         self.packs: dict[str, _Pack] = {}  # by name
         self.no_pack: set[str] = set()  # jobs whose pack ended under them: their own Slurm job next time
@@ -395,9 +395,10 @@ class SlurmBackend(Backend):
     def _load_sizing(self, launch) -> None:
         """A job's time and memory factors from its earlier attempts, read once per job: a resumed
         driver asks what the last one would have asked (a TIMEOUT's doubling is never forgotten)."""
-        if launch.job_id in self._sized:
+        where = str(launch.paths.dir)  # by folder: a plan's look at the request (representative) reads none
+        if where in self._sized:
             return
-        self._sized.add(launch.job_id)
+        self._sized.add(where)
         try:
             saved = json.loads((Path(launch.paths.dir) / self.SIZING).read_text())
         except (OSError, ValueError, TypeError):
@@ -590,19 +591,28 @@ class SlurmBackend(Backend):
         handed to idle packs; new packs submitted for the attempts no pack can take."""
         from pita.core.backends.pack import done_name
 
-        self._pack_look = now
-        for name, pk in list(self.packs.items()):
+        # the packs' files are looked at once every PACK_LOOK_S, mostly one file a pack: the one of
+        # its next step (started, closed, its attempt's done file): about one stat a second a pack
+        look = now - self._pack_look >= PACK_LOOK_S
+        if look:
+            self._pack_look = now
+        for name, pk in list(self.packs.items()) if look else ():
             d = Path(pk.dir)
-            if pk.started is None and (d / "started").exists():
-                pk.started = now
-            if not pk.closed and (d / "closed").exists():
-                pk.closed = True
             t = pk.task
+            self.stats["pack_looks"] += 1
+            if pk.started is None:
+                if (d / "started").exists():
+                    pk.started = now
+            elif not pk.closed and (t is None or t.taken is None) and (d / "closed").exists():
+                pk.closed = True  # a pack closes only while it runs nothing
             if t is not None:
                 done = d / done_name(t.launch.job_id, t.launch.attempt)
-                if t.taken is None and (d / "running.json").exists():
+                ended = done.exists()
+                if not ended and t.taken is None and (d / "running.json").exists():
                     t.taken = now
-                if done.exists():
+                if ended:
+                    if t.taken is None:
+                        t.taken = now
                     self._task_ended(t, pk, done)
                 elif t.taken is None and (pk.closed or pk.end is not None):
                     try:  # the pack left without taking it: another pack runs it
@@ -1457,7 +1467,9 @@ class SlurmBackend(Backend):
         it without anyone asking to stop the run: USR1 (its time limit is near: it requeues itself),
         or TERM while Slurm requeues it (preemption, ``scontrol requeue``: the controller counts one
         more restart than this process started with) or while the controller does not answer.
-        ``scancel`` of the driver (TERM, no restart counted) and Ctrl-C end its jobs."""
+        TERM of a preemption that cancels (PreemptMode=CANCEL: scontrol shows its PreemptTime) leaves
+        them running too, for a resume to take over. ``scancel`` of the driver (TERM, no restart
+        counted, no PreemptTime) and Ctrl-C end its jobs."""
         jid = os.environ.get("SLURM_JOB_ID")
         if not jid or signum not in (signal.SIGUSR1, signal.SIGTERM):
             return None
@@ -1473,6 +1485,11 @@ class SlurmBackend(Backend):
             return None
         if restarts > mine or fields.get("JobState") in ("PREEMPTED", "REQUEUED", "REQUEUE_HOLD"):
             return f"Slurm requeues job {jid} (this driver; restart {restarts})"
+        if fields.get("PreemptTime") not in (None, "", "None", "Unknown"):
+            # PreemptMode=CANCEL: preempted, never requeued; a plain scancel sets no PreemptTime
+            return (f"Slurm preempts job {jid} (this driver, at {fields['PreemptTime']}; PreemptMode=CANCEL: it is "
+                    f"not requeued): resume the run (resume_from=<its folder>) under a QoS that is not preempted "
+                    f"to take its jobs over")
         return None
 
     def after_detach(self, signum: int) -> None:
