@@ -51,7 +51,11 @@ import sys
 import time
 from pathlib import Path
 
-LOOK_S = 0.1  # how often the pack looks for a task, a kill or a child that ended
+LOOK_S = 0.1  # how often the pack looks for a child that ended (waitpid: no file is touched)
+# how often it looks at its files (a task handed over, the driver's kill, stop): a shared
+# filesystem sees about two metadata operations a second a pack (bench/pack_fs_ops.py)
+FILE_LOOK_S = 0.5
+STOP_LOOK_S = 2.0  # the stop file, looked for this often while idle
 HELD = {signal.SIGUSR1, signal.SIGTERM, signal.SIGINT}  # taken by the pack's loop, never by a handler
 SIGNAL_RACE_S = 2.0  # an attempt that died of a signal: the pack's own signal may follow this late
 LEFTOVER_WAIT_S = 10.0  # an ended attempt's leftover processes are killed and reaped within this
@@ -147,6 +151,7 @@ class Pack:
         self.warned = False  # its own limit's warning (USR1) sent
         self.events = _events_file()
         self.ooms_before: int | None = None
+        self._kill_look = 0.0  # kill.json last looked for
 
     # ------------------------------------------------------------------ signals
     def _forward(self, signum: int) -> None:
@@ -302,6 +307,10 @@ class Pack:
     def _kill_if_asked(self) -> None:
         path = self.dir / "kill.json"
         if self.term_at is None:
+            now = time.time()
+            if now - self._kill_look < FILE_LOOK_S:
+                return
+            self._kill_look = now
             try:
                 ask = json.loads(path.read_text())
             except (OSError, ValueError):
@@ -322,18 +331,24 @@ class Pack:
         atomic_write_json(self.dir / "started", {"pid": os.getpid(), "host": socket.gethostname(),
                                                  "slurm_job": os.environ.get("SLURM_JOB_ID"), "time": time.time()})
         self.idle_since = time.time()
+        take_look = stop_look = 0.0
         while True:
             if self.child is not None:
                 self._reap()
             if self.child is None:
-                if (self.dir / "stop").exists():
-                    self.draining = self.draining or "told to stop"
-                if not self.draining and time.time() - self.idle_since > self.idle_s:
+                now = time.time()
+                if now - stop_look >= STOP_LOOK_S:
+                    stop_look = now
+                    if (self.dir / "stop").exists():
+                        self.draining = self.draining or "told to stop"
+                if not self.draining and now - self.idle_since > self.idle_s:
                     self.draining = f"idle for {self.idle_s:g}s"
                 if self.draining:
                     break
-                if self._take():
-                    continue
+                if now - take_look >= FILE_LOOK_S:
+                    take_look = now
+                    if self._take():
+                        continue
             self._wait(LOOK_S)
         # closed first, then nothing is taken: a task.json written meanwhile goes back to the driver
         (self.dir / "closed").write_text(self.draining + "\n")
