@@ -136,6 +136,11 @@ DBD
     sacctmgr -i add account pita Cluster=pita >/dev/null 2>&1 || true
     sacctmgr -i add user "$user" Account=pita Cluster=pita >/dev/null 2>&1 || true
     sacctmgr -i modify user "$user" set QOS+=tiny >/dev/null 2>&1 || true
+    # QoS brief: a MaxWall below what pita would ask, and one GPU per user at a time (its limits
+    # read before the first sbatch: tests/test_slurm.py)
+    sacctmgr -i add qos brief >/dev/null 2>&1 || true
+    sacctmgr -i modify qos brief set MaxWall=00:04:00 MaxTRESPerUser=gres/gpu=1 >/dev/null 2>&1 || true
+    sacctmgr -i modify user "$user" set QOS+=brief >/dev/null 2>&1 || true
 }
 
 start_munge() {
