@@ -683,10 +683,11 @@ def test_a_qos_submit_limit_holds_jobs_in_pita_and_a_refusal_is_retried(tmp_path
 
 
 @needs_slurm
-def test_a_qos_maxwall_and_gpu_limit_are_read_and_respected(tmp_path):
-    """QoS brief: MaxWall 4 min, MaxTRESPerUser gres/gpu=1. pita would ask 10 min (min_minutes):
-    it reads the QoS before its first sbatch, asks at most 4 min, keeps one GPU job in flight at a
-    time (the other waits in pita, never in Slurm's queue on QOSMaxGRESPerUser), and says both."""
+def test_a_qos_maxwall_is_read_and_respected(tmp_path):
+    """QoS brief: MaxWall 4 min. pita would ask 10 min (min_minutes): it reads the QoS before its
+    first sbatch, says so, and every attempt asks 4 min (never pending on
+    QOSMaxWallDurationPerJobLimit). GPU limits (GrpTRES, MaxTRESPerUser) are the stand-in tests'
+    (tests/test_slurm_faults.py): this cluster does not account gres/gpu."""
     env = _slurm_env()
     r = cli([*SYNTH, "synthetic.job_seconds=2", "executor.slurm.qos=brief", "executor.slurm.min_minutes=10",
              "experiment.name=brief"], tmp_path, timeout=900)
@@ -694,7 +695,6 @@ def test_a_qos_maxwall_and_gpu_limit_are_read_and_respected(tmp_path):
     run = only_run(tmp_path, "brief")
     log = (run / "run.log").read_text()
     assert "--time at most 0-00:04:00 (QoS brief's MaxWall = 00:04:00)" in log, log[:3000]
-    assert "GPUs in flight at most 1 (QoS brief's MaxTRESPerUser gres/gpu=1)" in log, log[:3000]
     state = json.loads((run / "state.json").read_text())
     ids = [a["slurm_job"] for e in state["jobs"].values() for a in e["attempts"] if a.get("slurm_job")]
     assert all(a.get("slurm_time") == "0-00:04:00" for e in state["jobs"].values() for a in e["attempts"]
@@ -703,9 +703,7 @@ def test_a_qos_maxwall_and_gpu_limit_are_read_and_respected(tmp_path):
                          env=env, capture_output=True, text=True).stdout.split()
     rows = sorted(tuple(line.split("|")) for line in out)
     assert len(rows) == len(ids) and all(row[1] == "00:04:00" for row in rows), rows
-    spans = sorted((row[2], row[3]) for row in rows)  # ISO times sort as text: one GPU job at a time
-    assert all(b[0] >= a[1] for a, b in zip(spans, spans[1:])), spans
-    print(f"QoS brief: {len(ids)} Slurm jobs, each Timelimit 00:04:00, none overlapping: {rows}")
+    print(f"QoS brief: {len(ids)} Slurm jobs, each Timelimit 00:04:00: {rows}")
 
 
 @needs_slurm

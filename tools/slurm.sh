@@ -136,10 +136,10 @@ DBD
     sacctmgr -i add account pita Cluster=pita >/dev/null 2>&1 || true
     sacctmgr -i add user "$user" Account=pita Cluster=pita >/dev/null 2>&1 || true
     sacctmgr -i modify user "$user" set QOS+=tiny >/dev/null 2>&1 || true
-    # QoS brief: a MaxWall below what pita would ask, and one GPU per user at a time (its limits
-    # read before the first sbatch: tests/test_slurm.py)
+    # QoS brief: a MaxWall below what pita would ask (read before the first sbatch:
+    # tests/test_slurm.py; GPU limits need AccountingStorageTRES=gres/gpu, which this cluster lacks)
     sacctmgr -i add qos brief >/dev/null 2>&1 || true
-    sacctmgr -i modify qos brief set MaxWall=00:04:00 MaxTRESPerUser=gres/gpu=1 >/dev/null 2>&1 || true
+    sacctmgr -i modify qos brief set MaxWall=00:04:00 >/dev/null 2>&1 || true
     sacctmgr -i modify user "$user" set QOS+=brief >/dev/null 2>&1 || true
 }
 
