@@ -334,6 +334,7 @@ def _rows(run):
 
 
 @needs_slurm
+@pytest.mark.timeout(1800)  # two whole smoke runs: beside a 2-thread load on a 2-core EPYC they passed 900 s
 def test_the_smoke_preset_through_slurm_gives_the_local_backends_results(tmp_path, tiny_cache):
     """experiment=smoke on CPU devices, once through Slurm (its short attempts in packs: a few
     Slurm jobs, each importing torch once) and once with local workers: every column of
