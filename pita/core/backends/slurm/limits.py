@@ -37,6 +37,20 @@ def _tres(text: str, name: str) -> int | None:
     return None
 
 
+def _collect(found: dict[str, list], where: str, counts, tres, wall: str) -> None:
+    """One association's or QoS's limits into ``found`` (key -> [(value, what sets it)]): job
+    counts, GPUs and CPUs of its TRES lists, and MaxWall."""
+    for key, value, what in counts:
+        if value.isdigit():
+            found[key].append((int(value), f"{where}'s {what} = {value}"))
+    for key, name in (("gpus", "gres/gpu"), ("cpus", "cpu")):
+        for text, what in tres:
+            if (n := _tres(text, name)) is not None:
+                found[key].append((n, f"{where}'s {what} {name}={n}"))
+    if (w := slurm_seconds(wall)) is not None:
+        found["wall_s"].append((w, f"{where}'s MaxWall = {wall}"))
+
+
 def account_limits(settings: SlurmSettings) -> AccountLimits:
     """The limits of the association (user, account, partition) and QoS this run submits under:
     MaxSubmitJobs/GrpSubmitJobs, MaxJobs/GrpJobs, GrpTRES, MaxWall of the association and
@@ -60,16 +74,9 @@ def account_limits(settings: SlurmSettings) -> AccountLimits:
     if rows:
         r = sorted(rows, key=lambda r: r[1] == "")[0]  # the partition's own association first
         qos = qos or r[3] or ("normal" if "normal" in r[2].split(",") else None)
-        where = f"association {r[0]}"
-        for key, value, what in (("submit", r[4], "MaxSubmitJobs"), ("submit", r[5], "GrpSubmitJobs"),
-                                 ("running", r[6], "MaxJobs"), ("running", r[7], "GrpJobs")):
-            if value.isdigit():
-                found[key].append((int(value), f"{where}'s {what} = {value}"))
-        for key, name in (("gpus", "gres/gpu"), ("cpus", "cpu")):
-            if (n := _tres(r[8], name)) is not None:
-                found[key].append((n, f"{where}'s GrpTRES {name}={n}"))
-        if (w := slurm_seconds(r[9])) is not None:
-            found["wall_s"].append((w, f"{where}'s MaxWall = {r[9]}"))
+        _collect(found, f"association {r[0]}", (("submit", r[4], "MaxSubmitJobs"), ("submit", r[5], "GrpSubmitJobs"),
+                                                 ("running", r[6], "MaxJobs"), ("running", r[7], "GrpJobs")),
+                 ((r[8], "GrpTRES"),), r[9])
     if qos:
         got = _try(["sacctmgr", "-nP", "show", "qos", "where", f"name={qos}",
                     "format=Name,MaxSubmitPU,GrpSubmit,MaxJobsPU,GrpJobs,GrpTRES,MaxTRESPU,MaxWall"])
@@ -77,17 +84,9 @@ def account_limits(settings: SlurmSettings) -> AccountLimits:
             q = line.split("|")
             if len(q) != 8 or q[0] != qos:
                 continue
-            where = f"QoS {qos}"
-            for key, value, what in (("submit", q[1], "MaxSubmitJobsPerUser"), ("submit", q[2], "GrpSubmitJobs"),
-                                     ("running", q[3], "MaxJobsPerUser"), ("running", q[4], "GrpJobs")):
-                if value.isdigit():
-                    found[key].append((int(value), f"{where}'s {what} = {value}"))
-            for key, name in (("gpus", "gres/gpu"), ("cpus", "cpu")):
-                for text, what in ((q[5], "GrpTRES"), (q[6], "MaxTRESPerUser")):
-                    if (n := _tres(text, name)) is not None:
-                        found[key].append((n, f"{where}'s {what} {name}={n}"))
-            if (w := slurm_seconds(q[7])) is not None:
-                found["wall_s"].append((w, f"{where}'s MaxWall = {q[7]}"))
+            _collect(found, f"QoS {qos}", (("submit", q[1], "MaxSubmitJobsPerUser"), ("submit", q[2], "GrpSubmitJobs"),
+                                           ("running", q[3], "MaxJobsPerUser"), ("running", q[4], "GrpJobs")),
+                     ((q[5], "GrpTRES"), (q[6], "MaxTRESPerUser")), q[7])
     for key, values in found.items():
         if values:
             setattr(out, key, min(values))
