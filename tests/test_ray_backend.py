@@ -261,13 +261,24 @@ def test_a_node_lost_mid_run_costs_its_attempts_only_and_a_node_that_joins_is_us
     driver's node throughout."""
     cluster, (a, b) = _cluster(2)
     try:
-        p = _start(tmp_path, "lose", ["synthetic.job_seconds=1.2", *SMALL, "executor.backend=ray",
+        p = _start(tmp_path, "lose", ["synthetic.job_seconds=1.2", *SMALL, "synthetic.rounds=4", "executor.backend=ray",
                                       f"executor.ray.address={cluster.address}", "executor.crash_retries=0"])
         assert wait_for(lambda: (tmp_path / "lose").exists() and any((tmp_path / "lose").iterdir()), 90)
         run = only_run(tmp_path, "lose")
         assert wait_for(lambda: _started_on(run, a), 120), (run / "run.log").read_text()[-3000:]
-        cluster.remove_node(a, allow_graceful=False)
-        c = cluster.add_node(num_cpus=2, num_gpus=2)
+        # The driver is held (SIGSTOP) while one node goes and another comes up: starting a raylet
+        # takes seconds on a loaded machine, and the run must not spend the work the new node is
+        # to take meanwhile (a CI run once finished on the one node left before the third joined).
+        # Jobs in flight go on; the driver sees the loss and the join when it is let go. Placing
+        # the new node's actors took 20 s beside a 3-thread load on 2 cores, the rest of a 3-round
+        # run 43 s: four rounds leave room for a slower machine.
+        os.kill(p.pid, signal.SIGSTOP)
+        try:
+            cluster.remove_node(a, allow_graceful=False)
+            c = cluster.add_node(num_cpus=2, num_gpus=2)
+            cluster.wait_for_nodes()
+        finally:
+            os.kill(p.pid, signal.SIGCONT)
         out, err = p.communicate(timeout=300)
         assert p.returncode == 0, err[-4000:]
         state = json.loads((run / "state.json").read_text())
