@@ -168,8 +168,10 @@ def training_settings(cfg, c, whole: int | None = None) -> dict:
     micro, gc = effective_training(cfg, c)
     if micro == 0 and whole:
         micro = int(whole)
+    from pita.models.families import chat_template_kwargs
+
     return {"gradient_checkpointing": gc, "micro_batch_size": micro,
-            "clear_cache_interval": int(cfg.system.clear_cache_interval)}
+            "clear_cache_interval": int(cfg.system.clear_cache_interval), **chat_template_kwargs(cfg.model)}
 
 
 

@@ -176,9 +176,11 @@ class Rewards:
         from pita.guidance.proxy import score_sequences, text_ids
 
         if getattr(self, "_tok", None) is None:
-            from transformers import AutoTokenizer, GenerationConfig
+            from transformers import GenerationConfig
 
-            self._tok = AutoTokenizer.from_pretrained(self.p["reference"])
+            from pita.models.chat import load_tokenizer
+
+            self._tok = load_tokenizer(self.p["reference"], self.p.get("chat_template_kwargs"))
             self._eos = {self._tok.eos_token_id}
             try:
                 e = GenerationConfig.from_pretrained(self.p["reference"]).eos_token_id
@@ -215,6 +217,8 @@ def grpo_arguments(ctx, p: dict, examples, tok, cuda: bool, model=None):
     from pita.tracking import tracker_settings
 
     extra = {}
+    if p.get("chat_template_kwargs"):  # baked into tok too (load_policy); vLLM renders with its own
+        extra["chat_template_kwargs"] = dict(p["chat_template_kwargs"])
     if p["use_vllm"]:
         # vLLM sizes its KV cache for the model's whole context unless told otherwise (131,072
         # tokens for Llama 3.1: ~16 GB, more than a colocated share holds); a sequence here is at

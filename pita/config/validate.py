@@ -159,9 +159,11 @@ def validate_config(cfg: DictConfig, models: bool = False) -> None:
     need(_count(ev.max_new_tokens), "eval.max_new_tokens", ev.max_new_tokens,
          "must be a positive integer (the completion length limit)")
     from pita.eval.metrics import budget_problems
+    from pita.models.chat import template_var_problems
     from pita.models.families import reward_scoring_problems
 
     p += reward_scoring_problems(cfg.model)
+    p += template_var_problems(cfg.model.get("chat_template_kwargs"))
 
     p += budget_problems(list(ev.kl_budgets) if isinstance(ev.kl_budgets, (list, ListConfig)) else ev.kl_budgets)
 

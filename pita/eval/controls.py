@@ -193,6 +193,8 @@ def plan(cfg, ds, gen, eval_request, n_test: int, n_val: int, task: str, memory_
     (:func:`scorer_quality`)."""
     import logging
 
+    from pita.models.families import chat_template_kwargs
+
     ev, fam = cfg.eval, cfg.model.name
     jobs = []
     labels = {"family": fam, "train_dataset": ds.name, "round": 0, "eval_dataset": ds.name, "task": task,
@@ -234,7 +236,7 @@ def plan(cfg, ds, gen, eval_request, n_test: int, n_val: int, task: str, memory_
             sub = list(shards)
             params = dict(merge.params, labels={**labels, **({"split": "validation"} if held else {})},
                           ns=sorted(int(x) for x in ev.best_of_n), reference=req["policy"]["model"],
-                          micro_batch_size=SCORE_BATCH)
+                          micro_batch_size=SCORE_BATCH, **chat_template_kwargs(cfg.model))
             score_res = Resources(1, score_gb if score_gb is not None else memory_gb)
             if best and (task == "reward" or proxy is not None):  # ranked by the reward model, or the run's proxy
                 merge.kind = "control.best_of_n"
@@ -265,6 +267,7 @@ def plan(cfg, ds, gen, eval_request, n_test: int, n_val: int, task: str, memory_
                                    deps=[j.id for j in shards] + [job_id], group=merge.group,
                                    params={"shards": params["shards"], "model_job": job_id, "value": is_value,
                                            "reference": params["reference"], "micro_batch_size": SCORE_BATCH,
+                                           **chat_template_kwargs(cfg.model),
                                            "labels": {"algorithm": algo, "family": fam, "train_dataset": ds.name,
                                                       "round": rnd, "task": task,
                                                       "model": "value model" if is_value else "proxy reward model"}},
@@ -488,15 +491,14 @@ def best_of_n_merge(ctx):
 
 
 def _model_scores(ctx, job_id: str, p: dict, groups: list[list[dict]], value: bool = False) -> list[list[float]]:
-    from transformers import AutoTokenizer
-
     from pita.guidance.proxy import score_sequences, text_ids
+    from pita.models.chat import load_tokenizer
     from pita.guidance.value_model import ValueModel
     from pita.models.lm import default_device
 
     dev = default_device()
     vm = ValueModel.load(ctx.dep_result(job_id)["checkpoint"], device=dev).eval()
-    tok = AutoTokenizer.from_pretrained(p["reference"])
+    tok = load_tokenizer(p["reference"], p.get("chat_template_kwargs"))
     flat = [s for g in groups for s in g]
     seqs = [text_ids(tok, s["prompt"], s["completion"], s.get("finish") == "eos") for s in flat]
     got = score_sequences(vm, seqs, dev, batch=max(1, int(p.get("micro_batch_size") or 64)), value=value)

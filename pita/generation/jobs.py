@@ -34,11 +34,13 @@ def prepare(ctx, req: dict, examples: list, ds) -> tuple:
             model = res["snapshots"][pol["snapshot"]]["checkpoint"] if pol.get("snapshot") else res["checkpoint"]
             ctx.log.info("policy: %s (trained by %s)", model, pol["model_from_job"])
         lm = LM.load(model, device=dev, dtype=pol.get("dtype", "float32"), attn_impl=req.get("attn_impl", "sdpa"),
-                     tf32=req.get("tf32", True), compile=req.get("compile", False))
+                     tf32=req.get("tf32", True), compile=req.get("compile", False),
+                     chat_template_kwargs=req.get("chat_template_kwargs"))
         if pol.get("reference") and req["recipe"] == "eval" and pol.get("model_from_job"):
             # KL to the reference: its log-probs of the policy's samples, processed identically
             req["_ref_lm"] = LM.load(pol["reference"], device=dev, dtype=pol.get("dtype", "float32"),
-                                     attn_impl=req.get("attn_impl", "sdpa"), tf32=req.get("tf32", True))
+                                     attn_impl=req.get("attn_impl", "sdpa"), tf32=req.get("tf32", True),
+                                     chat_template_kwargs=req.get("chat_template_kwargs"))
         if pol.get("guidance"):
             # the reference guided by an earlier job's value model; a failure here fails the job
             from pita.guidance.decode import GuidedDecoder

@@ -142,9 +142,9 @@ def proxy_train(ctx):
     split = lambda pid: held_out(pid, float(p.get("heldout", 0.0)), int(p["label_seed"]))  # noqa: E731
     # (prompt id, labelled pair, the pair ordered by the true reward) for every pair with a preference
     if records and "chosen" in records[0]:  # preference_pairs records (GRPO-HF): text, tokenized here
-        from transformers import AutoTokenizer
+        from pita.models.chat import load_tokenizer
 
-        tok = AutoTokenizer.from_pretrained(p.get("tokenizer") or p["backbone"])
+        tok = load_tokenizer(p.get("tokenizer") or p["backbone"], p.get("chat_template_kwargs"))
         ids = lambda r, side: text_ids(tok, r["prompt"], r[side], r.get(f"{side}_finish", "eos") == "eos")  # noqa: E731
         labelled = []
         n_pairs, n_ties = len(records), sum(r["chosen_reward"] == r["rejected_reward"] for r in records)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, Optional
+from typing import Any, Dict, Optional
 
 from omegaconf import OmegaConf
 
@@ -44,6 +44,9 @@ class FamilyConfig:
     # logit) | margin (logit[1] - logit[0] of a two-label classifier); a dataset not listed: positive_logit
     reward_scores: Dict[str, str] = field(default_factory=dict)
     gguf_file: Optional[str] = None  # load the reference from this GGUF file inside the repo
+    # variables the chat template renders with, wherever a prompt is built (pita/models/chat.py):
+    # qwen3's {enable_thinking: false} answers at once instead of opening a thinking block
+    chat_template_kwargs: Dict[str, Any] = field(default_factory=dict)
 
 
 REWARD_INPUTS = ("completion", "prompt_completion")
@@ -63,6 +66,13 @@ def reward_scoring_problems(model_cfg) -> list[str]:
             if v not in allowed:
                 p.append(unknown_name(f"model.{key}.{ds}", v, allowed))
     return p
+
+
+def chat_template_kwargs(model_cfg) -> dict:
+    """The family's chat-template variables as job params (none: no key, so the jobs of a family
+    without any keep the fingerprints they had)."""
+    kw = dict(model_cfg.get("chat_template_kwargs") or {})
+    return {"chat_template_kwargs": kw} if kw else {}
 
 
 def family_names() -> list[str]:

@@ -221,8 +221,12 @@ class LM:
     # ------------------------------------------------------------------ loading
     @classmethod
     def load(cls, path: str, device: str = "cpu", dtype: str = "float32", attn_impl: str = "sdpa",
-             tf32: bool = True, compile: bool = False, gguf_file: str | None = None) -> "LM":
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+             tf32: bool = True, compile: bool = False, gguf_file: str | None = None,
+             chat_template_kwargs: dict | None = None) -> "LM":
+        """``chat_template_kwargs``: the family's chat-template variables (pita/models/chat.py)."""
+        from transformers import AutoModelForCausalLM
+
+        from pita.models.chat import load_tokenizer
 
         if dtype not in DTYPES:
             raise ConfigError(f"dtype={dtype!r} is not known; choose one of {', '.join(DTYPES)}")
@@ -231,7 +235,7 @@ class LM:
             torch.backends.cudnn.allow_tf32 = True
         kw = {"gguf_file": gguf_file} if gguf_file else {}
         try:
-            tok = AutoTokenizer.from_pretrained(path, **kw)
+            tok = load_tokenizer(path, chat_template_kwargs, **kw)
             model = AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[dtype],
                                                          attn_implementation=resolve_attn_impl(attn_impl), **kw)
         except OSError as e:

@@ -56,12 +56,15 @@ def reward_scoring(model_cfg, dataset: str) -> dict:
 
 
 def request_for(cfg, ds, policy_model: str, reward_model: str | None) -> dict:
+    from pita.models.families import chat_template_kwargs
+
     dc = cfg.data_collection
     return {
         "recipe": dc.recipe, "dataset": dataclasses.asdict(ds), "split": dc.split,
         "policy": {"model": policy_model, "dtype": cfg.model.dtype, "guidance": None},
         "n": dc.samples_per_prompt, "chunk_size": dc.chunk_size, "seed": cfg.system.seed,
         "attn_impl": cfg.system.attn_impl, "tf32": cfg.system.tf32, "compile": cfg.system.compile,
+        **chat_template_kwargs(cfg.model),
         "sampling": {"max_new_tokens": dc.max_new_tokens, "temperature": dc.temperature, "top_p": dc.top_p,
                      "top_k": dc.top_k, "batch_size": dc.batch_size},
         "scoring": {"reward_model": reward_model, "reward_batch_size": dc.reward_batch_size,

@@ -71,12 +71,11 @@ def policy_dtype(p: dict, cuda: bool):
 def load_policy(ctx, p: dict, cuda: bool):
     """(path, model, tokenizer) of the round's starting policy: the previous round's, or the
     reference; in :func:`policy_dtype`, with the job's attention implementation."""
-    from transformers import AutoTokenizer
-
+    from pita.models.chat import load_tokenizer
     from pita.models.lm import resolve_attn_impl
 
     path = ctx.dep_result(p["policy_from"])["checkpoint"] if p["policy_from"] else p["reference"]
-    tok = AutoTokenizer.from_pretrained(path)
+    tok = load_tokenizer(path, p.get("chat_template_kwargs"))
     dtype = policy_dtype(p, cuda)
     model = load_model(path, dtype, resolve_attn_impl(p["attn_impl"]), empty=empty_here(p))
     if tok.pad_token is None:
