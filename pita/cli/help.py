@@ -42,11 +42,13 @@ def help_text(prog: str = "pita run") -> str:
         "       pita plan [--json] [key=value ...] [system.inventory=8x80GB]   (python run_parallel.py --plan ...)",
         "       pita status RUN_FOLDER [--all]",
         "       pita report RUN_FOLDER [RUN_FOLDER ...] [--out NAME] [--kl-budgets B1,B2,...]",
+        "       pita seeds K [--first S] [key=value ...]",
         "",
         textwrap.fill("pita plans a post-training experiment (PITA, Q#, Q#-HF, DPO, GRPO, GRPO-HF x datasets x rounds, "
               "plus the base model's evaluation) as one job graph, checks the configuration before anything "
               "runs, and starts every job as soon as its dependencies are done and a device has memory for "
-              "it: on every GPU of this machine, on CPU without one, or on a Ray cluster. It runs from any "
+              "it: on every GPU of this machine, on CPU without one, on a Slurm cluster (executor.backend=slurm) "
+              "or on a Ray cluster (executor.backend=ray). It runs from any "
               "folder; outputs go below the current one.", width=width),
         "",
         "commands:",
@@ -56,6 +58,8 @@ def help_text(prog: str = "pita run") -> str:
         "  status   a run's jobs by state, its devices, failures and their logs (safe on a live run)",
         "  report   re-render a run's results/report.md and plots from its saved results; several runs (one "
         "per seed): also the methods at equal KL pooled over them",
+        "  seeds    one experiment run with seeds S..S+K-1, one after another, then pooled (pita report); "
+        "the same command again resumes the seeds that did not finish",
         "",
         f"config groups (GROUP=NAME; the files: {CONF_DIR}/<group>/<NAME>.yaml):",
     ]

@@ -5,8 +5,8 @@
 
 Each run is ``pita run`` with ``system.seed=<s>`` and the run name ``<experiment.name>-seed<s>``,
 one after another (every run uses every device); then ``pita report RUN ... --out
-<output_dir>/<name>/seeds-<K>`` pools them (seed-level intervals, docs/guide.md "Reading the
-results"). A run that fails leaves the others: the pooled report is made from the runs that
+<output_dir>/<name>/seeds-<K>`` pools them (seed-level intervals, docs/guide.md "Output
+layout"). A run that fails leaves the others: the pooled report is made from the runs that
 finished, and the exit code is the worst run's. A seed override on the command line is refused
 (exit 2): the seeds are this command's.
 
