@@ -112,7 +112,7 @@ class SlurmConfig:
     # an attempt that ran out of host memory (OUT_OF_MEMORY) runs again with --mem times this,
     # at most oom_mem_retries times and never above the partition's largest node
     oom_mem_factor: float = 1.5
-    oom_mem_retries: int = 2
+    oom_mem_retries: int = 2  # times an attempt out of host memory runs again with more --mem
     # Slurm signals an attempt this long before its time limit (--signal=B:USR1@...): a training
     # job saves a checkpoint and asks to run again from it; also the save's budget on preemption.
     # At most a quarter of the attempt's own limit; none under limits of 2 minutes (Slurm may
@@ -280,7 +280,7 @@ class EvalConfig:
     # 0.55 and 0.4 x eval.temperature. The control is then searched on the validation prompts as
     # eta is (eval.eta_search_steps rounds), down to control_temperature_min (pita/eval/eta_search.py)
     control_temperatures: Optional[List[float]] = None
-    control_temperature_min: float = 0.05
+    control_temperature_min: float = 0.05  # the temperature control's search goes no lower
     best_of_n: List[int] = field(default_factory=lambda: [2, 4, 8, 16])  # the best-of-n control's n (pool: 4 x max n per prompt)
     # cross-dataset evaluation: training dataset -> the datasets its models are evaluated on
     # (default: itself), e.g. {gsm8k: [gsm8k, math500]}; each needs a datasets.<name> entry

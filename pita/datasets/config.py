@@ -63,7 +63,7 @@ class DatasetConfig:
     # module:function, imported from reward_dir (the folder the run was started in); see
     # pita/rewards/function.py. null: model.reward_models.<name>
     reward: Optional[str] = None
-    reward_dir: Optional[str] = None
+    reward_dir: Optional[str] = None  # the folder datasets.<name>.reward is imported from; null: where the run starts
     prefix_words: int = 8  # imdb / sentiment: words of the review kept in the prompt
     n_ops: int = 2  # arith: operations per problem
     max_operand: int = 20  # arith: operands drawn from 1..max_operand
