@@ -492,8 +492,8 @@ def best_of_n_merge(ctx):
 
 def _model_scores(ctx, job_id: str, p: dict, groups: list[list[dict]], value: bool = False) -> list[list[float]]:
     from pita.guidance.proxy import score_sequences, text_ids
-    from pita.models.chat import load_tokenizer
     from pita.guidance.value_model import ValueModel
+    from pita.models.chat import load_tokenizer
     from pita.models.lm import default_device
 
     dev = default_device()

@@ -5,7 +5,7 @@ default: the assistant's turn opens a thinking block, so an answer capped at a f
 mostly a truncated thought; false: the template writes an empty, closed thinking block and the model
 answers). Every place pita renders a policy's prompt (sampling, evaluation, the proxy and value
 scorers, TRL's DPO and GRPO trainers) must render it the same way, so the variables are baked into
-the tokenizer once, when it loads: :func:`with_template_vars` puts ``{%- set name = value %}`` in
+the tokenizer once, when it loads: :func:`with_template_vars` puts ``{%- set name = value -%}`` in
 front of its template, which holds for every ``apply_chat_template`` call, ours and the libraries',
 and travels with a checkpoint's saved tokenizer. (vLLM renders with a tokenizer of its own:
 GRPO passes the same variables to TRL's ``chat_template_kwargs`` as well.)
